@@ -47,3 +47,9 @@ test-fast: $(VENV)/.stamp ## unit tests only (no vLLM, no Docker)
 .PHONY: test
 test: lint test-venvs ## everything: lint, unit, real vLLM code, image and smoke tests
 	ARCVLLM_TEST_VENVS=$(abspath $(TEST_VENVS)) $(VENV)/bin/pytest
+
+# ---- images and compose (docker/) ----
+
+# ---- smoke test ----
+
+# ---- operate: presets, doctor, bench ----
