@@ -1,0 +1,84 @@
+"""`arcvllm serve --preset NAME`: start vLLM's OpenAI server exactly as a preset says.
+
+The process replaces itself with the server (exec), so signals, exit codes and PID 1
+behaviour in the container are vLLM's own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from arcvllm.errors import ArcvllmError
+from arcvllm.presets import Command, flag_values, get_preset, render
+
+
+def effective_env(command: Command, environ: Mapping[str, str]) -> dict[str, str]:
+    """The server's environment: the preset's values are defaults, the operator's env wins."""
+    return {**command.env, **environ}
+
+
+def model_path_problem(command: Command) -> str | None:
+    """A missing local model directory, in one line; hub ids (org/name) are not checked."""
+    model = str(flag_values(command.args).get("model", ""))
+    if not model.startswith(("/", "./", "../", "~")):
+        return None
+    if Path(model).expanduser().exists():
+        return None
+    return (
+        f"model path {model} does not exist: mount the model there "
+        "or pass another with `-- --model PATH`"
+    )
+
+
+def describe(command: Command, environ: Mapping[str, str]) -> str:
+    """What --dry-run prints: the environment the preset sets, then the command."""
+    lines = []
+    for key, value in command.env.items():
+        actual = environ.get(key, value)
+        note = f"  # preset says {value}; the environment wins" if actual != value else ""
+        lines.append(f"{key}={shlex.quote(actual)}{note}")
+    lines.append(shlex.join(command.argv))
+    return "\n".join(lines)
+
+
+def split_extra(extra: Sequence[str]) -> list[str]:
+    """REMAINDER keeps the `--` separator when given; vLLM must not see it."""
+    extra = list(extra)
+    return extra[1:] if extra[:1] == ["--"] else extra
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    preset = get_preset(args.preset)
+    command = render(preset, split_extra(args.extra))
+    problem = model_path_problem(command)
+    if args.dry_run:
+        print(describe(command, os.environ))
+        if problem:
+            print(f"arcvllm: warning: {problem}", file=sys.stderr)
+        return 0
+    if problem:
+        raise ArcvllmError(problem)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(command.python, command.argv, effective_env(command, os.environ))
+    return 1  # not reached
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="start vLLM's OpenAI server from a preset",
+        description="Start vLLM's OpenAI server from a preset; arguments after `--` go to "
+        "vLLM and win over the preset's.",
+    )
+    parser.add_argument("--preset", required=True, help="preset name (`arcvllm presets`)")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print the environment and command, run nothing"
+    )
+    parser.add_argument("extra", nargs=argparse.REMAINDER, help="-- extra vLLM arguments")
+    parser.set_defaults(func=_cmd_serve)
