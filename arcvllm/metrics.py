@@ -1,0 +1,99 @@
+"""Read what a vLLM server says about itself on `/metrics`.
+
+The Prometheus text format is parsed with prometheus_client's own parser, never with
+regular expressions. The parse is pure (text in, values out) so the smoke test and the
+bench share it and unit tests feed it recorded text; `fetch` is the only edge.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PREFIX_HITS = "vllm:prefix_cache_hits"
+PREFIX_QUERIES = "vllm:prefix_cache_queries"
+CACHE_CONFIG = "vllm:cache_config_info"
+
+
+@dataclass(frozen=True)
+class Sample:
+    name: str
+    labels: dict[str, str]
+    value: float
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """One scrape of `/metrics`: every sample, flat."""
+
+    samples: tuple[Sample, ...]
+
+    @classmethod
+    def parse(cls, text: str) -> Metrics:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        return cls(
+            tuple(
+                Sample(s.name, dict(s.labels), float(s.value))
+                for family in text_string_to_metric_families(text)
+                for s in family.samples
+            )
+        )
+
+    def select(self, name: str, **labels: str) -> list[Sample]:
+        """Samples called NAME (a counter also matches as NAME_total) with these labels."""
+        names = {name, f"{name}_total"}
+        return [
+            s
+            for s in self.samples
+            if s.name in names and all(s.labels.get(k) == v for k, v in labels.items())
+        ]
+
+    def has(self, name: str) -> bool:
+        return bool(self.select(name))
+
+    def total(self, name: str, **labels: str) -> float:
+        """Sum over all matching samples (e.g. over engines); 0.0 when there are none."""
+        return sum(s.value for s in self.select(name, **labels))
+
+    def info(self, name: str) -> dict[str, str] | None:
+        """Labels of an info-style gauge (value 1, data in labels), or None if absent."""
+        found = self.select(name)
+        return dict(found[0].labels) if found else None
+
+
+@dataclass(frozen=True)
+class PrefixCache:
+    hits: float
+    queries: float
+
+    def __sub__(self, other: PrefixCache) -> PrefixCache:
+        return PrefixCache(self.hits - other.hits, self.queries - other.queries)
+
+
+def prefix_cache(metrics: Metrics, model: str | None = None) -> PrefixCache:
+    """Cumulative prefix-cache hits and queries, in tokens (diff two scrapes for one request)."""
+    labels = {"model_name": model} if model else {}
+    return PrefixCache(
+        metrics.total(PREFIX_HITS, **labels), metrics.total(PREFIX_QUERIES, **labels)
+    )
+
+
+def block_size(metrics: Metrics) -> int | None:
+    """The block size the server really uses for its KV and mamba pages, if it says so.
+
+    `effective_attention_block_size` is the value after hybrid-model alignment; the
+    `mamba_block_size` label is not reliable (it read 16 while every group used 128).
+    """
+    labels = metrics.info(CACHE_CONFIG) or {}
+    value = labels.get("effective_attention_block_size") or ""
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+def fetch(base_url: str, timeout: float = 10.0, api_key: str | None = None) -> Metrics:
+    """Scrape BASE_URL/metrics (BASE_URL without the /v1 suffix)."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    response = httpx.get(f"{base_url.rstrip('/')}/metrics", timeout=timeout, headers=headers)
+    response.raise_for_status()
+    return Metrics.parse(response.text)

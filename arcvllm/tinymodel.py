@@ -1,0 +1,206 @@
+"""A tiny hybrid MoE model that ships with the project, so the CPU flavour serves offline.
+
+It has the shape of the production model's family (Gated DeltaNet linear attention
+interleaved with full attention, routed experts plus a shared expert), at 1.2 M parameters:
+large enough to make vLLM allocate mamba states, pick a hybrid block size and copy states
+at block boundaries; small enough to build in seconds with random weights.
+
+The architecture is `Qwen3NextForCausalLM`. The production architecture
+(`Qwen3_5MoeForConditionalGeneration`) also serves on the CPU path, but vLLM's Qwen3.5 code
+imports torchvision, which the CPU flavour does not carry. Constraints of vLLM's CPU
+kernels: linear-attention head dims of 64 or 128, bf16 weights.
+
+Everything is deterministic for a given seed: the tokenizer is trained on text generated
+here (no files, no network), the weights come from a seeded generator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+from arcvllm.errors import ArcvllmError
+
+SERVED_NAME = "tiny-hybrid"
+VOCAB_SIZE = 512
+EOS = "<|endoftext|>"
+
+# Geometry: see the module docstring for the constraints behind the head dims.
+CONFIG = {
+    "vocab_size": VOCAB_SIZE,
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 4,
+    "layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"],
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "linear_key_head_dim": 64,
+    "linear_value_head_dim": 64,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_conv_kernel_dim": 4,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 64,
+    "shared_expert_intermediate_size": 64,
+    "decoder_sparse_step": 1,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+}
+
+_WORDS = [
+    "the",
+    "a",
+    "block",
+    "state",
+    "cache",
+    "prefix",
+    "token",
+    "decode",
+    "prefill",
+    "layer",
+    "expert",
+    "router",
+    "shared",
+    "gate",
+    "delta",
+    "net",
+    "attention",
+    "linear",
+    "full",
+    "page",
+    "size",
+    "copy",
+    "pointer",
+    "address",
+    "device",
+    "memory",
+    "host",
+    "request",
+    "stream",
+    "server",
+    "model",
+    "weight",
+    "bias",
+    "norm",
+    "head",
+    "key",
+    "value",
+    "query",
+    "rotary",
+    "window",
+    "arc",
+    "pro",
+    "graphics",
+    "card",
+    "xpu",
+    "cpu",
+    "kernel",
+    "triton",
+    "numpy",
+    "torch",
+    "boundary",
+    "align",
+    "mode",
+    "hybrid",
+]
+
+_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+def corpus(seed: int, lines: int = 2000) -> list[str]:
+    """Deterministic training text: seeded word salad plus digits and punctuation."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(lines):
+        words = [rng.choice(_WORDS) for _ in range(rng.randint(4, 16))]
+        out.append(f"{i} " + " ".join(words) + rng.choice([".", ",", "?", "!", ":", ";"]))
+    return out
+
+
+def train_tokenizer(seed: int):
+    """A byte-level BPE trained on `corpus(seed)`: any UTF-8 text encodes, vocab fixed."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=[EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus(seed), trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS)
+    fast.chat_template = _CHAT_TEMPLATE
+    return fast
+
+
+def build(out_dir: Path, seed: int = 0) -> Path:
+    """Write config, bf16 safetensors and tokenizer to OUT_DIR (created, must be empty)."""
+    import torch
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    out_dir = Path(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise ArcvllmError(f"{out_dir} exists and is not empty")
+    tokenizer = train_tokenizer(seed)
+    eos_id = tokenizer.convert_tokens_to_ids(EOS)
+    config = Qwen3NextConfig(
+        **CONFIG,
+        architectures=["Qwen3NextForCausalLM"],
+        bos_token_id=eos_id,
+        eos_token_id=eos_id,
+        pad_token_id=eos_id,
+        dtype="bfloat16",
+    )
+    torch.manual_seed(seed)
+    model = Qwen3NextForCausalLM(config).to(torch.bfloat16).eval()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    # Generation defaults in the model folder would change vLLM's sampling defaults.
+    (out_dir / "generation_config.json").unlink(missing_ok=True)
+    (out_dir / "arcvllm-tinymodel.json").write_text(
+        json.dumps(
+            {"seed": seed, "served_model_name": SERVED_NAME, "parameters": model.num_parameters()},
+            indent=2,
+        )
+        + "\n"
+    )
+    # save_pretrained writes the weights 0600; an image built as root serves as another user.
+    for path in out_dir.iterdir():
+        path.chmod(0o644)
+    return out_dir
+
+
+def _cmd_build(args: argparse.Namespace) -> int:
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ModuleNotFoundError as exc:
+        raise ArcvllmError(
+            f"`tinymodel build` needs the vLLM environment ({exc.name} is missing)"
+        ) from exc
+    path = build(Path(args.dir), seed=args.seed)
+    print(f"tiny hybrid model written to {path} (serve it as {SERVED_NAME!r})")
+    return 0
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "tinymodel", help="build the tiny hybrid MoE model used by the CPU flavour"
+    )
+    sub = parser.add_subparsers(dest="tinymodel_command", required=True, metavar="ACTION")
+    b = sub.add_parser("build", help="write the model (random bf16 weights, local tokenizer)")
+    b.add_argument("dir", help="output folder (created; must be empty)")
+    b.add_argument("--seed", type=int, default=0, help="seed for tokenizer text and weights")
+    b.set_defaults(func=_cmd_build)
