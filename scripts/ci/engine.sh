@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# A Docker engine for building and testing the images on a bare CI machine.
+#   engine.sh up          install the engine if missing, start dockerd if none answers,
+#                         import the Debian base image if absent; prints DOCKER_HOST=...
+#   engine.sh down        stop dockerd, only if `up` started it (by its pidfile)
+#   engine.sh run CMD...  up, run CMD with DOCKER_HOST exported, then stop what up started
+#   engine.sh env         print the DOCKER_HOST line for this engine
+# Settings (env): ARCVLLM_DOCKER_ROOT (data-root, outside the repo so layer caches survive),
+# ARCVLLM_DOCKER_RUN (socket, pidfile, exec-root), BASE_IMAGE (name the Dockerfile's FROM uses).
+set -euo pipefail
+
+data_root=${ARCVLLM_DOCKER_ROOT:-/var/lib/arcvllm-docker}
+run_dir=${ARCVLLM_DOCKER_RUN:-/run/arcvllm-docker}
+base_image=${BASE_IMAGE:-debian:bookworm-slim}
+suite=${BASE_SUITE:-bookworm}
+socket=$run_dir/docker.sock
+pidfile=$run_dir/dockerd.pid
+owner=$run_dir/started-by-engine-sh
+docker=/usr/bin/docker # Debian's client: BuildKit capable (secrets, mounts)
+export DOCKER_HOST=unix://$socket
+
+log() { echo "engine: $*" >&2; }
+
+answers() { timeout 10 "$docker" version >/dev/null 2>&1; }
+
+install_engine() {
+	[[ -x /usr/sbin/dockerd && -x $docker && -x /usr/sbin/debootstrap ]] && return
+	log "installing docker.io, containerd, runc, iptables, debootstrap, docker-compose"
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+		docker.io containerd runc iptables debootstrap docker-compose >/dev/null
+}
+
+start_engine() {
+	answers && return
+	mkdir -p "$run_dir" "$data_root"
+	log "starting dockerd (data-root $data_root, socket $socket)"
+	nohup /usr/sbin/dockerd --storage-driver=overlay2 --data-root "$data_root" \
+		--exec-root "$run_dir/exec" --pidfile "$pidfile" -H "$DOCKER_HOST" \
+		>"$run_dir/dockerd.log" 2>&1 &
+	echo $! >"$owner"
+	for _ in $(seq 60); do
+		answers && return
+		sleep 1
+	done
+	log "dockerd did not answer within 60 s; see $run_dir/dockerd.log"
+	exit 1
+}
+
+# No registry here: build the base image from Debian's own packages when it is absent.
+ensure_base_image() {
+	"$docker" image inspect "$base_image" >/dev/null 2>&1 && return
+	"$docker" pull -q "$base_image" >/dev/null 2>&1 && return
+	local mirror rootfs
+	mirror=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
+	mirror=${mirror:-http://deb.debian.org/debian}
+	rootfs=$(mktemp -d "${TMPDIR:-/tmp}/arcvllm-rootfs.XXXXXX")
+	# shellcheck disable=SC2064 # expand now: the path is local
+	trap "rm -rf '$rootfs'" EXIT
+	log "making $base_image with debootstrap from $mirror"
+	debootstrap --variant=minbase "$suite" "$rootfs" "$mirror" >"$run_dir/debootstrap.log" 2>&1
+	cp /etc/apt/apt.conf.d/99* "$rootfs/etc/apt/apt.conf.d/" 2>/dev/null || true
+	if [[ -f /etc/apt/sources.list.d/debian.sources ]]; then
+		cp /etc/apt/sources.list.d/debian.sources "$rootfs/etc/apt/sources.list.d/"
+		rm -f "$rootfs/etc/apt/sources.list"
+	fi
+	rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
+	tar -C "$rootfs" -c . | "$docker" import - "$base_image" >/dev/null
+	rm -rf "$rootfs"
+	trap - EXIT
+}
+
+up() {
+	install_engine
+	start_engine
+	ensure_base_image
+	echo "DOCKER_HOST=$DOCKER_HOST"
+}
+
+down() {
+	[[ -f $owner ]] || return 0
+	local pid
+	pid=$(cat "$owner")
+	rm -f "$owner"
+	kill -0 "$pid" 2>/dev/null || return 0
+	log "stopping dockerd (pid $pid)"
+	kill "$pid"
+	for _ in $(seq 30); do
+		kill -0 "$pid" 2>/dev/null || return 0
+		sleep 1
+	done
+	kill -9 "$pid" 2>/dev/null || true
+}
+
+case ${1:-} in
+up) up ;;
+down) down ;;
+env) echo "DOCKER_HOST=$DOCKER_HOST" ;;
+run)
+	shift
+	[[ $# -gt 0 ]] || { log "usage: engine.sh run CMD..."; exit 2; }
+	already=0
+	answers && already=1
+	up >/dev/null
+	if [[ $already == 0 ]]; then trap down EXIT; fi
+	"$@"
+	;;
+*)
+	echo "usage: engine.sh up|down|env|run CMD..." >&2
+	exit 2
+	;;
+esac
