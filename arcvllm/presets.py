@@ -308,7 +308,7 @@ def vllm_server_parser() -> tuple[argparse.ArgumentParser, Callable[[argparse.Na
                 raise
     else:
         raise ArcvllmError("this vLLM has no OpenAI server argument parser arcvllm knows")
-    parser = cli_args.make_arg_parser(FlexibleArgumentParser())
+    parser = cli_args.make_arg_parser(FlexibleArgumentParser(prog=SERVER_MODULE))
     return parser, cli_args.validate_parsed_serve_args
 
 
@@ -362,7 +362,8 @@ def table(rows: Sequence[Sequence[str]]) -> str:
 
 
 def _cmd_presets(args: argparse.Namespace) -> int:
-    presets = load_all()
+    """List the presets, or check them against the installed vLLM."""
+    presets = load_all(args.presets_dir)
     if args.check:
         version = installed_vllm_version()
         results = check_all(presets.values(), version, stack_vllm_versions())
@@ -389,4 +390,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="parse every preset this vLLM's stacks cover with the installed vLLM's parser",
     )
+    add_presets_dir(parser)
     parser.set_defaults(func=_cmd_presets)
+
+
+def add_presets_dir(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--presets-dir",
+        type=Path,
+        default=None,
+        help="read presets from this folder instead of the ones arcvllm ships",
+    )

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from arcvllm.errors import ArcvllmError
-from arcvllm.presets import Command, flag_values, get_preset, render
+from arcvllm.presets import Command, add_presets_dir, flag_values, get_preset, render
 
 
 def effective_env(command: Command, environ: Mapping[str, str]) -> dict[str, str]:
@@ -53,7 +53,7 @@ def split_extra(extra: Sequence[str]) -> list[str]:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    preset = get_preset(args.preset)
+    preset = get_preset(args.preset, args.presets_dir)
     command = render(preset, split_extra(args.extra))
     problem = model_path_problem(command)
     if args.dry_run:
@@ -80,5 +80,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--dry-run", action="store_true", help="print the environment and command, run nothing"
     )
+    add_presets_dir(parser)
     parser.add_argument("extra", nargs=argparse.REMAINDER, help="-- extra vLLM arguments")
     parser.set_defaults(func=_cmd_serve)

@@ -1,0 +1,235 @@
+"""Presets: load, validate, render; and parse with the installed vLLM's own parser."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import ROOT, vllm_env
+
+from arcvllm import cli
+from arcvllm import presets as P
+from arcvllm.errors import ArcvllmError
+
+REQUIRED = {
+    "qwen3.6-35b-a3b-w4a16-1xb70",
+    "qwen3.6-35b-a3b-w4a16-2xb70",
+    "qwen3-next-80b-a3b-w4a16-2xb70",
+    "granite-4.0-h-tiny-1xb70",
+    "tiny-hybrid-cpu",
+}
+# The vLLM releases the test venvs carry (scripts/test-venvs.sh).
+INSTALLED = ("0.32.0", "0.20.2")
+
+
+def minimal(**overrides) -> dict:
+    data = {
+        "name": "x",
+        "description": "d",
+        "model": "/m",
+        "served_model_name": "m",
+        "device": "cpu",
+        "gpus": 0,
+        "stacks": ["cpu"],
+    }
+    data.update(overrides)
+    return data
+
+
+def test_every_deployment_of_the_issue_has_a_preset():
+    assert set(P.load_all()) >= REQUIRED
+
+
+@pytest.mark.parametrize("name", sorted(P.load_all()))
+def test_preset_renders_the_server_module_with_model_and_name(name):
+    preset = P.get_preset(name)
+    command = P.render(preset, python="/py")
+    assert command.argv[:3] == ["/py", "-m", "vllm.entrypoints.openai.api_server"]
+    values = P.flag_values(command.args)
+    assert values["model"] == preset.model
+    assert values["served-model-name"] == preset.served_model_name
+    assert "mamba-block-size" not in values
+
+
+def test_xpu_presets_run_prefix_caching_in_align_mode_and_leave_block_size_to_vllm():
+    for preset in P.load_all().values():
+        values = P.flag_values(P.render(preset).args)
+        assert values["enable-prefix-caching"] is True
+        assert values["mamba-cache-mode"] == "align"
+        assert "block-size" not in values, preset.name
+
+
+def test_tensor_parallel_presets_match_their_gpu_count_and_affinity():
+    for preset in P.load_all().values():
+        tp = int(P.flag_values(P.render(preset).args).get("tensor-parallel-size", 1))
+        assert tp == max(preset.gpus, 1), preset.name
+        if preset.device == "xpu":
+            assert len(preset.env["ZE_AFFINITY_MASK"].split(",")) == preset.gpus
+            assert preset.env["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
+        if preset.gpus > 1:
+            assert preset.env["CCL_WORKER_COUNT"] == "1"
+
+
+def test_tiny_cpu_preset_matches_the_cpu_image():
+    preset = P.get_preset("tiny-hybrid-cpu")
+    values = P.flag_values(P.render(preset).args)
+    assert preset.model == "/opt/arcvllm/models/tiny-hybrid"
+    assert preset.served_model_name == "tiny-hybrid"
+    assert values["enforce-eager"] is True
+    assert values["max-model-len"] == "2048"
+    assert "VLLM_CPU_KVCACHE_SPACE" in preset.env
+
+
+def test_flag_args_renders_each_yaml_type():
+    args = P.flag_args({"a": True, "b": False, "c": 3, "d": [1, 2], "e": {"k": 1}, "f": None})
+    assert args == ["--a", "--no-b", "--c", "3", "--d", "1", "2", "--e", '{"k":1}']
+
+
+def test_extra_args_win_over_the_preset_in_every_spelling():
+    base = ["--model", "/m", "--max-model-len", "2048", "--enforce-eager", "--d", "1", "2"]
+    merged = P.merge_args(base, ["--max_model_len=4096", "--no-enforce-eager", "--d", "3"])
+    assert merged == ["--model", "/m", "--max_model_len=4096", "--no-enforce-eager", "--d", "3"]
+    values = P.flag_values(merged)
+    assert values["max-model-len"] == "4096"
+    assert values["enforce-eager"] is False
+
+
+def test_render_puts_extra_model_in_place_of_the_presets():
+    command = P.render(P.get_preset("tiny-hybrid-cpu"), ["--model", "/elsewhere", "--port", "9"])
+    assert command.args.count("--model") == 1
+    assert P.flag_values(command.args)["model"] == "/elsewhere"
+    assert command.args[-2:] == ("--port", "9")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--mamba-block-size", "64", "--mamba-cache-mode", "align"],
+        ["--enable-prefix-caching", "--mamba_block_size=64"],
+    ],
+)
+def test_mamba_block_size_with_align_mode_is_refused(args):
+    with pytest.raises(ArcvllmError, match="vLLM ignores it"):
+        P.check_mamba_block_size(args)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--mamba-block-size", "64", "--mamba-cache-mode", "none"],
+        ["--mamba-block-size", "64", "--no-enable-prefix-caching"],
+        ["--mamba-cache-mode", "align", "--block-size", "64"],
+    ],
+)
+def test_mamba_block_size_outside_align_mode_is_accepted(args):
+    P.check_mamba_block_size(args)
+
+
+def test_a_preset_or_extra_args_with_mamba_block_size_in_align_mode_do_not_render():
+    bad = P.preset_from_mapping(
+        minimal(vllm_args={"enable-prefix-caching": True, "mamba-block-size": 64})
+    )
+    with pytest.raises(ArcvllmError, match="mamba-block-size 64"):
+        P.render(bad)
+    with pytest.raises(ArcvllmError, match="align-mode"):
+        P.render(P.get_preset("tiny-hybrid-cpu"), ["--mamba-block-size", "128"])
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (minimal(device="gpu"), "device must be one of"),
+        (minimal(stacks=[]), "stacks must be"),
+        (minimal(colour="red"), "unknown key"),
+        (minimal(vllm_args={"--port": 1}), "without dashes"),
+        (minimal(vllm_args={"model": "/x"}), "top-level"),
+        ({"name": "x"}, "missing key"),
+        ([1, 2], "mapping"),
+    ],
+)
+def test_malformed_presets_are_refused_with_the_reason(data, message):
+    with pytest.raises(ArcvllmError, match=message):
+        P.preset_from_mapping(data, "bad.yaml")
+
+
+def test_file_name_must_match_the_preset_name(tmp_path):
+    (tmp_path / "y.yaml").write_text(yaml.safe_dump(minimal(name="x")))
+    with pytest.raises(ArcvllmError, match="differs from the file name"):
+        P.load_all(tmp_path)
+
+
+def test_unknown_preset_is_one_line_listing_the_presets(capsys):
+    assert cli.main(["serve", "--preset", "nope", "--dry-run"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "unknown preset 'nope'" in err
+    assert all(name in err for name in REQUIRED)
+
+
+def test_presets_command_lists_name_model_gpus_and_stacks(capsys):
+    assert cli.main(["presets"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split() == ["NAME", "MODEL", "GPUS", "STACKS"]
+    line = next(ln for ln in out.splitlines() if ln.startswith("qwen3.6-35b-a3b-w4a16-2xb70 "))
+    assert "2x B70" in line and "xpu-0.20,xpu-0.33" in line and "/models/" in line
+
+
+STACKS = {"xpu-0.20": "0.20.2", "xpu-0.33": "0.33.0", "cpu": "0.32.0"}
+
+
+def test_a_preset_is_parsed_by_the_releases_its_stacks_span():
+    xpu = P.preset_from_mapping(minimal(stacks=["xpu-0.20", "xpu-0.33"]))
+    cpu = P.preset_from_mapping(minimal(stacks=["cpu"]))
+    assert P.covers(xpu, "0.20.2", STACKS) and P.covers(xpu, "0.32.0+cpu", STACKS)
+    assert not P.covers(xpu, "0.19.0", STACKS)
+    assert P.covers(cpu, "0.32.0", STACKS) and not P.covers(cpu, "0.20.2", STACKS)
+    assert not P.covers(P.preset_from_mapping(minimal(stacks=["nope"])), "0.32.0", STACKS)
+
+
+def test_every_preset_names_known_stacks_and_an_installed_release_parses_it():
+    stacks = P.stack_vllm_versions()
+    for preset in P.load_all().values():
+        assert set(preset.stacks) <= set(stacks), preset.name
+        assert any(P.covers(preset, v, stacks) for v in INSTALLED), preset.name
+
+
+# ---- the installed vLLM's own parser ----
+
+
+def write_presets_with_a_renamed_flag(directory: Path) -> None:
+    """The real presets, plus one whose flag vLLM does not know (a rename, a typo)."""
+    directory.mkdir()
+    for path in P.presets_dir().glob("*.yaml"):
+        (directory / path.name).write_text(path.read_text())
+    broken = yaml.safe_load((P.presets_dir() / "qwen3.6-35b-a3b-w4a16-1xb70.yaml").read_text())
+    broken["name"] = "zz-renamed-flag"
+    broken["vllm_args"]["max-seq-len"] = broken["vllm_args"].pop("max-model-len")
+    (directory / "zz-renamed-flag.yaml").write_text(yaml.safe_dump(broken))
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("version", INSTALLED)
+def test_presets_parse_with_the_installed_vllm_and_a_renamed_flag_fails(version, tmp_path):
+    env = vllm_env(version)
+    write_presets_with_a_renamed_flag(tmp_path / "presets")
+    done = env.arcvllm(
+        "presets",
+        "--check",
+        "--presets-dir",
+        str(tmp_path / "presets"),
+        cwd=ROOT,
+        env={"TMPDIR": str(tmp_path), "VLLM_CACHE_ROOT": str(tmp_path / "cache")},
+        timeout=600,
+    )
+    results = dict(line.split(None, 1) for line in done.stdout.splitlines()[2:] if line.strip())
+    assert f"vLLM {version}:" in done.stdout, done.stdout + done.stderr[-3000:]
+    stacks = P.stack_vllm_versions()
+    for preset in P.load_all().values():
+        if P.covers(preset, version, stacks):
+            assert results[preset.name] == "ok", done.stdout
+        else:
+            assert results[preset.name].startswith("skipped"), done.stdout
+    assert results["zz-renamed-flag"].startswith("FAIL"), done.stdout
+    assert "--max-seq-len" in results["zz-renamed-flag"]
+    assert done.returncode == 1
