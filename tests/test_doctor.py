@@ -1,0 +1,328 @@
+"""doctor: every row's ok / warn / fail on fake /dev, /sys, /proc trees; one real run here."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+from arcvllm import doctor as D
+from arcvllm.presets import get_preset
+
+XPU1 = get_preset("qwen3.6-35b-a3b-w4a16-1xb70")
+XPU2 = get_preset("qwen3.6-35b-a3b-w4a16-2xb70")
+CPU = get_preset("tiny-hybrid-cpu")
+GIB = D.GIB
+RENDER_GID = 993
+
+
+def fake_stat(mode: int, uid: int = 0, gid: int = RENDER_GID) -> os.stat_result:
+    return os.stat_result((stat.S_IFCHR | mode, 0, 0, 1, uid, gid, 0, 0, 0, 0))
+
+
+def build(
+    tmp_path: Path,
+    *,
+    nodes: tuple[str, ...] = ("renderD128",),
+    gpus: tuple[tuple[str, int, str | None], ...] = (("0000:03:00.0", 0xE223, "xe"),),
+    node_mode: int = 0o660,
+    uid: int = 1000,
+    gids: frozenset[int] = frozenset({RENDER_GID}),
+    mem_total_gib: float = 64,
+    mem_avail_gib: float = 48,
+    packages: dict[str, str] | None = None,
+    container: bool = True,
+    tools: dict[str, str] | None = None,
+    shm_gib: float = 32,
+    disk_free_gib: float = 500,
+    environ: dict[str, str] | None = None,
+) -> D.Host:
+    """A fake machine under tmp_path/root: the files doctor reads, and nothing else."""
+    root = tmp_path / "root"
+    (root / "dev/dri").mkdir(parents=True)
+    (root / "dev/shm").mkdir()
+    for node in nodes:
+        (root / "dev/dri" / node).write_text("")
+    pci = root / "sys/bus/pci/devices"
+    pci.mkdir(parents=True)
+    (root / "sys/bus/pci/drivers/xe").mkdir(parents=True)
+    (root / "sys/bus/pci/drivers/i915").mkdir(parents=True)
+    for slot, device, driver in gpus:
+        dev = pci / slot
+        dev.mkdir()
+        (dev / "vendor").write_text("0x8086\n")
+        (dev / "device").write_text(f"0x{device:04x}\n")
+        (dev / "class").write_text("0x030000\n")
+        if driver:
+            (dev / "driver").symlink_to(root / "sys/bus/pci/drivers" / driver)
+    # A non-GPU Intel device and a foreign GPU must be ignored.
+    for slot, vendor, klass in (
+        ("0000:00:1f.0", "0x8086", "0x060100"),
+        ("0000:05:00.0", "0x10de", "0x030000"),
+    ):
+        (pci / slot).mkdir()
+        (pci / slot / "vendor").write_text(vendor)
+        (pci / slot / "device").write_text("0x1234")
+        (pci / slot / "class").write_text(klass)
+    (root / "etc").mkdir()
+    (root / "etc/group").write_text(f"root:x:0:\nvideo:x:44:\nrender:x:{RENDER_GID}:\n")
+    (root / "proc").mkdir()
+    (root / "proc/meminfo").write_text(
+        f"MemTotal:       {int(mem_total_gib * 1024 * 1024)} kB\n"
+        f"MemFree:        1000 kB\n"
+        f"MemAvailable:   {int(mem_avail_gib * 1024 * 1024)} kB\n"
+    )
+    if packages is None:
+        packages = {"libze-intel-gpu1": "25.48.36300.8-0", "level-zero": "1.26.0+u24.04"}
+    (root / "var/lib/dpkg").mkdir(parents=True)
+    (root / "var/lib/dpkg/status").write_text(
+        "\n\n".join(
+            f"Package: {p}\nStatus: install ok installed\nVersion: {v}\nDescription: x\n two"
+            for p, v in packages.items()
+        )
+    )
+    if container:
+        (root / ".dockerenv").write_text("")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name, script in (tools or {}).items():
+        path = bindir / name
+        path.write_text(f"#!/bin/sh\n{script}\n")
+        path.chmod(0o755)
+
+    def disk_usage(path: Path) -> tuple[int, int, int]:
+        if path.name == "shm":
+            return int(shm_gib * GIB), 0, int(shm_gib * GIB)
+        return int(disk_free_gib * GIB), 0, int(disk_free_gib * GIB)
+
+    return D.Host(
+        root=root,
+        environ={"PATH": str(bindir), "HOME": "/home/vllm", **(environ or {})},
+        uid=uid,
+        gids=gids,
+        stat=lambda p: fake_stat(node_mode),
+        disk_usage=disk_usage,
+    )
+
+
+def row(host: D.Host, check, preset=XPU1) -> D.Row:
+    return check(host, preset)
+
+
+SYCL_OK = (
+    'echo "[level_zero:gpu][level_zero:0] Intel(R) oneAPI Unified Runtime over Level-Zero,'
+    ' Intel(R) Arc(TM) Pro B70 Graphics 20.1.0 [1.6.35096]"'
+)
+SYCL_NOGPU = 'echo "[opencl:cpu][opencl:0] Intel(R) OpenCL, CPU"'
+XPU_SMI_OK = 'echo "| 0 | Device Name: Intel(R) Arc(TM) Pro B70 Graphics |"'
+
+
+def test_a_ready_b70_container_has_no_fail_and_exits_zero(tmp_path):
+    host = build(tmp_path, tools={"sycl-ls": SYCL_OK, "xpu-smi": XPU_SMI_OK})
+    rows = D.diagnose(host, XPU1)
+    assert [r.status for r in rows] == [D.OK] * len(D.CHECKS), rows
+
+
+# ---- render node ----
+
+
+def test_render_node_ok_fail_and_warn_for_cpu(tmp_path):
+    assert row(build(tmp_path / "a"), D.check_render_nodes).status == D.OK
+    fail = row(build(tmp_path / "b", nodes=()), D.check_render_nodes)
+    assert fail.status == D.FAIL and "--device /dev/dri" in fail.fix
+    on_host = row(build(tmp_path / "c", nodes=(), container=False), D.check_render_nodes)
+    assert on_host.status == D.FAIL and "xe driver" in on_host.fix
+    assert row(build(tmp_path / "d", nodes=()), D.check_render_nodes, CPU).status == D.WARN
+
+
+# ---- render group ----
+
+
+def test_render_group_ok_when_the_user_is_in_the_nodes_group(tmp_path):
+    r = row(build(tmp_path), D.check_render_access)
+    assert r.status == D.OK and f"gid {RENDER_GID} (render)" in r.seen
+
+
+def test_render_group_fail_names_the_gid_to_add(tmp_path):
+    r = row(build(tmp_path, gids=frozenset({1000})), D.check_render_access)
+    assert r.status == D.FAIL
+    assert f"--group-add {RENDER_GID}" in r.fix and "usermod -aG render" in r.fix
+
+
+def test_render_group_world_accessible_node_is_ok(tmp_path):
+    host = build(tmp_path, gids=frozenset({1000}), node_mode=0o666)
+    assert row(host, D.check_render_access).status == D.OK
+
+
+def test_render_group_warns_as_root_and_without_nodes(tmp_path):
+    root = row(build(tmp_path / "a", uid=0, gids=frozenset({0})), D.check_render_access)
+    assert root.status == D.WARN and f"--group-add {RENDER_GID}" in root.fix
+    assert row(build(tmp_path / "b", nodes=()), D.check_render_access).status == D.WARN
+
+
+# ---- GPU identity ----
+
+
+def test_gpu_identity_ok_for_enough_b70(tmp_path):
+    gpus = (("0000:03:00.0", 0xE223, "xe"), ("0000:04:00.0", 0xE223, "xe"))
+    r = row(build(tmp_path, gpus=gpus), D.check_gpu_identity, XPU2)
+    assert r.status == D.OK and "2x Arc Pro B70" in r.seen
+
+
+def test_gpu_identity_warns_for_another_intel_gpu(tmp_path):
+    r = row(build(tmp_path, gpus=(("0000:03:00.0", 0xE20B, "xe"),)), D.check_gpu_identity)
+    assert r.status == D.WARN and "8086:e20b" in r.seen
+
+
+def test_gpu_identity_fails_without_gpu_or_with_too_few(tmp_path):
+    none = row(build(tmp_path / "a", gpus=()), D.check_gpu_identity)
+    assert none.status == D.FAIL and "no XPU" in none.seen
+    few = row(build(tmp_path / "b"), D.check_gpu_identity, XPU2)
+    assert few.status == D.FAIL and "needs 2" in few.seen
+
+
+def test_gpu_identity_only_warns_for_a_cpu_preset(tmp_path):
+    assert row(build(tmp_path, gpus=()), D.check_gpu_identity, CPU).status == D.WARN
+
+
+# ---- kernel driver ----
+
+
+def test_driver_ok_on_xe(tmp_path):
+    r = row(build(tmp_path), D.check_driver)
+    assert r.status == D.OK and "xe" in r.seen
+
+
+def test_driver_fails_for_b70_on_i915_or_unbound(tmp_path):
+    i915 = row(build(tmp_path / "a", gpus=(("0000:03:00.0", 0xE223, "i915"),)), D.check_driver)
+    assert i915.status == D.FAIL and "xe only" in i915.fix
+    unbound = row(build(tmp_path / "b", gpus=(("0000:03:00.0", 0xE223, None),)), D.check_driver)
+    assert unbound.status == D.FAIL and "modprobe xe" in unbound.fix
+
+
+def test_driver_warns_for_an_older_gpu_on_i915_and_without_gpu(tmp_path):
+    old = row(build(tmp_path / "a", gpus=(("0000:03:00.0", 0x56A0, "i915"),)), D.check_driver)
+    assert old.status == D.WARN
+    assert row(build(tmp_path / "b", gpus=()), D.check_driver).status == D.WARN
+
+
+# ---- GPU user-space (compute runtime, Level Zero) ----
+
+
+def test_runtime_ok_reports_both_versions(tmp_path):
+    r = row(build(tmp_path), D.check_runtime)
+    assert r.status == D.OK and "25.48.36300.8" in r.seen and "1.26.0" in r.seen
+
+
+def test_runtime_fails_in_a_container_without_it_and_warns_on_the_host(tmp_path):
+    assert row(build(tmp_path / "a", packages={}), D.check_runtime).status == D.FAIL
+    host = row(build(tmp_path / "b", packages={}, container=False), D.check_runtime)
+    assert host.status == D.WARN and "inside the container" in host.fix
+
+
+# ---- sycl-ls and xpu-smi (real processes from a fake PATH) ----
+
+
+def test_sycl_ls_ok_fail_warn(tmp_path):
+    ok = row(build(tmp_path / "a", tools={"sycl-ls": SYCL_OK}), D.check_sycl_ls)
+    assert ok.status == D.OK and "Arc(TM) Pro B70" in ok.seen
+    blind = row(build(tmp_path / "b", tools={"sycl-ls": SYCL_NOGPU}), D.check_sycl_ls)
+    assert blind.status == D.FAIL and "render group" in blind.fix
+    assert row(build(tmp_path / "c"), D.check_sycl_ls).status == D.WARN
+
+
+def test_xpu_smi_ok_fail_warn(tmp_path):
+    ok = row(build(tmp_path / "a", tools={"xpu-smi": XPU_SMI_OK}), D.check_xpu_smi)
+    assert ok.status == D.OK and "B70" in ok.seen
+    broken = row(
+        build(tmp_path / "b", tools={"xpu-smi": "echo 'Level Zero init failed' >&2; exit 1"}),
+        D.check_xpu_smi,
+    )
+    assert broken.status == D.FAIL and "init failed" in broken.seen
+    assert row(build(tmp_path / "c"), D.check_xpu_smi).status == D.WARN
+
+
+# ---- /dev/shm ----
+
+
+def test_shm_ok_warn_fail(tmp_path):
+    assert row(build(tmp_path / "a", shm_gib=16), D.check_shm, XPU2).status == D.OK
+    small = row(build(tmp_path / "b", shm_gib=4), D.check_shm, XPU2)
+    assert small.status == D.WARN and "--shm-size 16g" in small.fix
+    docker_default = row(build(tmp_path / "c", shm_gib=64 / 1024), D.check_shm, XPU2)
+    assert docker_default.status == D.FAIL
+    single = row(build(tmp_path / "d", shm_gib=64 / 1024), D.check_shm, XPU1)
+    assert single.status == D.WARN
+
+
+def test_shm_missing_fails(tmp_path):
+    host = build(tmp_path)
+    (host.root / "dev/shm").rmdir()
+    assert row(host, D.check_shm).status == D.FAIL
+
+
+# ---- host RAM ----
+
+
+def test_ram_ok_warn_fail_against_what_the_preset_needs(tmp_path):
+    assert row(build(tmp_path / "a"), D.check_ram).status == D.OK
+    busy = row(build(tmp_path / "b", mem_total_gib=64, mem_avail_gib=8), D.check_ram)
+    assert busy.status == D.WARN and f"needs {XPU1.host_ram_gib:.1f} GiB" in busy.seen
+    small = row(build(tmp_path / "c", mem_total_gib=8, mem_avail_gib=7), D.check_ram)
+    assert small.status == D.FAIL
+
+
+# ---- HF cache disk ----
+
+
+def test_disk_ok_warn_fail_for_a_model_to_download(tmp_path):
+    env = {"HF_HOME": "/data/hf"}
+    ok = row(build(tmp_path / "a", environ=env), D.check_disk)
+    assert ok.status == D.OK and "/data/hf/hub" in ok.seen
+    need = XPU1.disk_gib
+    tight = build(tmp_path / "b", environ=env, disk_free_gib=need * 1.2)
+    assert row(tight, D.check_disk).status == D.WARN
+    full = build(tmp_path / "c", environ=env, disk_free_gib=need / 2)
+    assert row(full, D.check_disk).status == D.FAIL
+
+
+def test_disk_needs_little_when_the_model_is_local(tmp_path):
+    host = build(tmp_path, disk_free_gib=XPU1.disk_gib / 2)
+    (host.root / XPU1.model.lstrip("/")).mkdir(parents=True)
+    r = row(host, D.check_disk)
+    assert r.status == D.OK and "model local" in r.seen
+
+
+# ---- the command ----
+
+
+def test_cli_on_a_fake_root_prints_one_table_and_exits_non_zero_on_fail(tmp_path):
+    host = build(tmp_path, nodes=())
+    done = subprocess.run(
+        [sys.executable, "-m", "arcvllm", "doctor", "--root", str(host.root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    assert done.stdout.splitlines()[1].split()[:2] == ["CHECK", "STATUS"]
+    assert "cannot serve" in done.stderr and "render node" in done.stderr
+
+
+def test_real_run_on_this_machine_reports_no_xpu():
+    """This machine has no Intel GPU: doctor must say so and fail for the XPU preset."""
+    done = subprocess.run(
+        [sys.executable, "-m", "arcvllm", "doctor", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    import json
+
+    rows = {r["check"]: r for r in json.loads(done.stdout)}
+    assert done.returncode == 1
+    assert rows["render node"]["status"] == D.FAIL
+    assert rows["GPU (sysfs)"]["status"] == D.FAIL
+    assert "no XPU" in rows["GPU (sysfs)"]["seen"]

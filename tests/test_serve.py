@@ -1,0 +1,191 @@
+"""`arcvllm serve`: the rendered command, dry run, refusals; and one real server from a preset."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import vllm_env
+
+from arcvllm import cli, serve
+from arcvllm.presets import SERVER_MODULE, get_preset, render
+
+SERVED = "tiny-hybrid"
+
+
+def test_dry_run_prints_env_and_the_exact_command_with_extra_args_winning(capsys, monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    rc = cli.main(
+        ["serve", "--preset", "tiny-hybrid-cpu", "--dry-run", "--", "--max-model-len", "512"]
+    )
+    assert rc == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert "VLLM_CPU_KVCACHE_SPACE=1" in lines
+    argv = shlex.split(lines[-1])
+    assert argv[1:3] == ["-m", SERVER_MODULE]
+    assert argv.count("--max-model-len") == 1
+    assert argv[argv.index("--max-model-len") + 1] == "512"
+    assert "--" not in argv
+
+
+def test_the_operators_environment_wins_over_the_presets(capsys, monkeypatch):
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")
+    assert cli.main(["serve", "--preset", "tiny-hybrid-cpu", "--dry-run"]) == 0
+    assert "VLLM_CPU_KVCACHE_SPACE=4  # preset says 1" in capsys.readouterr().out
+    command = render(get_preset("tiny-hybrid-cpu"))
+    assert (
+        serve.effective_env(command, {"VLLM_CPU_KVCACHE_SPACE": "4"})["VLLM_CPU_KVCACHE_SPACE"]
+        == "4"
+    )
+
+
+def test_missing_model_path_is_one_line_and_a_non_zero_exit(capsys, tmp_path):
+    rc = cli.main(
+        ["serve", "--preset", "tiny-hybrid-cpu", "--", "--model", str(tmp_path / "absent")]
+    )
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "does not exist" in err and str(tmp_path / "absent") in err
+
+
+def test_hub_model_ids_are_not_checked_as_paths():
+    command = render(get_preset("tiny-hybrid-cpu"), ["--model", "ibm-granite/granite-4.0-h-tiny"])
+    assert serve.model_path_problem(command) is None
+
+
+def test_mamba_block_size_in_align_mode_is_refused_before_anything_runs(capsys):
+    rc = cli.main(["serve", "--preset", "tiny-hybrid-cpu", "--", "--mamba-block-size", "64"])
+    assert rc == 1
+    assert "vLLM ignores it" in capsys.readouterr().err
+
+
+def test_serve_execs_the_server_module_with_the_presets_env(monkeypatch, tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    seen = {}
+
+    def fake_execve(path, argv, env):
+        seen.update(path=path, argv=argv, env=env)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(os, "execve", fake_execve)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with pytest.raises(SystemExit):
+        cli.main(["serve", "--preset", "tiny-hybrid-cpu", "--", "--model", str(model)])
+    assert seen["argv"][1:3] == ["-m", SERVER_MODULE]
+    assert seen["argv"][seen["argv"].index("--model") + 1] == str(model)
+    assert seen["env"]["HF_HUB_OFFLINE"] == "1"
+
+
+# ---- one real server, started by `arcvllm serve` from the CPU preset ----
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float = 420) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise AssertionError(f"server not healthy in {timeout}s:\n{log.read_text()[-3000:]}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """Stop the server and its engine processes: its own process group, by PID."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    env = vllm_env("0.32.0")
+    out = tmp_path_factory.mktemp("model") / "tiny-hybrid"
+    tmp = tmp_path_factory.mktemp("tmp")
+    done = env.arcvllm("tinymodel", "build", str(out), env={"TMPDIR": str(tmp)}, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def preset_server(tiny_model, tmp_path_factory):
+    """`arcvllm serve --preset tiny-hybrid-cpu` on a free port; yields (url, model path)."""
+    env = vllm_env("0.32.0")
+    work = tmp_path_factory.mktemp("server")
+    port = free_port()
+    log = work / "server.log"
+    extra = {
+        "TMPDIR": str(work),
+        "VLLM_CACHE_ROOT": str(work / "cache"),
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+    }
+    with log.open("w") as fh:
+        proc = subprocess.Popen(
+            [
+                str(env.python),
+                "-m",
+                "arcvllm",
+                "serve",
+                "--preset",
+                "tiny-hybrid-cpu",
+                "--",
+                "--model",
+                str(tiny_model),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+            env=env.env(**extra),
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, log)
+        yield url, tiny_model, log
+    finally:
+        stop(proc)
+
+
+@pytest.mark.server
+@pytest.mark.vllm
+def test_preset_server_runs_the_presets_flags_and_answers(preset_server):
+    import httpx
+
+    url, _, log = preset_server
+    models = httpx.get(f"{url}/v1/models", timeout=10).json()["data"]
+    assert [m["id"] for m in models] == [SERVED]
+    assert models[0]["max_model_len"] == 2048
+    text = log.read_text()
+    assert "'mamba_cache_mode': 'align'" in text and "'enforce_eager': True" in text
+    done = httpx.post(
+        f"{url}/v1/completions",
+        json={"model": SERVED, "prompt": "block state", "max_tokens": 4, "temperature": 0},
+        timeout=120,
+    ).json()
+    assert done["usage"]["completion_tokens"] == 4
