@@ -5,7 +5,8 @@ SHELL := /bin/bash
 PYTHON        ?= python3
 VENV          ?= .venv
 BUILD         ?= build
-DOCKER        ?= docker
+# Debian's docker.io client: BuildKit capable (the `docker` first on PATH may lack it).
+DOCKER        ?= $(firstword $(wildcard /usr/bin/docker) docker)
 COMPOSE       ?= docker-compose
 # xpu where the host has an Intel GPU render node, cpu everywhere else.
 FLAVOR        ?= $(if $(wildcard /dev/dri/renderD*),xpu,cpu)
@@ -49,7 +50,104 @@ test: lint test-venvs ## everything: lint, unit, real vLLM code, image and smoke
 	ARCVLLM_TEST_VENVS=$(abspath $(TEST_VENVS)) $(VENV)/bin/pytest
 
 # ---- images and compose (docker/) ----
+# The engine scripts/ci/engine.sh starts: used when DOCKER_HOST is not set.
+ENGINE_SOCKET ?= /run/arcvllm-docker/docker.sock
+ifeq ($(origin DOCKER_HOST),undefined)
+ifneq ($(wildcard $(ENGINE_SOCKET)),)
+export DOCKER_HOST := unix://$(ENGINE_SOCKET)
+endif
+endif
+export DOCKER_BUILDKIT := 1
+comma         := ,
+# Wheels no index has (torch +cpu): pip's own wheel folder, linked into the build context.
+WHEELHOUSE    ?= $(or $(shell pip config get global.find-links 2>/dev/null),/opt/wheels)
+# A CA bundle for TLS-inspecting proxies, given to the build as a secret (never a layer).
+CA_BUNDLE     ?= $(firstword $(wildcard /etc/ssl/certs/ca-certificates.crt))
+COMPOSE_FILES ?= -f docker/compose.yaml $(if $(filter cpu,$(FLAVOR)),-f docker/compose.cpu.yaml)
+BUILD_FLAGS   ?=
+# FLAVOR given by the operator must match the stack's; the default follows the stack.
+FLAVOR_CHECK   = $(if $(filter command line environment,$(origin FLAVOR)),--flavor $(FLAVOR))
+DOCKER_BUILD   = $(DOCKER) build -f docker/Dockerfile $(BUILD_FLAGS) \
+	$(if $(CA_BUNDLE),--secret id=ca$(comma)src=$(CA_BUNDLE)) \
+	--build-arg REVISION=$$(git rev-parse --short HEAD 2>/dev/null || echo unknown) \
+	--build-arg CREATED=$$(date -u +%Y-%m-%dT%H:%M:%SZ)
+
+.PHONY: wheelhouse
+wheelhouse: ## link the local wheel folder into the build context (build/wheelhouse)
+	@mkdir -p $(BUILD)/wheelhouse
+	@for w in $(wildcard $(WHEELHOUSE)/*.whl); do \
+		ln -f "$$w" $(BUILD)/wheelhouse/ 2>/dev/null || cp -u "$$w" $(BUILD)/wheelhouse/; done
+
+.PHONY: stacks
+stacks: $(VENV)/.stamp ## list the pinned stacks (configs/stacks.yaml)
+	@$(ARCVLLM) stack list
+
+.PHONY: build
+build: $(VENV)/.stamp wheelhouse ## build the image of STACK (default: cpu, or xpu-0.20 on a host with an XPU)
+	@$(ARCVLLM) stack build-args $(STACK) $(FLAVOR_CHECK) >/dev/null || { $(ARCVLLM) stack list; exit 2; }
+	$(DOCKER_BUILD) --target runtime -t $(IMAGE) \
+		$(shell $(ARCVLLM) stack build-args $(STACK) 2>/dev/null) \
+		--build-arg ARCVLLM_VERSION=$$($(ARCVLLM) --version | cut -d' ' -f2) \
+		--build-arg ARCVLLM_PATCHES=$$($(ARCVLLM) patches plan --vllm-version $$($(ARCVLLM) stack get $(STACK) VLLM_VERSION)) \
+		.
+
+.PHONY: build-xpu-patch
+build-xpu-patch: $(VENV)/.stamp wheelhouse ## CI: the XPU build of STACK up to its patch step, on plain Debian with CPU torch
+	@$(ARCVLLM) stack build-args $(XPU_STACK) --flavor xpu >/dev/null || { $(ARCVLLM) stack list; exit 2; }
+	$(DOCKER_BUILD) --target patch -t arcvllm:$(XPU_STACK)-patch \
+		$(shell $(ARCVLLM) stack build-args $(XPU_STACK) 2>/dev/null) --build-arg FLAVOR=xpu-ci \
+		--build-arg ARCVLLM_PATCHES=$$($(ARCVLLM) patches plan --vllm-version $$($(ARCVLLM) stack get $(XPU_STACK) VLLM_VERSION)) \
+		.
+XPU_STACK     ?= $(if $(filter xpu-%,$(STACK)),$(STACK),xpu-0.20)
+
+.PHONY: up
+up: ## start the compose service (production XPU; cpu flavour adds docker/compose.cpu.yaml)
+	IMAGE=$(IMAGE) $(COMPOSE) -p arcvllm $(COMPOSE_FILES) up -d
+
+.PHONY: down
+down: ## stop and remove the compose service (volumes are kept)
+	IMAGE=$(IMAGE) $(COMPOSE) -p arcvllm $(COMPOSE_FILES) down
+
+.PHONY: logs
+logs: ## follow the server's logs
+	IMAGE=$(IMAGE) $(COMPOSE) -p arcvllm $(COMPOSE_FILES) logs -f --tail=200
+
+.PHONY: engine
+engine: ## start a local Docker engine if none answers (scripts/ci/engine.sh)
+	scripts/ci/engine.sh up
+
 
 # ---- smoke test ----
 
 # ---- operate: presets, doctor, bench ----
+BENCH_OUT      ?= reports/bench
+# The compose service `make up` starts; `make bench` runs inside it, where vLLM, the
+# model's tokenizer and matplotlib are. BENCH_PYTHON=PATH (a Python with vLLM) runs the
+# benchmark from the host instead, against http://127.0.0.1:$(PORT).
+SERVICE        ?= arcvllm
+BENCH_PYTHON   ?=
+BENCH_TOKENIZER ?=
+BENCH_ARGS     ?=
+COMPOSE_RUN     = IMAGE=$(IMAGE) $(COMPOSE) -p arcvllm $(COMPOSE_FILES)
+
+.PHONY: presets
+presets: $(VENV)/.stamp ## list the deployment presets (model, GPUs, stacks)
+	@$(ARCVLLM) presets
+
+.PHONY: doctor
+doctor: $(VENV)/.stamp ## host preflight for PRESET: GPU, render group, driver, shm, RAM, disk
+	@$(ARCVLLM) doctor --preset $(PRESET)
+
+.PHONY: bench
+bench: $(VENV)/.stamp ## benchmark the running server (make up): JSON + PNG in BENCH_OUT
+ifeq ($(BENCH_PYTHON),)
+	$(COMPOSE_RUN) exec -T $(SERVICE) arcvllm bench --base-url http://127.0.0.1:8000 \
+		--preset $(PRESET) --out /tmp/arcvllm-bench $(BENCH_ARGS)
+	@mkdir -p $(BENCH_OUT)
+	$(DOCKER) cp "$$($(COMPOSE_RUN) ps -q $(SERVICE))":/tmp/arcvllm-bench/. $(BENCH_OUT)/
+	@echo "bench results in $(BENCH_OUT)"
+else
+	$(ARCVLLM) bench --base-url http://127.0.0.1:$(PORT) --preset $(PRESET) \
+		--vllm-python $(BENCH_PYTHON) --out $(BENCH_OUT) \
+		$(if $(BENCH_TOKENIZER),--tokenizer $(BENCH_TOKENIZER)) $(BENCH_ARGS)
+endif

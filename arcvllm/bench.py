@@ -498,6 +498,9 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         from arcvllm.presets import get_preset
 
         preset = get_preset(args.preset)
+    args.model = args.model or (preset.served_model_name if preset else None)
+    if not args.model:
+        raise ArcvllmError("name the served model: --model NAME or --preset NAME")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     root = server_root(args.base_url)
@@ -625,7 +628,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__.splitlines()[0],
     )
     p.add_argument("--base-url", required=True, help="the server, e.g. http://127.0.0.1:8000")
-    p.add_argument("--model", required=True, help="served model name")
+    p.add_argument("--model", help="served model name (default: the preset's)")
     p.add_argument("--preset", help="preset the server runs: compares with its reference")
     p.add_argument("--out", default="reports/bench", help="folder for JSON, PNG and logs")
     p.add_argument("--tokenizer", help="model folder for vllm bench (default: the preset's)")

@@ -1,0 +1,218 @@
+"""bench: the pure arithmetic, vLLM's own bench parser, and one run against a real server."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, vllm_env
+from test_serve import SERVED, preset_server, tiny_model  # noqa: F401  (module fixtures)
+
+from arcvllm import bench as B
+from arcvllm.errors import ArcvllmError
+
+
+def stream(prompt_len: int, sizes: list[int], gap: float = 0.01) -> B.Stream:
+    return B.Stream(prompt_len, 0.1, tuple((n, i * gap) for i, n in enumerate(sizes)))
+
+
+def test_steps_are_placed_at_the_positions_the_engine_computed():
+    # Prompt of 6 tokens, block 8: output token k is computed from position 6 + k - 1.
+    ss = B.steps(stream(6, [1, 1, 1, 1, 1]), block=8)
+    assert [s.position for s in ss] == [6, 7, 8, 9]
+    assert [s.crosses for s in ss] == [False, False, True, False]
+    assert all(abs(s.itl_ms - 10) < 1e-9 for s in ss)
+
+
+def test_a_chunk_of_several_tokens_crosses_if_any_of_them_does():
+    ss = B.steps(stream(6, [1, 1, 3, 1]), block=8)
+    assert [(s.position, s.tokens, s.crosses) for s in ss] == [
+        (6, 1, False),
+        (7, 3, True),
+        (10, 1, False),
+    ]
+    assert abs(ss[1].itl_ms - 10 / 3) < 1e-9
+
+
+def test_boundary_summary_separates_crossing_steps_and_would_see_a_slow_copy():
+    steps = [B.Step(p, 1, 50.0 if p % 8 == 0 else 5.0, p % 8 == 0) for p in range(4, 40)]
+    summary = B.boundary_summary(steps)
+    assert summary["boundary_steps"] == 4 and summary["boundary_positions"] == [8, 16, 24, 32]
+    assert summary["itl_ms_boundary_p50"] == 50.0 and summary["itl_ms_other_p50"] == 5.0
+    assert summary["boundary_over_other_p50"] == 10.0
+
+
+def test_percentiles():
+    assert B.pct([], 50) is None
+    assert B.pct([3.0], 99) == 3.0
+    assert B.pct([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert 98.0 <= B.pct([float(i) for i in range(1, 101)], 99) <= 100.0
+
+
+def test_plans_cross_the_boundaries_and_fit_the_context():
+    assert B.boundary_plan(128, 2048, 3) == (64, 322)
+    prompt, decode = B.boundary_plan(2112, 32768, 3)
+    assert prompt + decode - 1 >= 3 * 2112
+    assert B.boundary_plan(128, 300, 3) == (64, 235)  # capped by max-model-len
+    with pytest.raises(ArcvllmError, match="no room"):
+        B.boundary_plan(2112, 2048, 3)
+    assert B.prefix_plan(128, 2048) == 12 * 128 + 1
+    assert B.prefix_plan(2112, 32768) == 11 * 2112 + 1
+    with pytest.raises(ArcvllmError, match="no full block"):
+        B.prefix_plan(2112, 2048)
+
+
+def test_ratios_against_scalar_and_range_references():
+    rows = B.ratio_rows(
+        {"decode_tok_s": 31.5, "prefill_tok_s": 2900.0, "itl_ms_p50": None},
+        {"decode_tok_s": 63, "prefill_tok_s": [5800, 7600], "itl_ms_p50": 6, "nope": 1},
+    )
+    assert rows == [
+        {"metric": "decode_tok_s", "measured": 31.5, "reference": "63", "ratio": "0.50"},
+        {
+            "metric": "prefill_tok_s",
+            "measured": 2900.0,
+            "reference": "5800-7600",
+            "ratio": "0.38-0.50",
+        },
+    ]
+
+
+def test_the_b70_reference_carries_the_reports_figures():
+    ref = B.load_reference("qwen3.6-35b-a3b-w4a16-1xb70")
+    assert ref["metrics"]["decode_tok_s"] == 63
+    assert ref["metrics"]["prefill_tok_s"] == [5800, 7600]
+    assert B.load_reference("no-such-reference") is None
+
+
+def test_server_root_accepts_the_v1_url():
+    assert B.server_root("http://h:8000/v1/") == "http://h:8000"
+    assert B.server_root("http://h:8000") == "http://h:8000"
+
+
+def test_tokenizer_must_exist_locally(tmp_path):
+    assert B.resolve_tokenizer(None, str(tmp_path), "tiny") == str(tmp_path)
+    with pytest.raises(ArcvllmError, match="--tokenizer"):
+        B.resolve_tokenizer(None, str(tmp_path / "absent"), "tiny")
+
+
+def test_plot_writes_a_png_with_boundaries(tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "p.png"
+    B.plot([stream(60, [1] * 200), stream(60, [1] * 150)], 64, "t", path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_vllm_bench_args_name_the_random_dataset_and_the_result_file(tmp_path):
+    args = B.vllm_bench_args("http://h:1", "m", "/tok", tmp_path, 256, 64, 4, 1)
+    pairs = dict(itertools.pairwise(args))
+    assert pairs["--dataset-name"] == "random" and pairs["--tokenizer"] == "/tok"
+    assert pairs["--result-filename"] == B.VLLM_BENCH_JSON and "--ignore-eos" in args
+
+
+@pytest.mark.vllm
+def test_vllm_bench_args_parse_with_vllms_own_bench_parser(tmp_path):
+    """vLLM's own `bench serve` parser accepts them; a misspelt flag is rejected."""
+    env = vllm_env("0.32.0")
+    args = B.vllm_bench_args("http://h:1", "m", "/tok", tmp_path, 256, 64, 4, 1)
+    code = (
+        "import sys\n"
+        "from vllm.entrypoints.cli.benchmark.serve import BenchmarkServingSubcommand as S\n"
+        "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+        "p = FlexibleArgumentParser(); S.add_cli_args(p); a = p.parse_args(sys.argv[1:])\n"
+        "print(a.dataset_name, a.random_input_len, a.result_filename)\n"
+    )
+    extra = {"TMPDIR": str(tmp_path), "VLLM_CACHE_ROOT": str(tmp_path / "c")}
+    good = env.run("-c", code, *args, env=extra, timeout=300)
+    assert good.returncode == 0, good.stderr[-2000:]
+    assert good.stdout.split()[-3:] == ["random", "256", B.VLLM_BENCH_JSON]
+    bad = env.run("-c", code, *args, "--random-inptu-len", "3", env=extra, timeout=300)
+    assert bad.returncode != 0 and "--random-inptu-len" in bad.stderr
+
+
+# ---- one real run ----
+
+
+def run_bench(url: str, model: str, out, tokenizer, *extra: str) -> subprocess.CompletedProcess:
+    env = vllm_env("0.32.0")
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "arcvllm",
+            "bench",
+            "--base-url",
+            url,
+            "--model",
+            model,
+            "--tokenizer",
+            str(tokenizer),
+            "--vllm-python",
+            str(env.python),
+            "--out",
+            str(out),
+            "--num-prompts",
+            "2",
+            "--input-len",
+            "128",
+            "--output-len",
+            "32",
+            "--runs",
+            "1",
+            "--crossings",
+            "2",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=1200,
+        env=env.env(TMPDIR=str(out.parent), VLLM_CACHE_ROOT=str(out.parent / "cache")),
+    )
+
+
+@pytest.mark.server
+@pytest.mark.vllm
+def test_bench_against_a_real_server_writes_json_and_plot(preset_server, tmp_path):  # noqa: F811
+    pytest.importorskip("matplotlib")
+    url, model_dir, _ = preset_server
+    out = tmp_path / "bench"
+    done = run_bench(url, SERVED, out, model_dir, "--preset", "tiny-hybrid-cpu")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((out / B.REPORT_JSON).read_text())
+    assert (out / B.REPORT_PNG).read_bytes()[:4] == b"\x89PNG"
+    assert report["block_size"] >= 16
+    assert report["vllm_bench"]["completed"] == 2 and report["vllm_bench"]["failed"] == 0
+    boundary = report["boundary"]
+    assert boundary["boundary_steps"] >= 2, boundary
+    assert all(p % report["block_size"] == 0 for p in boundary["boundary_positions"])
+    prefix = report["prefix_cache"]
+    assert prefix["warm_hit_rate"] >= 0.9, prefix
+    summary = report["summary"]
+    for key in (
+        "decode_tok_s",
+        "prefill_tok_s",
+        "ttft_ms_p50",
+        "ttft_ms_p99",
+        "itl_ms_p50",
+        "itl_ms_p99",
+        "prefix_ttft_cold_ms",
+        "prefix_ttft_warm_ms",
+    ):
+        assert summary[key] and summary[key] > 0, key
+    assert {r["metric"] for r in report["reference"]["rows"]} >= {"decode_tok_s"}
+    assert "RATIO" in done.stdout
+
+
+@pytest.mark.server
+@pytest.mark.vllm
+def test_bench_names_a_wrong_model_in_one_line(preset_server, tmp_path):  # noqa: F811
+    url, model_dir, _ = preset_server
+    done = run_bench(url, "not-served", tmp_path / "bench", model_dir)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        f"arcvllm: the server does not serve 'not-served'; it serves: {SERVED}"
+    ]
