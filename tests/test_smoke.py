@@ -1,0 +1,357 @@
+"""`arcvllm smoke` without vLLM: its pure parts, and a fake server that can be broken.
+
+The fake speaks just enough of vLLM's HTTP API (health, models, metrics, tokenize,
+streamed completions with usage and token ids). Each check of the smoke test gets a
+sibling here that shows it failing on a target broken in exactly that way; the real
+servers (and the real crash) are in test_emulation_server.py.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from arcvllm import cli
+from arcvllm import smoke as S
+from arcvllm.errors import ArcvllmError
+
+BLOCK = 64
+MAX_LEN = 1024
+
+
+class Fake:
+    """State and faults of one fake server."""
+
+    def __init__(self, faults: set[str] = frozenset(), block_in_metrics: bool = True) -> None:
+        self.faults = set(faults)
+        self.block_in_metrics = block_in_metrics
+        self.hits = 0
+        self.queries = 0
+        self.seen: set[tuple[int, ...]] = set()
+        self.completions = 0
+        self.lock = threading.Lock()
+
+    def metrics(self) -> str:
+        lines = [
+            "# TYPE vllm:prefix_cache_hits_total counter",
+            f'vllm:prefix_cache_hits_total{{engine="0",model_name="tiny-hybrid"}} {self.hits}',
+            "# TYPE vllm:prefix_cache_queries_total counter",
+            f'vllm:prefix_cache_queries_total{{model_name="tiny-hybrid"}} {self.queries}',
+        ]
+        if self.block_in_metrics:
+            lines += [
+                "# TYPE vllm:cache_config_info gauge",
+                f'vllm:cache_config_info{{effective_attention_block_size="{BLOCK}"}} 1.0',
+            ]
+        return "\n".join(lines) + "\n"
+
+    def complete(self, prompt: list[int], max_tokens: int) -> list[int] | None:
+        key = tuple(prompt)
+        with self.lock:
+            self.completions += 1
+            again = key in self.seen
+            self.seen.add(key)
+            self.queries += len(prompt)
+            if again and "no_hits" not in self.faults:
+                self.hits += (len(prompt) - 1) // BLOCK * BLOCK
+        if "stream_error" in self.faults and BLOCK - 16 < len(prompt) < BLOCK - 8:
+            return None
+        n = max_tokens - 1 if "short" in self.faults else max_tokens
+        salt = 7 if again and "differs" in self.faults else 0
+        return [(sum(prompt) + i * 31 + salt) % 500 for i in range(n)]
+
+    def healthy(self) -> bool:
+        return not ("dies" in self.faults and self.completions > 0)
+
+
+def handler(fake: Fake):
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):  # quiet
+            pass
+
+        def send(self, code: int, body: str, ctype: str = "application/json") -> None:
+            data = body.encode()
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            if self.path == "/health":
+                self.send(200 if fake.healthy() else 503, "")
+            elif self.path == "/v1/models":
+                models = [{"id": "tiny-hybrid", "object": "model", "max_model_len": MAX_LEN}]
+                self.send(200, json.dumps({"object": "list", "data": models}))
+            elif self.path == "/metrics":
+                self.send(200, fake.metrics(), "text/plain; version=0.0.4")
+            else:
+                self.send(404, "{}")
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.path == "/tokenize":
+                words = body["prompt"].split()
+                self.send(200, json.dumps({"tokens": [len(w) * 13 % 500 for w in words]}))
+                return
+            if self.path != "/v1/completions" or not fake.healthy():
+                self.send(500, json.dumps({"error": {"message": "engine dead"}}))
+                return
+            ids = fake.complete(body["prompt"], body["max_tokens"])
+            if ids is None:
+                self.send(500, json.dumps({"error": {"message": "boom"}}))
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            base = {"id": "c", "object": "text_completion", "created": 0, "model": "tiny-hybrid"}
+            for i in ids:
+                choice = {"index": 0, "text": f"t{i} ", "finish_reason": None, "token_ids": [i]}
+                self.wfile.write(f"data: {json.dumps({**base, 'choices': [choice]})}\n\n".encode())
+            usage = {
+                "prompt_tokens": len(body["prompt"]),
+                "completion_tokens": len(ids),
+                "total_tokens": len(body["prompt"]) + len(ids),
+            }
+            self.wfile.write(
+                f"data: {json.dumps({**base, 'choices': [], 'usage': usage})}\n\n".encode()
+            )
+            self.wfile.write(b"data: [DONE]\n\n")
+
+    return Handler
+
+
+@pytest.fixture
+def serve():
+    servers = []
+
+    def start(fake: Fake) -> str:
+        server = ThreadingHTTPServer(("127.0.0.1", 0), handler(fake))
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}"
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def run_cli(capsys, *args: str) -> tuple[int, str, str]:
+    code = cli.main(["smoke", *args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+# ---------------------------------------------------------------- the fake, healthy and broken
+
+
+def test_a_healthy_server_passes(serve, capsys, tmp_path):
+    url = serve(Fake())
+    report = tmp_path / "r.json"
+    code, out, _ = run_cli(capsys, "--base-url", url, "--report", str(report))
+    assert code == 0, out
+    assert "smoke: PASS" in out
+    data = json.loads(report.read_text())
+    assert data["verdict"] == "pass"
+    assert data["server"]["block_size"] == BLOCK
+    assert [c["name"] for c in data["checks"]] == [
+        "block size",
+        "boundary decode",
+        "healthy after crossing",
+        "prefix cache hits",
+        "prefix cache text",
+        "concurrent streams",
+    ]
+    assert {"time_to_verdict_s", "ttft_cold_ms", "ttft_warm_ms", "itl_median_ms"} <= set(
+        data["measurements"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("fault", "failing"),
+    [
+        ("short", "boundary decode"),
+        ("dies", "healthy after crossing"),
+        ("no_hits", "prefix cache hits"),
+        ("differs", "prefix cache text"),
+        ("stream_error", "concurrent streams"),
+    ],
+)
+def test_each_check_fails_on_a_server_broken_that_way(serve, capsys, tmp_path, fault, failing):
+    log = tmp_path / "server.log"
+    log.write_text("\n".join(f"line {i}" for i in range(80)) + "\n")
+    code, out, _ = run_cli(capsys, "--base-url", serve(Fake({fault})), "--log-file", str(log))
+    assert code == 1
+    assert f"smoke: FAIL: {failing}" in out
+    assert "--- last 50 lines of the server log ---" in out
+    assert "line 79" in out and "line 29\n" not in out and "line 30" in out
+
+
+def test_a_crash_in_the_log_is_named(serve, capsys, tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text(CRASH_LOG)
+    code, out, _ = run_cli(capsys, "--base-url", serve(Fake({"dies"})), "--log-cmd", f"cat {log}")
+    assert code == 1
+    assert "server crashed: OverflowError: Python int too large to convert to C long" in out
+
+
+# ---------------------------------------------------------------- bad input: one line
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_server_is_one_line(capsys):
+    code, out, err = run_cli(capsys, "--base-url", f"http://127.0.0.1:{free_port()}")
+    assert code != 0
+    assert err.startswith("arcvllm: no vLLM server answers") and err.count("\n") == 1
+    assert out == ""
+
+
+def test_wrong_model_is_one_line(serve, capsys):
+    code, _, err = run_cli(capsys, "--base-url", serve(Fake()), "--model", "qwen")
+    assert code != 0
+    assert err.startswith("arcvllm: model 'qwen' is not served at http://127.0.0.1:")
+    assert "is not served" in err and err.count("\n") == 1
+
+
+def test_undeterminable_block_size_is_one_line(serve, capsys, tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text("INFO nothing about blocks\n")
+    url = serve(Fake(block_in_metrics=False))
+    code, _, err = run_cli(capsys, "--base-url", url, "--log-file", str(log))
+    assert code != 0
+    assert "cannot determine the server's block size" in err and err.count("\n") == 1
+
+
+def test_block_size_falls_back_to_the_log(serve, capsys, tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text("(EngineCore pid=1) INFO Setting attention block size to 64 tokens to ...\n")
+    url = serve(Fake(block_in_metrics=False))
+    code, out, _ = run_cli(capsys, "--base-url", url, "--log-file", str(log))
+    assert code == 0, out
+    assert "64 (from server log)" in out
+
+
+def test_start_cmd_timeout_fails_and_shows_the_log(capsys, tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text("starting...\nstill starting\n")
+    stopped = tmp_path / "stopped"
+    code, out, _ = run_cli(
+        capsys,
+        *("--base-url", f"http://127.0.0.1:{free_port()}"),
+        *("--start-cmd", "true", "--stop-cmd", f"touch {stopped}"),
+        *("--health-timeout", "2", "--log-file", str(log)),
+    )
+    assert code == 1
+    assert "smoke: FAIL: server start" in out and "still starting" in out
+    assert stopped.exists()
+
+
+def test_start_cmd_is_run_and_stopped(serve, capsys, tmp_path):
+    url = serve(Fake())
+    started, stopped = tmp_path / "started", tmp_path / "stopped"
+    code, out, _ = run_cli(
+        capsys,
+        *("--base-url", url, "--start-cmd", f"touch {started}", "--stop-cmd", f"touch {stopped}"),
+    )
+    assert code == 0, out
+    assert started.exists() and stopped.exists()
+    assert "startup_to_healthy_s=" in out
+
+
+# ---------------------------------------------------------------- pure parts
+
+
+def test_plan_for_the_tiny_model():
+    p = S.plan(128, 2048)
+    assert (p.decode_prompt, p.decode_tokens) == (120, 152)
+    assert S.boundary_steps(p.decode_prompt, p.decode_tokens, 128) == [9, 137]
+    assert (p.prefix_blocks, p.prefix_prompt, p.prefix_expected_hits) == (12, 1537, 1382)
+
+
+def test_plan_for_the_production_block_on_xpu():
+    p = S.plan(2112, 262144)
+    assert p.decode_prompt + p.decode_tokens > 2 * 2112
+    assert len(S.boundary_steps(p.decode_prompt, p.decode_tokens, 2112)) == 2
+    assert p.prefix_blocks == 7 and p.prefix_prompt == 7 * 2112 + 1
+
+
+@pytest.mark.parametrize(("block", "max_len"), [(128, 200), (1024, 2048), (8, 4096)])
+def test_plan_refuses_what_cannot_cross_two_boundaries(block, max_len):
+    with pytest.raises(ArcvllmError):
+        S.plan(block, max_len)
+
+
+def test_tokens_of_tiles_to_the_exact_length():
+    assert S.tokens_of([1, 2, 3], 7) == [1, 2, 3, 1, 2, 3, 1]
+    assert S.tokens_of([1, 2, 3], 4, shift=1) == [2, 3, 1, 2]
+
+
+@pytest.mark.parametrize(
+    ("lines", "expected"),
+    [
+        (["INFO [interface.py:1120] Setting attention block size to 96 tokens to ensure"], 96),
+        (["INFO [kv_cache_utils.py:853] kv cache group sizes (128, 128)"], 128),
+        (["kv cache group sizes (128, 64)"], None),
+        (
+            [
+                "Setting attention block size to 96 tokens",
+                "Setting attention block size to 2112 tokens",
+            ],
+            2112,
+        ),
+        ([], None),
+    ],
+)
+def test_block_size_from_log(lines, expected):
+    assert S.block_size_from_log(lines) == expected
+
+
+_CORE = "(EngineCore pid=10) ERROR 11-30 16:30:01 [core.py:1131] "
+_API = "(APIServer pid=9) ERROR 11-30 16:30:01 [async_llm.py:700] "
+CRASH_LOG = "\n".join(
+    [
+        _CORE + "EngineCore encountered a fatal error.",
+        _CORE + "Traceback (most recent call last):",
+        _CORE + '  File "vllm/v1/worker/mamba_utils.py", line 1378, in collect_mamba_copy_meta',
+        _CORE + "    src_ptrs_np[offset] = copy_spec.start_addr",
+        _CORE + "OverflowError: Python int too large to convert to C long",
+        _CORE + "Traceback (most recent call last):",
+        _CORE + "RuntimeError: Worker failed with error 'Python int too large to convert to C "
+        "long', please check the stack trace above for the root cause",
+        _API + "AsyncLLM output_handler failed.",
+        _API + "Traceback (most recent call last):",
+        _API + "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.",
+    ]
+)
+
+
+def test_find_crash_names_the_root_cause_not_the_echo():
+    assert S.find_crash(CRASH_LOG.splitlines()) == (
+        "OverflowError: Python int too large to convert to C long"
+    )
+
+
+def test_find_crash_plain_traceback():
+    lines = ["Traceback (most recent call last):", '  File "x.py"', "ValueError: bad"]
+    assert S.find_crash(lines) == "ValueError: bad"
+
+
+def test_find_crash_none_in_a_clean_log():
+    assert S.find_crash(["INFO ok", "ERROR: not an exception line"]) is None
+
+
+def test_table_fits_one_screen():
+    checks = [S.Check("boundary decode", "x" * 200, "y" * 200, False), S.Check("b", "e", "s", True)]
+    table = S.render_table(checks, width=100)
+    assert all(len(line) <= 100 for line in table.splitlines())
+    assert table.splitlines()[2].endswith("FAIL") and table.splitlines()[3].endswith("PASS")
