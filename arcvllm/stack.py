@@ -1,0 +1,221 @@
+"""The pinned stacks (configs/stacks.yaml): which versions go into each image, and why.
+
+The stacks file is the single source of truth; `make build` turns a stack into Docker
+build args through `arcvllm stack build-args NAME`, so the Makefile, the Dockerfile and
+the presets all read the same pins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from arcvllm.errors import ArcvllmError
+from arcvllm.paths import configs_dir
+
+FLAVORS = ("cpu", "xpu")
+
+
+@dataclass(frozen=True)
+class Pin:
+    """One build input: its value and where that value came from."""
+
+    value: str
+    source: str
+
+
+@dataclass(frozen=True)
+class Stack:
+    name: str
+    flavor: str
+    description: str
+    vllm_version: str
+    args: Mapping[str, Pin]
+
+    def build_args(self) -> dict[str, str]:
+        """Every Docker build arg this stack sets, stack identity first."""
+        identity = {"FLAVOR": self.flavor, "STACK": self.name, "VLLM_VERSION": self.vllm_version}
+        return {**identity, **{key: pin.value for key, pin in self.args.items()}}
+
+
+def stacks_file() -> Path:
+    return configs_dir() / "stacks.yaml"
+
+
+def _pin(stack: str, key: str, raw: object) -> Pin:
+    if not isinstance(raw, Mapping) or "value" not in raw or "from" not in raw:
+        raise ArcvllmError(f"stack {stack}: {key} needs `value` and `from` (where it came from)")
+    value = raw["value"]
+    return Pin("" if value is None else " ".join(str(value).split()), str(raw["from"]).strip())
+
+
+def parse(data: object, source: str = "stacks.yaml") -> tuple[dict[str, Stack], dict[str, str]]:
+    """Stacks by name, and the default stack per flavour, from the parsed YAML."""
+    if not isinstance(data, Mapping) or not isinstance(data.get("stacks"), Mapping):
+        raise ArcvllmError(f"{source}: expected a `stacks:` mapping")
+    stacks: dict[str, Stack] = {}
+    for name, raw in data["stacks"].items():
+        if not isinstance(raw, Mapping):
+            raise ArcvllmError(f"{source}: stack {name} is not a mapping")
+        flavor = raw.get("flavor")
+        if flavor not in FLAVORS:
+            raise ArcvllmError(f"{source}: stack {name}: flavor must be one of {FLAVORS}")
+        vllm = raw.get("vllm")
+        if not isinstance(vllm, Mapping) or "version" not in vllm:
+            raise ArcvllmError(f"{source}: stack {name}: needs `vllm: {{version: ...}}`")
+        args = raw.get("args") or {}
+        stacks[str(name)] = Stack(
+            name=str(name),
+            flavor=flavor,
+            description=" ".join(str(raw.get("description", "")).split()),
+            vllm_version=str(vllm["version"]),
+            args={str(k): _pin(str(name), str(k), v) for k, v in args.items()},
+        )
+    defaults = {str(k): str(v) for k, v in (data.get("defaults") or {}).items()}
+    for flavor, name in defaults.items():
+        if name not in stacks or stacks[name].flavor != flavor:
+            raise ArcvllmError(f"{source}: default for {flavor} is not a {flavor} stack: {name}")
+    return stacks, defaults
+
+
+def load(path: Path | None = None) -> tuple[dict[str, Stack], dict[str, str]]:
+    import yaml
+
+    path = path or stacks_file()
+    if not path.exists():
+        raise ArcvllmError(f"no stacks file at {path}")
+    return parse(yaml.safe_load(path.read_text()), str(path))
+
+
+def get(name: str, path: Path | None = None, flavor: str | None = None) -> Stack:
+    """The stack NAME; an unknown name (or one of another flavour) lists the valid ones."""
+    stacks, _ = load(path)
+    if name not in stacks:
+        raise ArcvllmError(f"unknown stack {name!r}; stacks: {', '.join(stacks)}")
+    stack = stacks[name]
+    if flavor is not None and stack.flavor != flavor:
+        same = [s.name for s in stacks.values() if s.flavor == flavor]
+        raise ArcvllmError(
+            f"stack {name} is {stack.flavor}, not {flavor}; {flavor} stacks: {', '.join(same)}"
+        )
+    return stack
+
+
+def render_build_args(stack: Stack) -> str:
+    """`--build-arg K=V ...`, quoted for a shell (values may hold spaces)."""
+    return " ".join(f"--build-arg {shlex.quote(f'{k}={v}')}" for k, v in stack.build_args().items())
+
+
+def render_table(stacks: Mapping[str, Stack], defaults: Mapping[str, str]) -> str:
+    rows = [("STACK", "FLAVOR", "VLLM", "DESCRIPTION")]
+    for s in stacks.values():
+        mark = " (default)" if defaults.get(s.flavor) == s.name else ""
+        rows.append((s.name + mark, s.flavor, s.vllm_version, s.description))
+    width = [max(len(r[i]) for r in rows) for i in range(3)]
+    return "\n".join("  ".join(r[i].ljust(width[i]) for i in range(3)) + "  " + r[3] for r in rows)
+
+
+def render_stack(stack: Stack) -> str:
+    lines = [f"{stack.name} ({stack.flavor}): {stack.description}", f"vLLM {stack.vllm_version}"]
+    for key, pin in stack.args.items():
+        lines.append(f"{key}={pin.value or '(empty)'}")
+        lines.append(f"    from: {' '.join(pin.source.split())}")
+    return "\n".join(lines)
+
+
+def lookup(stack: Stack, key: str) -> str:
+    """One value: a build arg (FLAVOR, VLLM_VERSION, TORCH_VERSION, ...)."""
+    values = stack.build_args()
+    if key not in values:
+        raise ArcvllmError(f"stack {stack.name} has no {key}; keys: {', '.join(values)}")
+    return values[key]
+
+
+def dockerfile_args(text: str) -> list[tuple[str, str, str | None]]:
+    """(stage, name, default) for every ARG of a Dockerfile; stage "" is the global scope."""
+    import re
+
+    stage, found = "", []
+    for line in text.splitlines():
+        if m := re.match(r"\s*FROM\s+\S+(?:\s+AS\s+(\S+))?", line, re.IGNORECASE):
+            stage = m.group(1) or "?"
+        elif m := re.match(r"\s*ARG\s+([A-Za-z_][A-Za-z0-9_]*)(?:=(.*))?$", line):
+            default = m.group(2)
+            if default is not None and len(default) >= 2 and default[0] == default[-1] == '"':
+                default = default[1:-1]
+            found.append((stage, m.group(1), default))
+    return found
+
+
+def dockerfile_mismatches(
+    text: str, stacks: Mapping[str, Stack], defaults: Mapping[str, str]
+) -> list[str]:
+    """Where the Dockerfile's ARG defaults disagree with the stacks file, one line each.
+
+    An ARG in an XPU stage (`*-xpu`, or one the CPU stack lacks) must default to the default
+    XPU stack's value, any other to the CPU stack's; every pin of every stack must be an ARG.
+    """
+    cpu, xpu = stacks[defaults["cpu"]].build_args(), stacks[defaults["xpu"]].build_args()
+    declared = dockerfile_args(text)
+    problems = []
+    for stage, name, default in declared:
+        reference = xpu if stage.endswith("-xpu") or name not in cpu else cpu
+        if default is None or name not in reference:
+            continue
+        if " ".join(default.split()) != reference[name]:
+            problems.append(
+                f"ARG {name} in stage {stage or '(global)'} is {default!r}, "
+                f"the stacks file says {reference[name]!r}"
+            )
+    names = {name for _, name, _ in declared}
+    for stack in stacks.values():
+        for key in stack.build_args():
+            if key not in names:
+                problems.append(f"stack {stack.name}: {key} is no ARG of the Dockerfile")
+    return problems
+
+
+def _cmd(args: argparse.Namespace) -> int:
+    if args.action in (None, "list"):
+        stacks, defaults = load(args.file)
+        print(render_table(stacks, defaults))
+        return 0
+    if args.action == "default":
+        _, defaults = load(args.file)
+        if args.name not in defaults:
+            raise ArcvllmError(f"no default stack for flavour {args.name!r}")
+        print(defaults[args.name])
+        return 0
+    stack = get(args.name, args.file, getattr(args, "flavor", None))
+    if args.action == "show":
+        print(render_stack(stack))
+    elif args.action == "build-args":
+        print(render_build_args(stack))
+    elif args.action == "get":
+        print(lookup(stack, args.key))
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "stack",
+        help="the pinned stacks (configs/stacks.yaml) the images are built from",
+        description="List and show the pinned stacks; print one as Docker build args.",
+    )
+    parser.add_argument("--file", type=Path, default=None, help="another stacks file")
+    parser.set_defaults(func=_cmd, action=None)
+    sub = parser.add_subparsers(dest="action", metavar="ACTION")
+    sub.add_parser("list", help="the stacks, one a line (the default)")
+    show = sub.add_parser("show", help="every pin of a stack and where it came from")
+    show.add_argument("name")
+    build = sub.add_parser("build-args", help="the stack as `--build-arg K=V` for docker build")
+    build.add_argument("name")
+    build.add_argument("--flavor", choices=FLAVORS, help="fail unless the stack is this flavour")
+    get_ = sub.add_parser("get", help="one build arg's value (e.g. VLLM_VERSION)")
+    get_.add_argument("name")
+    get_.add_argument("key")
+    default = sub.add_parser("default", help="the default stack of a flavour")
+    default.add_argument("name", metavar="FLAVOR", choices=FLAVORS)

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The image's entrypoint. Keeps vllm/vllm-openai's contract and adds presets:
+#   IMAGE --model M ...      args starting with `-`: vLLM's OpenAI server with those args
+#   IMAGE PRESET [ARGS...]   a preset name: `arcvllm serve --preset PRESET -- ARGS...`
+#   IMAGE                    the preset in $ARCVLLM_PRESET (the flavour's default)
+#   IMAGE CMD [ARGS...]      anything else runs as is (arcvllm doctor, bash, ...)
+set -euo pipefail
+
+# The cache volume may be fresh (or a host folder): make the folders vLLM writes to.
+mkdir -p "${TMPDIR:-/tmp}" "${HF_HOME:-$HOME/.cache/huggingface}" \
+	"${VLLM_CACHE_ROOT:-$HOME/.cache/vllm}" "${TORCHINDUCTOR_CACHE_DIR:-/tmp}" \
+	"${TRITON_CACHE_DIR:-/tmp}" 2>/dev/null || true
+
+if [[ $# -eq 0 ]]; then
+	set -- "${ARCVLLM_PRESET:?no arguments and no ARCVLLM_PRESET: give vLLM arguments or a preset}"
+fi
+
+case $1 in
+-*) exec python3 -m vllm.entrypoints.openai.api_server "$@" ;;
+esac
+
+if [[ $1 =~ ^[A-Za-z0-9][A-Za-z0-9._-]*$ ]] && ! command -v "$1" >/dev/null; then
+	presets=$(python3 -c 'from arcvllm.paths import configs_dir; print(configs_dir() / "presets")')
+	if [[ -f $presets/$1.yaml || -f ${ARCVLLM_PRESETS_DIR:-/nonexistent}/$1.yaml ]]; then
+		preset=$1
+		shift
+		exec arcvllm serve --preset "$preset" -- "$@"
+	fi
+fi
+exec "$@"

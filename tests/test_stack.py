@@ -1,0 +1,143 @@
+"""The stacks file: the three stacks, their provenance, and agreement with the Dockerfile."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from arcvllm import stack
+from arcvllm.cli import main
+from arcvllm.errors import ArcvllmError
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCKERFILE = ROOT / "docker" / "Dockerfile"
+
+
+@pytest.fixture(scope="module")
+def stacks():
+    return stack.load()
+
+
+def test_three_stacks_with_flavours_and_defaults(stacks):
+    by_name, defaults = stacks
+    assert {n: s.flavor for n, s in by_name.items()} == {
+        "xpu-0.20": "xpu",
+        "xpu-0.33": "xpu",
+        "cpu": "cpu",
+    }
+    assert defaults == {"cpu": "cpu", "xpu": "xpu-0.20"}
+    assert by_name["xpu-0.20"].vllm_version == "0.20.2"
+    assert by_name["xpu-0.33"].vllm_version == "0.33.0"
+    assert by_name["cpu"].vllm_version == "0.32.0"
+
+
+def test_issue_pins(stacks):
+    by_name, _ = stacks
+    assert by_name["xpu-0.20"].build_args()["TORCH_VERSION"] == "2.11.0+xpu"
+    assert by_name["xpu-0.20"].build_args()["TRITON_XPU_VERSION"] == "3.7.0"
+    assert by_name["xpu-0.20"].build_args()["PYTHON_VERSION"] == "3.12"
+    assert "2021.15.9" in by_name["xpu-0.20"].build_args()["ONECCL_INSTALLER_URL"]
+    assert by_name["xpu-0.33"].build_args()["TORCH_VERSION"] == "2.14.0+xpu"
+    assert by_name["xpu-0.33"].build_args()["VLLM_XPU_KERNELS"] == "vllm_xpu_kernels==0.1.15.4"
+    assert by_name["cpu"].build_args()["TORCH_VERSION"] == "2.13.0+cpu"
+    assert by_name["cpu"].build_args()["PYTHON_VERSION"] == "3.11"
+
+
+def test_every_pin_says_where_it_came_from(stacks):
+    by_name, _ = stacks
+    for s in by_name.values():
+        for key, pin in s.args.items():
+            assert pin.source, f"{s.name}: {key} has no `from`"
+
+
+def test_sdists_pinned_by_sha256(stacks):
+    by_name, _ = stacks
+    for name in ("xpu-0.20", "xpu-0.33"):
+        args = by_name[name].build_args()
+        assert args["VLLM_SDIST_URL"].endswith(f"vllm-{by_name[name].vllm_version}.tar.gz")
+        assert len(args["VLLM_SDIST_SHA256"]) == 64
+
+
+def test_pin_without_provenance_is_refused():
+    data = {"stacks": {"x": {"flavor": "cpu", "vllm": {"version": "1"}, "args": {"A": "1"}}}}
+    with pytest.raises(ArcvllmError, match="needs `value` and `from`"):
+        stack.parse(data)
+
+
+def test_default_of_the_wrong_flavour_is_refused():
+    data = {
+        "defaults": {"xpu": "x"},
+        "stacks": {"x": {"flavor": "cpu", "vllm": {"version": "1"}}},
+    }
+    with pytest.raises(ArcvllmError, match="not a xpu stack"):
+        stack.parse(data)
+
+
+def test_dockerfile_arg_defaults_agree_with_the_stacks_file(stacks):
+    assert stack.dockerfile_mismatches(DOCKERFILE.read_text(), *stacks) == []
+
+
+def test_a_drifted_dockerfile_default_is_caught(stacks):
+    text = DOCKERFILE.read_text().replace(
+        "ARG TORCH_VERSION=2.13.0+cpu", "ARG TORCH_VERSION=2.12.0"
+    )
+    assert any("TORCH_VERSION" in p for p in stack.dockerfile_mismatches(text, *stacks))
+
+
+def test_an_xpu_stage_is_held_to_the_xpu_stack(stacks):
+    text = DOCKERFILE.read_text().replace(
+        "ARG TRITON_XPU_VERSION=3.7.0", "ARG TRITON_XPU_VERSION=3.8.0"
+    )
+    assert any("TRITON_XPU_VERSION" in p for p in stack.dockerfile_mismatches(text, *stacks))
+
+
+def test_a_pin_the_dockerfile_ignores_is_caught(tmp_path, stacks):
+    data = yaml.safe_load(stack.stacks_file().read_text())
+    data["stacks"]["cpu"]["args"]["NEW_PIN"] = {"value": "1", "from": "test"}
+    by_name, defaults = stack.parse(data)
+    problems = stack.dockerfile_mismatches(DOCKERFILE.read_text(), by_name, defaults)
+    assert problems == ["stack cpu: NEW_PIN is no ARG of the Dockerfile"]
+
+
+def test_build_args_quote_values_with_spaces(stacks):
+    by_name, _ = stacks
+    words = shlex.split(stack.render_build_args(by_name["xpu-0.20"]))
+    pairs = dict(w.split("=", 1) for w in words if w != "--build-arg")
+    assert pairs["FLAVOR"] == "xpu"
+    assert pairs["STACK"] == "xpu-0.20"
+    assert pairs["GPU_DEBS"].count("https://") == 7
+
+
+def test_cli_list_and_unknown_stack(capsys):
+    assert main(["stack", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "xpu-0.20 (default)" in out and "cpu (default)" in out
+    assert main(["stack", "show", "nope"]) == 1
+    assert "unknown stack 'nope'; stacks: xpu-0.20, xpu-0.33, cpu" in capsys.readouterr().err
+
+
+def test_cli_flavour_mismatch(capsys):
+    assert main(["stack", "build-args", "xpu-0.33", "--flavor", "cpu"]) == 1
+    assert "stack xpu-0.33 is xpu, not cpu; cpu stacks: cpu" in capsys.readouterr().err
+
+
+def test_cli_get(capsys):
+    assert main(["stack", "get", "xpu-0.33", "VLLM_VERSION"]) == 0
+    assert capsys.readouterr().out.strip() == "0.33.0"
+
+
+def test_make_build_with_an_unknown_stack_lists_stacks_and_fails():
+    result = subprocess.run(
+        ["make", "-s", "build", "STACK=nope", "DOCKER=false"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode != 0
+    assert "unknown stack 'nope'" in result.stderr
+    assert "xpu-0.33" in result.stdout and "cpu (default)" in result.stdout
