@@ -1,0 +1,421 @@
+"""Apply the vLLM patch series to a target, verified by behaviour, all or nothing.
+
+For each patch the series selects for the target's version: a probe that already passes
+on the unpatched code means upstream carries the fix (the file is left alone); otherwise
+the patch must dry-run cleanly (GNU patch, no fuzz). Only when every selected patch is
+clean are they applied, and then every probe must pass; anything else restores every file
+it touched and fails with one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from arcvllm import __version__, probe, series
+from arcvllm.errors import ArcvllmError
+from arcvllm.target import Target, find
+
+# States a patch can be in on a target.
+APPLIED = "applied"  # our patch is in the tree
+UPSTREAM = "upstream"  # the release carries the fix; the tree is untouched
+NOT_APPLICABLE = "not-applicable"
+PENDING = "pending"  # needed, applies cleanly, not applied yet (status/verify only)
+DRIFT = "drift"  # needed, but the patch no longer fits the tree
+
+MANIFEST_NAME = "arcvllm-patches.json"
+
+
+class PatchError(ArcvllmError):
+    """The series cannot be applied to this target as it stands."""
+
+
+@dataclass
+class Row:
+    step: series.Step
+    state: str = ""
+    probe: str = "-"  # pass / fail / error / - (not run)
+    detail: str = ""
+    action: str = ""  # what apply did: "patched", "already applied", or ""
+
+    @property
+    def name(self) -> str:
+        return self.step.patch.name
+
+
+@dataclass
+class Report:
+    target: Target
+    rows: list[Row] = field(default_factory=list)
+
+    def states(self) -> dict[str, str]:
+        return {row.name: row.state for row in self.rows}
+
+    def summary(self) -> str:
+        return series.summary(self.states())
+
+    def manifest(self) -> dict:
+        return {
+            "arcvllm": __version__,
+            "vllm": {
+                "version": str(self.target.version),
+                "distribution": self.target.distribution,
+            },
+            "summary": self.summary(),
+            "patches": [
+                {
+                    "name": row.name,
+                    "state": row.state,
+                    "file": row.step.variant.file.name if row.step.variant else None,
+                    "sha256": row.step.variant.sha256 if row.step.variant else None,
+                    "versions": str(row.step.variant.versions) if row.step.variant else None,
+                    "upstream": _upstream(row.step.patch),
+                    "probe": row.step.patch.probe,
+                    "probe_result": row.probe,
+                }
+                for row in self.rows
+            ],
+        }
+
+
+def _upstream(patch: series.Patch) -> str | None:
+    if patch.upstream_version is None:
+        return None
+    return f"fixed in {patch.upstream_version} by {patch.upstream_by}"
+
+
+# --- GNU patch -------------------------------------------------------------------------
+
+
+def _gnu_patch() -> str:
+    exe = shutil.which("patch")
+    if exe is None:
+        raise PatchError("GNU patch is not installed (Debian/Ubuntu: apt-get install patch)")
+    return exe
+
+
+def _patch(target: Target, file: Path, *, dry_run: bool, reverse: bool = False):
+    # --force: do exactly what is asked, never guess that a patch is reversed (which
+    # --batch would do, turning a reverse check of an unapplied patch into an apply).
+    args = [_gnu_patch(), "-p1", "--fuzz=0", "--force", "--no-backup-if-mismatch"]
+    args += ["--reject-file=-", "-d", str(target.root), "-i", str(file)]
+    if reverse:
+        args.append("--reverse")
+    if dry_run:
+        args.append("--dry-run")
+    return subprocess.run(args, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+
+
+def _failed_hunk(file: Path, output: str) -> str:
+    """'path hunk #N (@@ ... @@) at line L' for the first failed hunk in PATCH's output."""
+    headers: list[tuple[str, list[str]]] = []
+    for line in file.read_text().splitlines():
+        if line.startswith("+++ "):
+            headers.append((series.touched_files(file)[len(headers)], []))
+        elif line.startswith("@@") and headers:
+            headers[-1][1].append(line.split("@@")[1].strip())
+    current = 0
+    for line in output.splitlines():
+        if line.startswith("checking file ") or line.startswith("patching file "):
+            name = line.split(" file ", 1)[1].strip()
+            current = next((i for i, (p, _) in enumerate(headers) if p == name), current)
+        match = re.match(r"Hunk #(\d+) FAILED at (\d+)", line)
+        if match and headers:
+            path, hunks = headers[current]
+            n = int(match.group(1))
+            hunk = hunks[n - 1] if n <= len(hunks) else "?"
+            return f"{path} hunk #{n} (@@ {hunk} @@) failed at line {match.group(2)}"
+        if "can't find file" in line or "No file to patch" in line:
+            return f"{headers[current][0] if headers else '?'} not found in the tree"
+    return output.strip().splitlines()[-1] if output.strip() else "patch failed"
+
+
+# --- probes ----------------------------------------------------------------------------
+
+
+def run_probes(target: Target, names: list[str], python: str) -> dict[str, dict[str, str]]:
+    """Run the named probes in a fresh PYTHON process that imports TARGET's vllm."""
+    if not names:
+        return {}
+    # The probe file runs by path, so the target's Python needs no arcvllm installed;
+    # the target root goes on sys.path after site set-up (a PYTHONPATH entry equal to
+    # site-packages would stop its .pth files from being read).
+    bootstrap = (
+        "import runpy, sys; root = sys.argv[1]; "
+        "root in sys.path or sys.path.insert(0, root); "
+        f"sys.argv = ['arcvllm-probe', *sys.argv[2:]]; runpy.run_path({probe.__file__!r}, "
+        "run_name='__main__')"
+    )
+    with tempfile.TemporaryDirectory(prefix="arcvllm-probe-") as scratch:
+        env = dict(os.environ, VLLM_NO_USAGE_STATS="1", VLLM_CACHE_ROOT=scratch, TMPDIR=scratch)
+        proc = subprocess.run(
+            [python, "-c", bootstrap, str(target.root), *names],
+            capture_output=True,
+            text=True,
+            cwd=scratch,
+            env=env,
+        )
+    results = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("ARCVLLM-PROBE "):
+            result = json.loads(line.removeprefix("ARCVLLM-PROBE "))
+            results[result["probe"]] = result
+    missing = [n for n in names if n not in results]
+    if missing:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise PatchError(
+            f"probes {', '.join(missing)} did not run against vLLM {target.version} "
+            f"with {python}: {tail[0]}"
+        )
+    return results
+
+
+# --- the three commands ----------------------------------------------------------------
+
+
+def _check_supported(target: Target, the_series: series.Series, allow_unsupported: bool):
+    if not the_series.supports(target.version) and not allow_unsupported:
+        raise PatchError(
+            f"vLLM {target.version} is outside the supported range {the_series.supported} "
+            "(--allow-unsupported to try anyway)"
+        )
+
+
+def inspect_target(target: Target, the_series: series.Series, python: str) -> Report:
+    """The state of every patch on TARGET, without changing anything."""
+    report = Report(target, [Row(step) for step in series.plan(the_series, target.version)])
+    to_probe = []
+    for row in report.rows:
+        if row.step.expect == series.NOT_APPLICABLE:
+            row.state = NOT_APPLICABLE
+            continue
+        if row.step.expect == series.APPLY:
+            assert row.step.variant is not None
+            if _patch(target, row.step.variant.file, dry_run=True, reverse=True).returncode == 0:
+                row.state = APPLIED
+            elif (out := _patch(target, row.step.variant.file, dry_run=True)).returncode == 0:
+                row.state = PENDING
+            else:
+                row.state = DRIFT
+                row.detail = _failed_hunk(row.step.variant.file, out.stdout + out.stderr)
+        else:
+            row.state = UPSTREAM
+        to_probe.append(row)
+    results = run_probes(target, [row.step.patch.probe for row in to_probe], python)
+    for row in to_probe:
+        result = results[row.step.patch.probe]
+        row.probe = result["result"]
+        if row.state in (PENDING, DRIFT) and row.probe == "pass":
+            row.state, row.detail = UPSTREAM, "probe passes on the unpatched code"
+        elif result["detail"] and not row.detail:
+            row.detail = result["detail"]
+    return report
+
+
+def apply(
+    target: Target,
+    the_series: series.Series,
+    python: str,
+    *,
+    allow_unsupported: bool = False,
+    expect: str | None = None,
+) -> Report:
+    """Bring TARGET to the series, or leave it byte-identical and raise."""
+    _check_supported(target, the_series, allow_unsupported)
+    report = inspect_target(target, the_series, python)
+    version = target.version
+    for row in report.rows:
+        patch = row.step.patch
+        if row.probe == "error":
+            raise PatchError(f"probe {patch.probe} cannot run on vLLM {version}: {row.detail}")
+        if row.state == UPSTREAM and row.probe != "pass":
+            raise PatchError(
+                f"{patch.name}: vLLM {version} should carry upstream's fix "
+                f"({_upstream(patch)}) but probe {patch.probe} fails: {row.detail}"
+            )
+        if row.state == DRIFT:
+            raise PatchError(
+                f"{patch.name} ({row.step.variant.file.name}) does not apply to vLLM {version}: "
+                f"{row.detail}; no file was changed"
+            )
+    pending = [row for row in report.rows if row.state == PENDING]
+    backups = {
+        rel: (target.root / rel).read_bytes()
+        for row in pending
+        for rel in series.touched_files(row.step.variant.file)
+    }
+    try:
+        for row in pending:
+            out = _patch(target, row.step.variant.file, dry_run=False)
+            if out.returncode != 0:
+                raise PatchError(
+                    f"{row.name}: applying failed on vLLM {version}: "
+                    f"{_failed_hunk(row.step.variant.file, out.stdout + out.stderr)}"
+                )
+            row.state, row.action = APPLIED, "patched"
+        applied = [row for row in report.rows if row.state == APPLIED]
+        results = run_probes(target, [row.step.patch.probe for row in applied], python)
+        for row in applied:
+            result = results[row.step.patch.probe]
+            row.probe, row.detail = result["result"], result["detail"]
+            if row.probe != "pass":
+                raise PatchError(
+                    f"{row.name}: applied to vLLM {version}, but probe {row.step.patch.probe} "
+                    f"fails: {row.detail}; every file restored"
+                )
+            row.action = row.action or "already applied"
+        if expect is not None and report.summary() != expect:
+            raise PatchError(
+                f"vLLM {version}: the series gave {report.summary()}, expected {expect}"
+            )
+    except BaseException:
+        for rel, content in backups.items():
+            (target.root / rel).write_bytes(content)
+        raise
+    return report
+
+
+# --- output ----------------------------------------------------------------------------
+
+
+def table(report: Report) -> str:
+    rows = [("patch", "state", "probe", "file", "upstream")]
+    for row in report.rows:
+        variant = row.step.variant.file.name if row.step.variant else "-"
+        rows.append((row.name, row.state, row.probe, variant, _upstream(row.step.patch) or "-"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [
+        f"vLLM {report.target.version} ({report.target.distribution}) at {report.target.package}"
+    ]
+    lines += [
+        "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    ]
+    lines += [f"  {row.name}: {row.detail}" for row in report.rows if row.detail]
+    return "\n".join(lines)
+
+
+def write_manifest(report: Report, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report.manifest(), indent=2, sort_keys=True) + "\n")
+
+
+# --- CLI -------------------------------------------------------------------------------
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("patches", help="apply, show or verify the vLLM patch series")
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--target",
+            help="vLLM source tree or site-packages (default: the vLLM this Python imports)",
+        )
+        p.add_argument(
+            "--python",
+            default=sys.executable,
+            help="interpreter that runs the probes (default: this one)",
+        )
+        p.add_argument("--series", type=Path, help="series file (default: the bundled one)")
+        p.add_argument(
+            "--allow-unsupported",
+            action="store_true",
+            help="go on with a vLLM release outside the supported range",
+        )
+
+    p = actions.add_parser("apply", help="apply what the target needs, verified by probes")
+    common(p)
+    p.add_argument(
+        "--manifest",
+        type=Path,
+        help=f"where to write the JSON manifest (default: TARGET/{MANIFEST_NAME})",
+    )
+    p.add_argument(
+        "--expect",
+        help="fail unless the result equals this summary line "
+        "(as `arcvllm patches plan` prints it)",
+    )
+    p.set_defaults(func=_cmd_apply)
+
+    p = actions.add_parser("status", help="show each patch's state on the target")
+    common(p)
+    p.add_argument("--json", action="store_true", help="print the manifest form")
+    p.set_defaults(func=_cmd_status)
+
+    p = actions.add_parser("verify", help="exit non-zero unless every fix is in place")
+    common(p)
+    p.set_defaults(func=_cmd_verify)
+
+    p = actions.add_parser("plan", help="the summary the series expects for a vLLM version")
+    p.add_argument("--vllm-version", required=True)
+    p.add_argument("--series", type=Path)
+    p.set_defaults(func=_cmd_plan)
+
+
+def _load(args) -> tuple[Target, series.Series]:
+    return find(args.target), series.load(args.series)
+
+
+def _cmd_apply(args) -> int:
+    target, the_series = _load(args)
+    report = apply(
+        target,
+        the_series,
+        args.python,
+        allow_unsupported=args.allow_unsupported,
+        expect=args.expect,
+    )
+    write_manifest(report, args.manifest or target.root / MANIFEST_NAME)
+    print(table(report))
+    changed = [row.name for row in report.rows if row.action == "patched"]
+    print(f"patched: {', '.join(changed) if changed else 'nothing (already up to date)'}")
+    return 0
+
+
+def _cmd_status(args) -> int:
+    target, the_series = _load(args)
+    _check_supported(target, the_series, args.allow_unsupported)
+    report = inspect_target(target, the_series, args.python)
+    print(json.dumps(report.manifest(), indent=2) if args.json else table(report))
+    return 0
+
+
+def _cmd_verify(args) -> int:
+    target, the_series = _load(args)
+    _check_supported(target, the_series, args.allow_unsupported)
+    report = inspect_target(target, the_series, args.python)
+    print(table(report))
+    bad = [
+        row
+        for row in report.rows
+        if row.state in (PENDING, DRIFT) or (row.state != NOT_APPLICABLE and row.probe != "pass")
+    ]
+    if bad:
+        raise PatchError(
+            "not verified: "
+            + ", ".join(f"{row.name} is {row.state} (probe {row.probe})" for row in bad)
+        )
+    print(f"verified: vLLM {target.version}: {report.summary()}")
+    return 0
+
+
+def _cmd_plan(args) -> int:
+    the_series = series.load(args.series)
+    version = series.parse_version(args.vllm_version)
+    if not the_series.supports(version):
+        raise PatchError(f"vLLM {version} is outside the supported range {the_series.supported}")
+    names = {
+        series.APPLY: APPLIED,
+        series.UPSTREAM: UPSTREAM,
+        series.NOT_APPLICABLE: NOT_APPLICABLE,
+    }
+    print(series.summary({s.patch.name: names[s.expect] for s in series.plan(the_series, version)}))
+    return 0

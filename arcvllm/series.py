@@ -1,0 +1,182 @@
+"""The patch series: which patch fits which vLLM release, read from patches/vllm/series.yaml.
+
+Pure data and selection; nothing here touches a vLLM tree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from arcvllm.errors import ArcvllmError
+from arcvllm.paths import patches_dir
+
+# DEP-3 fields every patch header must carry (Applied-Upstream only where it applies).
+REQUIRED_HEADER_FIELDS = ("Description", "Origin", "Bug", "Forwarded", "Last-Update")
+
+# What the plan expects for a patch on one release.
+APPLY = "apply"  # the release carries the bug and a variant fits it
+UPSTREAM = "upstream"  # the release carries upstream's fix
+NOT_APPLICABLE = "not-applicable"  # the code the patch touches is not in this release
+
+
+class SeriesError(ArcvllmError):
+    """The series file, a patch header or a patch file is not what it claims."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    file: Path
+    versions: SpecifierSet
+    sha256: str
+
+    def matches(self, version: Version) -> bool:
+        return self.versions.contains(version, prereleases=True)
+
+
+@dataclass(frozen=True)
+class Patch:
+    name: str
+    probe: str
+    variants: tuple[Variant, ...]
+    upstream_version: Version | None
+    upstream_by: str | None
+
+    def variant_for(self, version: Version) -> Variant | None:
+        return next((v for v in self.variants if v.matches(version)), None)
+
+    def fixed_upstream(self, version: Version) -> bool:
+        return self.upstream_version is not None and version >= self.upstream_version
+
+
+@dataclass(frozen=True)
+class Series:
+    supported: SpecifierSet
+    patches: tuple[Patch, ...]
+
+    def supports(self, version: Version) -> bool:
+        return self.supported.contains(version, prereleases=True)
+
+
+@dataclass(frozen=True)
+class Step:
+    """What the plan says about one patch for one release."""
+
+    patch: Patch
+    expect: str  # APPLY, UPSTREAM or NOT_APPLICABLE
+    variant: Variant | None
+
+
+def plan(series: Series, version: Version) -> list[Step]:
+    """Decide, from the version alone, what each patch should do for this release."""
+    steps = []
+    for patch in series.patches:
+        variant = patch.variant_for(version)
+        if variant is not None:
+            steps.append(Step(patch, APPLY, variant))
+        elif patch.fixed_upstream(version):
+            steps.append(Step(patch, UPSTREAM, None))
+        else:
+            steps.append(Step(patch, NOT_APPLICABLE, None))
+    return steps
+
+
+def summary(states: dict[str, str]) -> str:
+    """One line, `name=state,...` sorted by name: the form of the image label."""
+    return ",".join(f"{name}={state}" for name, state in sorted(states.items()))
+
+
+def parse_version(text: str) -> Version:
+    try:
+        return Version(text)
+    except InvalidVersion:
+        raise ArcvllmError(f"not a vLLM version: {text!r}") from None
+
+
+def load(path: Path | None = None) -> Series:
+    """Read and check the series: specifiers parse, files exist and match their sha256."""
+    import yaml
+
+    path = path or patches_dir() / "series.yaml"
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise SeriesError(f"series file not found: {path}") from None
+    except yaml.YAMLError as exc:
+        raise SeriesError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("patches"), list):
+        raise SeriesError(f"{path}: needs a `supported` specifier and a `patches` list")
+    supported = _specifier(path, "supported", data.get("supported"))
+    patches = tuple(_patch(path, entry) for entry in data["patches"])
+    names = [p.name for p in patches]
+    if len(set(names)) != len(names):
+        raise SeriesError(f"{path}: a patch name appears twice")
+    return Series(supported, patches)
+
+
+def _specifier(path: Path, where: str, text: object) -> SpecifierSet:
+    if not isinstance(text, str):
+        raise SeriesError(f"{path}: {where}: needs a version specifier string")
+    try:
+        return SpecifierSet(text)
+    except InvalidSpecifier:
+        raise SeriesError(f"{path}: {where}: not a PEP 440 specifier: {text!r}") from None
+
+
+def _patch(path: Path, entry: object) -> Patch:
+    if not isinstance(entry, dict) or not {"name", "probe", "variants"} <= entry.keys():
+        raise SeriesError(f"{path}: each patch needs name, probe and variants: {entry!r}")
+    name = entry["name"]
+    variants = []
+    for raw in entry["variants"] or []:
+        if not isinstance(raw, dict) or not {"file", "versions", "sha256"} <= raw.keys():
+            raise SeriesError(f"{path}: {name}: each variant needs file, versions and sha256")
+        file = path.parent / raw["file"]
+        if not file.is_file():
+            raise SeriesError(f"{path}: {name}: patch file missing: {raw['file']}")
+        digest = hashlib.sha256(file.read_bytes()).hexdigest()
+        if digest != raw["sha256"]:
+            raise SeriesError(
+                f"{name}: {raw['file']} has sha256 {digest}, the series says {raw['sha256']}"
+            )
+        check_header(file)
+        versions = _specifier(path, f"{name}: versions", raw["versions"])
+        variants.append(Variant(file, versions, raw["sha256"]))
+    upstream = entry.get("upstream") or {}
+    upstream_version = parse_version(str(upstream["version"])) if "version" in upstream else None
+    return Patch(name, entry["probe"], tuple(variants), upstream_version, upstream.get("by"))
+
+
+def header(file: Path) -> dict[str, str]:
+    """The DEP-3 header of a patch file: the fields before the first `---` or diff line."""
+    fields: dict[str, str] = {}
+    last = None
+    for line in file.read_text().splitlines():
+        if line.startswith(("---", "diff ", "Index: ")):
+            break
+        if line.startswith((" ", "\t")) and last:
+            fields[last] += "\n" + line.strip()
+        elif ":" in line:
+            last, _, value = line.partition(":")
+            fields[last] = value.strip()
+    return fields
+
+
+def check_header(file: Path) -> None:
+    fields = header(file)
+    missing = [f for f in REQUIRED_HEADER_FIELDS if not fields.get(f)]
+    if missing:
+        raise SeriesError(f"{file.name}: DEP-3 header lacks {', '.join(missing)}")
+
+
+def touched_files(file: Path) -> list[str]:
+    """Paths (relative to the tree root, -p1) that a unified diff changes."""
+    return [
+        line[4:].split("\t")[0].removeprefix("b/")
+        for line in file.read_text().splitlines()
+        if line.startswith("+++ ")
+    ]
