@@ -305,7 +305,9 @@ def vllm_server_parser() -> tuple[argparse.ArgumentParser, Callable[[argparse.Na
             break
         except ModuleNotFoundError as exc:
             if exc.name is None or not module.startswith(exc.name):
-                raise
+                raise ArcvllmError(
+                    f"vLLM's server arguments ({module}) need the missing module {exc.name}"
+                ) from exc
     else:
         raise ArcvllmError("this vLLM has no OpenAI server argument parser arcvllm knows")
     parser = cli_args.make_arg_parser(FlexibleArgumentParser(prog=SERVER_MODULE))
