@@ -47,7 +47,7 @@ test-fast: $(VENV)/.stamp ## unit tests only (no vLLM, no Docker)
 
 .PHONY: test
 test: lint test-venvs ## everything: lint, unit, real vLLM code, image and smoke tests
-	ARCVLLM_TEST_VENVS=$(abspath $(TEST_VENVS)) $(VENV)/bin/pytest
+	ARCVLLM_TEST_VENVS=$(abspath $(TEST_VENVS)) scripts/ci/engine.sh run $(VENV)/bin/pytest
 
 # ---- images and compose (docker/) ----
 # The engine scripts/ci/engine.sh starts: used when DOCKER_HOST is not set.
@@ -63,7 +63,13 @@ comma         := ,
 WHEELHOUSE    ?= $(or $(shell pip config get global.find-links 2>/dev/null),/opt/wheels)
 # A CA bundle for TLS-inspecting proxies, given to the build as a secret (never a layer).
 CA_BUNDLE     ?= $(firstword $(wildcard /etc/ssl/certs/ca-certificates.crt))
-COMPOSE_FILES ?= -f docker/compose.yaml $(if $(filter cpu,$(FLAVOR)),-f docker/compose.cpu.yaml)
+# Compose: the XPU service `vllm`, or the `cpu` profile's `vllm-cpu`; settings in ENV_FILE.
+ENV_FILE      ?= docker/arcvllm.env
+SERVICE       ?= $(if $(filter cpu,$(FLAVOR)),vllm-cpu,vllm)
+RENDER_GID    ?= $(firstword $(shell stat -c %g /dev/dri/renderD* 2>/dev/null))
+COMPOSE_FILES ?= --env-file $(ENV_FILE) -f docker/compose.yaml $(if $(filter cpu,$(FLAVOR)),--profile cpu)
+ARCVLLM_COMPOSE = IMAGE=$(IMAGE) PORT=$(PORT) $(if $(RENDER_GID),RENDER_GID=$(RENDER_GID)) \
+	$(COMPOSE) -p arcvllm $(COMPOSE_FILES)
 BUILD_FLAGS   ?=
 # FLAVOR given by the operator must match the stack's; the default follows the stack.
 FLAVOR_CHECK   = $(if $(filter command line environment,$(origin FLAVOR)),--flavor $(FLAVOR))
@@ -101,16 +107,16 @@ build-xpu-patch: $(VENV)/.stamp wheelhouse ## CI: the XPU build of STACK up to i
 XPU_STACK     ?= $(if $(filter xpu-%,$(STACK)),$(STACK),xpu-0.20)
 
 .PHONY: up
-up: ## start the compose service (production XPU; cpu flavour adds docker/compose.cpu.yaml)
-	IMAGE=$(IMAGE) $(COMPOSE) -p arcvllm $(COMPOSE_FILES) up -d
+up: ## start the server with compose (XPU service; FLAVOR=cpu: the tiny-model CPU service)
+	$(ARCVLLM_COMPOSE) up -d $(SERVICE)
 
 .PHONY: down
-down: ## stop and remove the compose service (volumes are kept)
-	IMAGE=$(IMAGE) $(COMPOSE) -p arcvllm $(COMPOSE_FILES) down
+down: ## stop and remove the compose service (cache volumes are kept)
+	$(ARCVLLM_COMPOSE) down
 
 .PHONY: logs
 logs: ## follow the server's logs
-	IMAGE=$(IMAGE) $(COMPOSE) -p arcvllm $(COMPOSE_FILES) logs -f --tail=200
+	$(ARCVLLM_COMPOSE) logs -f --tail=200 $(SERVICE)
 
 .PHONY: engine
 engine: ## start a local Docker engine if none answers (scripts/ci/engine.sh)

@@ -20,7 +20,8 @@ case $1 in
 esac
 
 if [[ $1 =~ ^[A-Za-z0-9][A-Za-z0-9._-]*$ ]] && ! command -v "$1" >/dev/null; then
-	presets=$(python3 -c 'from arcvllm.paths import configs_dir; print(configs_dir() / "presets")')
+	presets=$(python3 -c 'from arcvllm.paths import configs_dir; print(configs_dir() / "presets")' \
+		2>/dev/null || true)
 	if [[ -f $presets/$1.yaml || -f ${ARCVLLM_PRESETS_DIR:-/nonexistent}/$1.yaml ]]; then
 		preset=$1
 		shift

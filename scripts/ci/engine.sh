@@ -17,7 +17,13 @@ socket=$run_dir/docker.sock
 pidfile=$run_dir/dockerd.pid
 owner=$run_dir/started-by-engine-sh
 docker=/usr/bin/docker # Debian's client: BuildKit capable (secrets, mounts)
-export DOCKER_HOST=unix://$socket
+# An engine the caller already points at (DOCKER_HOST) is used as is; else ours.
+if [[ -n ${DOCKER_HOST:-} ]] && timeout 10 "$docker" version >/dev/null 2>&1; then
+	theirs=1
+else
+	theirs=0
+	export DOCKER_HOST=unix://$socket
+fi
 
 log() { echo "engine: $*" >&2; }
 
@@ -32,6 +38,7 @@ install_engine() {
 }
 
 start_engine() {
+	[[ $theirs == 1 ]] && return
 	answers && return
 	mkdir -p "$run_dir" "$data_root"
 	log "starting dockerd (data-root $data_root, socket $socket)"

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The CI steps, run inside scripts/ci/engine.sh (DOCKER_HOST set, base image present).
+# Each step prints how long it took.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+step() {
+	local start=$SECONDS
+	echo "==> $*"
+	"$@"
+	echo "<== $* ($((SECONDS - start)) s)"
+}
+
+step make venv
+step make build STACK=cpu
+step make build-xpu-patch STACK=xpu-0.20
+step make build-xpu-patch STACK=xpu-0.33
+step make test

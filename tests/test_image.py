@@ -1,0 +1,293 @@
+"""The images: Dockerfile lint, the entrypoint's contract, and the built CPU image itself.
+
+Docker-marked tests need an engine (scripts/ci/engine.sh up, or `make test`, which wraps
+pytest in scripts/ci/engine.sh run) and build the CPU image with `make build` (a cache hit
+when CI built it just before).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCKERFILE = ROOT / "docker" / "Dockerfile"
+ENTRYPOINT = ROOT / "docker" / "entrypoint.sh"
+VENV_BIN = ROOT / ".venv" / "bin"
+IMAGE = os.environ.get("ARCVLLM_TEST_IMAGE", "arcvllm:cpu")
+ENGINE_SOCKET = "/run/arcvllm-docker/docker.sock"
+
+
+def tool(name: str) -> str:
+    path = VENV_BIN / name
+    if path.exists():
+        return str(path)
+    found = shutil.which(name)
+    if not found:
+        pytest.fail(f"{name} not found: run `make venv`")
+    return found
+
+
+# ---- lint -------------------------------------------------------------------------------
+
+
+def test_hadolint_passes_the_dockerfile():
+    result = subprocess.run([tool("hadolint"), str(DOCKERFILE)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_hadolint_catches_a_bad_dockerfile(tmp_path):
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM debian\nRUN apt-get update && apt-get install -y curl\n")
+    result = subprocess.run([tool("hadolint"), str(bad)], capture_output=True, text=True)
+    assert result.returncode != 0
+    assert "DL3008" in result.stdout or "DL3006" in result.stdout
+
+
+def scripts() -> list[Path]:
+    return [
+        *sorted((ROOT / "docker").glob("*.sh")),
+        *sorted((ROOT / "scripts" / "ci").glob("*.sh")),
+        ROOT / ".ci" / "run",
+    ]
+
+
+def test_shellcheck_passes_the_image_and_ci_scripts():
+    result = subprocess.run(
+        [tool("shellcheck"), *map(str, scripts())], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout
+
+
+def test_shellcheck_catches_a_bad_script(tmp_path):
+    bad = tmp_path / "bad.sh"
+    bad.write_text("#!/usr/bin/env bash\nrm -rf $1/*\n")
+    assert subprocess.run([tool("shellcheck"), str(bad)], capture_output=True).returncode != 0
+
+
+# ---- entrypoint: run on the host with stand-ins for python3 and arcvllm -------------------
+
+
+@pytest.fixture
+def fake_image(tmp_path):
+    """A PATH where python3 and arcvllm only print how they were called."""
+    bin_dir, presets = tmp_path / "bin", tmp_path / "presets"
+    bin_dir.mkdir()
+    presets.mkdir()
+    (presets / "tiny-hybrid-cpu.yaml").write_text("name: tiny-hybrid-cpu\n")
+    (bin_dir / "python3").write_text(
+        f'#!/bin/sh\nif [ "$1" = -c ]; then echo {presets}; else echo "python3 $*"; fi\n'
+    )
+    (bin_dir / "arcvllm").write_text('#!/bin/sh\necho "arcvllm $*"\n')
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+
+    def run(*args: str, **env: str) -> str:
+        result = subprocess.run(
+            ["bash", str(ENTRYPOINT), *args],
+            capture_output=True,
+            text=True,
+            env={
+                "PATH": f"{bin_dir}:/usr/bin:/bin",
+                "HOME": str(tmp_path),
+                "TMPDIR": str(tmp_path / "tmp"),
+                "HF_HOME": str(tmp_path / "hf"),
+                "VLLM_CACHE_ROOT": str(tmp_path / "vllm"),
+                "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+                "TRITON_CACHE_DIR": str(tmp_path / "triton"),
+                **env,
+            },
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stdout.strip()
+
+    return run
+
+
+def test_entrypoint_options_go_to_the_openai_server(fake_image):
+    assert fake_image("--model", "/models/m", "--port", "8000") == (
+        "python3 -m vllm.entrypoints.openai.api_server --model /models/m --port 8000"
+    )
+
+
+def test_entrypoint_preset_name_goes_to_arcvllm_serve(fake_image):
+    assert fake_image("tiny-hybrid-cpu", "--max-num-seqs", "2") == (
+        "arcvllm serve --preset tiny-hybrid-cpu -- --max-num-seqs 2"
+    )
+
+
+def test_entrypoint_without_args_serves_the_default_preset(fake_image):
+    assert fake_image(ARCVLLM_PRESET="tiny-hybrid-cpu") == (
+        "arcvllm serve --preset tiny-hybrid-cpu --"
+    )
+
+
+def test_entrypoint_runs_other_commands_as_they_are(fake_image):
+    assert fake_image("arcvllm", "doctor") == "arcvllm doctor"
+    assert fake_image("echo", "hello") == "hello"
+
+
+def test_entrypoint_unknown_word_is_a_command_not_a_preset(fake_image, tmp_path):
+    result = subprocess.run(
+        ["bash", str(ENTRYPOINT), "no-such-preset-or-command"],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "TMPDIR": str(tmp_path)},
+    )
+    assert result.returncode == 127  # exec failed: not silently served
+
+
+# ---- the built CPU image -----------------------------------------------------------------
+
+
+def docker(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        [docker_client(), *args], capture_output=True, text=True, timeout=timeout
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"docker {' '.join(args)}: {result.stderr.strip()}")
+    return result
+
+
+def docker_client() -> str:
+    return "/usr/bin/docker" if Path("/usr/bin/docker").exists() else "docker"
+
+
+@pytest.fixture(scope="session")
+def engine() -> None:
+    if "DOCKER_HOST" not in os.environ and Path(ENGINE_SOCKET).exists():
+        os.environ["DOCKER_HOST"] = f"unix://{ENGINE_SOCKET}"
+    result = subprocess.run([docker_client(), "version"], capture_output=True, timeout=30)
+    if result.returncode != 0:
+        pytest.fail("no Docker engine answers: run scripts/ci/engine.sh up (or make test)")
+
+
+@pytest.fixture(scope="session")
+def cpu_image(engine) -> str:
+    """The CPU image of this tree (make build: a cache hit when nothing changed)."""
+    if os.environ.get("ARCVLLM_TEST_IMAGE"):
+        return IMAGE
+    result = subprocess.run(
+        ["make", "-s", "build", "STACK=cpu", f"IMAGE={IMAGE}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return IMAGE
+
+
+def inspect(image: str) -> dict:
+    return json.loads(docker("image", "inspect", image).stdout)[0]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.docker
+def test_labels_name_the_stack_and_the_applied_patches(cpu_image):
+    labels = inspect(cpu_image)["Config"]["Labels"]
+    plan = subprocess.run(
+        [tool("arcvllm"), "patches", "plan", "--vllm-version", "0.32.0"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert labels["org.arcvllm.patches"] == plan
+    assert labels["org.arcvllm.stack"] == "cpu"
+    assert labels["org.arcvllm.flavor"] == "cpu"
+    assert labels["org.arcvllm.vllm.version"] == "0.32.0"
+    for key in ("version", "revision", "source", "created"):
+        assert labels[f"org.opencontainers.image.{key}"]
+
+
+@pytest.mark.docker
+def test_manifest_in_the_image_matches_the_label(cpu_image):
+    labels = inspect(cpu_image)["Config"]["Labels"]
+    path = labels["org.arcvllm.patches.manifest"]
+    manifest = json.loads(docker("run", "--rm", cpu_image, "cat", path).stdout)
+    text = json.dumps(manifest)
+    for item in labels["org.arcvllm.patches"].split(","):
+        name, state = item.split("=")
+        assert name in text and state in text
+
+
+@pytest.mark.docker
+def test_runtime_is_non_root_in_render_group_without_compilers(cpu_image):
+    config = inspect(cpu_image)["Config"]
+    assert "8000/tcp" in config["ExposedPorts"]
+    assert "/health" in " ".join(config["Healthcheck"]["Test"])
+    out = docker(
+        "run",
+        "--rm",
+        cpu_image,
+        "bash",
+        "-c",
+        "id -u; id -Gn; for c in gcc cc g++ c++ clang patch; do command -v $c || true; done",
+    ).stdout.split("\n")
+    assert out[0] == "1000"
+    assert "render" in out[1].split()
+    assert [line for line in out[2:] if line.strip()] == []
+
+
+@pytest.mark.docker
+def test_healthcheck_fails_when_no_server_answers(cpu_image):
+    """The sibling of the healthy run: the same check against a container with no server."""
+    test = inspect(cpu_image)["Config"]["Healthcheck"]["Test"]
+    assert test[0] == "CMD"
+    result = docker("run", "--rm", cpu_image, *test[1:], check=False)
+    assert result.returncode != 0
+
+
+@pytest.mark.docker
+def test_container_turns_healthy_and_serves_completions(cpu_image):
+    port = free_port()
+    name = f"arcvllm-test-{port}"
+    cid = docker(
+        "run",
+        "-d",
+        "--rm",
+        "--name",
+        name,
+        "-p",
+        f"127.0.0.1:{port}:8000",
+        "--health-interval",
+        "5s",
+        cpu_image,
+    ).stdout.strip()
+    try:
+        status, deadline = "starting", time.monotonic() + 600
+        while time.monotonic() < deadline:
+            state = json.loads(docker("inspect", cid).stdout)[0]["State"]
+            status = state.get("Health", {}).get("Status", "")
+            if status == "healthy" or not state["Running"]:
+                break
+            time.sleep(2)
+        logs = docker("logs", "--tail", "40", cid, check=False).stderr
+        assert status == "healthy", logs
+        body = json.dumps(
+            {"model": "tiny-hybrid", "prompt": "hello", "max_tokens": 16, "temperature": 0}
+        ).encode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/completions",
+            data=body,
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=120) as response:
+            reply = json.load(response)
+        assert reply["usage"]["completion_tokens"] > 0
+        assert reply["choices"][0]["text"]
+    finally:
+        docker("rm", "-f", cid, check=False)
