@@ -127,14 +127,12 @@ engine: ## start a local Docker engine if none answers (scripts/ci/engine.sh)
 
 # ---- operate: presets, doctor, bench ----
 BENCH_OUT      ?= reports/bench
-# The compose service `make up` starts; `make bench` runs inside it, where vLLM, the
-# model's tokenizer and matplotlib are. BENCH_PYTHON=PATH (a Python with vLLM) runs the
-# benchmark from the host instead, against http://127.0.0.1:$(PORT).
-SERVICE        ?= arcvllm
+# `make bench` runs inside the compose service `make up` started ($(SERVICE)), where vLLM,
+# the model's tokenizer and matplotlib are. BENCH_PYTHON=PATH (a Python with vLLM) runs
+# the benchmark from the host instead, against http://127.0.0.1:$(PORT).
 BENCH_PYTHON   ?=
 BENCH_TOKENIZER ?=
 BENCH_ARGS     ?=
-COMPOSE_RUN     = IMAGE=$(IMAGE) $(COMPOSE) -p arcvllm $(COMPOSE_FILES)
 
 .PHONY: presets
 presets: $(VENV)/.stamp ## list the deployment presets (model, GPUs, stacks)
@@ -147,10 +145,10 @@ doctor: $(VENV)/.stamp ## host preflight for PRESET: GPU, render group, driver, 
 .PHONY: bench
 bench: $(VENV)/.stamp ## benchmark the running server (make up): JSON + PNG in BENCH_OUT
 ifeq ($(BENCH_PYTHON),)
-	$(COMPOSE_RUN) exec -T $(SERVICE) arcvllm bench --base-url http://127.0.0.1:8000 \
+	$(ARCVLLM_COMPOSE) exec -T $(SERVICE) arcvllm bench --base-url http://127.0.0.1:8000 \
 		--preset $(PRESET) --out /tmp/arcvllm-bench $(BENCH_ARGS)
 	@mkdir -p $(BENCH_OUT)
-	$(DOCKER) cp "$$($(COMPOSE_RUN) ps -q $(SERVICE))":/tmp/arcvllm-bench/. $(BENCH_OUT)/
+	$(DOCKER) cp "$$($(ARCVLLM_COMPOSE) ps -q $(SERVICE))":/tmp/arcvllm-bench/. $(BENCH_OUT)/
 	@echo "bench results in $(BENCH_OUT)"
 else
 	$(ARCVLLM) bench --base-url http://127.0.0.1:$(PORT) --preset $(PRESET) \

@@ -13,6 +13,7 @@ import contextlib
 import importlib
 import io
 import json
+import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -400,6 +401,7 @@ def add_presets_dir(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--presets-dir",
         type=Path,
-        default=None,
-        help="read presets from this folder instead of the ones arcvllm ships",
+        default=os.environ.get("ARCVLLM_PRESETS_DIR") or None,
+        help="read presets from this folder instead of the ones arcvllm ships "
+        "(default: $ARCVLLM_PRESETS_DIR)",
     )
