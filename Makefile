@@ -101,7 +101,7 @@ build: $(VENV)/.stamp wheelhouse ## build the image of STACK (default: cpu, or x
 build-xpu-patch: $(VENV)/.stamp wheelhouse ## CI: the XPU build of STACK up to its patch step, on plain Debian with CPU torch
 	@$(ARCVLLM) stack build-args $(XPU_STACK) --flavor xpu >/dev/null || { $(ARCVLLM) stack list; exit 2; }
 	$(DOCKER_BUILD) --target patch -t arcvllm:$(XPU_STACK)-patch \
-		$(shell $(ARCVLLM) stack build-args $(XPU_STACK) 2>/dev/null) --build-arg FLAVOR=xpu-ci \
+		$(shell $(ARCVLLM) stack build-args $(XPU_STACK) --ci 2>/dev/null) \
 		--build-arg ARCVLLM_PATCHES=$$($(ARCVLLM) patches plan --vllm-version $$($(ARCVLLM) stack get $(XPU_STACK) VLLM_VERSION)) \
 		.
 XPU_STACK     ?= $(if $(filter xpu-%,$(STACK)),$(STACK),xpu-0.20)

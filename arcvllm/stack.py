@@ -104,9 +104,26 @@ def get(name: str, path: Path | None = None, flavor: str | None = None) -> Stack
     return stack
 
 
-def render_build_args(stack: Stack) -> str:
+# What the CI stand-in of an XPU stack (FLAVOR=xpu-ci) takes from that stack: its vLLM
+# source. Everything else (Debian, Python, CPU torch) comes from the default CPU stack.
+CI_SOURCE_KEYS = ("STACK", "VLLM_VERSION", "VLLM_SDIST_URL", "VLLM_SDIST_SHA256", "VLLM_GIT_REF")
+
+
+def ci_build_args(stack: Stack, cpu: Stack) -> dict[str, str]:
+    """Build args of FLAVOR=xpu-ci: the XPU stack's source on the CPU stack's base and torch."""
+    if stack.flavor != "xpu":
+        raise ArcvllmError(f"stack {stack.name} is {stack.flavor}: the CI stand-in is for xpu")
+    own = stack.build_args()
+    return {
+        **cpu.build_args(),
+        **{k: own[k] for k in CI_SOURCE_KEYS if k in own},
+        "FLAVOR": "xpu-ci",
+    }
+
+
+def render_build_args(values: Mapping[str, str]) -> str:
     """`--build-arg K=V ...`, quoted for a shell (values may hold spaces)."""
-    return " ".join(f"--build-arg {shlex.quote(f'{k}={v}')}" for k, v in stack.build_args().items())
+    return " ".join(f"--build-arg {shlex.quote(f'{k}={v}')}" for k, v in values.items())
 
 
 def render_table(stacks: Mapping[str, Stack], defaults: Mapping[str, str]) -> str:
@@ -192,8 +209,11 @@ def _cmd(args: argparse.Namespace) -> int:
     stack = get(args.name, args.file, getattr(args, "flavor", None))
     if args.action == "show":
         print(render_stack(stack))
+    elif args.action == "build-args" and args.ci:
+        stacks, defaults = load(args.file)
+        print(render_build_args(ci_build_args(stack, stacks[defaults["cpu"]])))
     elif args.action == "build-args":
-        print(render_build_args(stack))
+        print(render_build_args(stack.build_args()))
     elif args.action == "get":
         print(lookup(stack, args.key))
     return 0
@@ -214,6 +234,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     build = sub.add_parser("build-args", help="the stack as `--build-arg K=V` for docker build")
     build.add_argument("name")
     build.add_argument("--flavor", choices=FLAVORS, help="fail unless the stack is this flavour")
+    build.add_argument(
+        "--ci",
+        action="store_true",
+        help="an XPU stack's source on plain Debian with CPU torch (FLAVOR=xpu-ci)",
+    )
     get_ = sub.add_parser("get", help="one build arg's value (e.g. VLLM_VERSION)")
     get_.add_argument("name")
     get_.add_argument("key")

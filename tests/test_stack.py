@@ -105,7 +105,7 @@ def test_a_pin_the_dockerfile_ignores_is_caught(tmp_path, stacks):
 
 def test_build_args_quote_values_with_spaces(stacks):
     by_name, _ = stacks
-    words = shlex.split(stack.render_build_args(by_name["xpu-0.20"]))
+    words = shlex.split(stack.render_build_args(by_name["xpu-0.20"].build_args()))
     pairs = dict(w.split("=", 1) for w in words if w != "--build-arg")
     assert pairs["FLAVOR"] == "xpu"
     assert pairs["STACK"] == "xpu-0.20"
@@ -141,3 +141,21 @@ def test_make_build_with_an_unknown_stack_lists_stacks_and_fails():
     assert result.returncode != 0
     assert "unknown stack 'nope'" in result.stderr
     assert "xpu-0.33" in result.stdout and "cpu (default)" in result.stdout
+
+
+def test_ci_stand_in_takes_the_xpu_source_and_the_cpu_base(stacks):
+    by_name, _ = stacks
+    args = stack.ci_build_args(by_name["xpu-0.20"], by_name["cpu"])
+    assert args["FLAVOR"] == "xpu-ci"
+    assert args["STACK"] == "xpu-0.20"
+    assert args["VLLM_VERSION"] == "0.20.2"
+    assert args["VLLM_SDIST_SHA256"] == by_name["xpu-0.20"].build_args()["VLLM_SDIST_SHA256"]
+    assert args["PYTHON_VERSION"] == "3.11"  # Debian's, not the XPU stack's 3.12
+    assert args["TORCH_VERSION"] == "2.13.0+cpu"
+    assert "GPU_DEBS" not in args
+
+
+def test_ci_stand_in_of_a_cpu_stack_is_refused(stacks):
+    by_name, _ = stacks
+    with pytest.raises(ArcvllmError, match="the CI stand-in is for xpu"):
+        stack.ci_build_args(by_name["cpu"], by_name["cpu"])
