@@ -124,6 +124,23 @@ engine: ## start a local Docker engine if none answers (scripts/ci/engine.sh)
 
 
 # ---- smoke test ----
+# Starts the image of STACK under its own compose project and port (a `make up` deployment
+# is left alone), runs `arcvllm smoke` from the tooling venv against it with the
+# container's log as the log source, and stops what it started, pass or fail.
+SMOKE_PORT           ?= 8001
+SMOKE_PROJECT        ?= arcvllm-smoke
+SMOKE_HEALTH_TIMEOUT ?= $(if $(filter xpu,$(FLAVOR)),900,300)
+SMOKE_REPORT         ?= reports/smoke-$(STACK).json
+SMOKE_ARGS           ?=
+SMOKE_COMPOSE         = IMAGE=$(IMAGE) PORT=$(SMOKE_PORT) $(if $(RENDER_GID),RENDER_GID=$(RENDER_GID)) \
+	$(COMPOSE) -p $(SMOKE_PROJECT) $(COMPOSE_FILES)
+
+.PHONY: smoke-test
+smoke-test: $(VENV)/.stamp ## start the image (STACK, PRESET), prove decode across mamba blocks, stop it
+	$(ARCVLLM) smoke --base-url http://127.0.0.1:$(SMOKE_PORT) --preset $(PRESET) \
+		--start-cmd '$(SMOKE_COMPOSE) up -d $(SERVICE)' --stop-cmd '$(SMOKE_COMPOSE) down' \
+		--log-cmd '$(SMOKE_COMPOSE) logs --no-color $(SERVICE)' \
+		--health-timeout $(SMOKE_HEALTH_TIMEOUT) --report $(SMOKE_REPORT) $(SMOKE_ARGS)
 
 # ---- operate: presets, doctor, bench ----
 BENCH_OUT      ?= reports/bench
