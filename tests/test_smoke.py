@@ -355,3 +355,38 @@ def test_table_fits_one_screen():
     table = S.render_table(checks, width=100)
     assert all(len(line) <= 100 for line in table.splitlines())
     assert table.splitlines()[2].endswith("FAIL") and table.splitlines()[3].endswith("PASS")
+
+
+def test_preset_names_the_model(serve, capsys):
+    code, out, _ = run_cli(capsys, "--base-url", serve(Fake()), "--preset", "tiny-hybrid-cpu")
+    assert code == 0, out
+
+
+def test_unknown_preset_is_one_line_and_starts_nothing(capsys, tmp_path):
+    started = tmp_path / "started"
+    code, out, err = run_cli(
+        capsys,
+        *("--base-url", f"http://127.0.0.1:{free_port()}", "--preset", "nope"),
+        *("--start-cmd", f"touch {started}"),
+    )
+    assert code != 0 and out == ""
+    assert err.startswith("arcvllm: unknown preset 'nope'") and err.count("\n") == 1
+    assert not started.exists()
+
+
+def test_model_and_preset_must_agree(capsys):
+    code, _, err = run_cli(
+        capsys, "--base-url", "http://127.0.0.1:1", "--preset", "tiny-hybrid-cpu", "--model", "x"
+    )
+    assert code != 0 and "is not the model of preset 'tiny-hybrid-cpu'" in err
+
+
+def test_failing_start_cmd_is_one_line_and_still_stopped(capsys, tmp_path):
+    stopped = tmp_path / "stopped"
+    code, _, err = run_cli(
+        capsys,
+        *("--base-url", f"http://127.0.0.1:{free_port()}"),
+        *("--start-cmd", "exit 3", "--stop-cmd", f"touch {stopped}"),
+    )
+    assert code != 0 and err == "arcvllm: --start-cmd failed with exit code 3\n"
+    assert stopped.exists()
