@@ -52,7 +52,7 @@ def test_preset_renders_the_server_module_with_model_and_name(name):
     assert "mamba-block-size" not in values
 
 
-def test_xpu_presets_run_prefix_caching_in_align_mode_and_leave_block_size_to_vllm():
+def test_every_preset_runs_prefix_caching_in_align_mode_and_leaves_block_size_to_vllm():
     for preset in P.load_all().values():
         values = P.flag_values(P.render(preset).args)
         assert values["enable-prefix-caching"] is True
