@@ -387,8 +387,9 @@ def measure_prefix(
     cold, warm, rates, hits_total, queries_total = [], [], [], 0.0, 0.0
     for _ in range(runs):
         prompt = [rng.choice(pool) for _ in range(length)]  # fresh prefix: truly cold
+        base = prefix_counters(server)
         first = server.stream(prompt, 2)
-        before = prefix_counters(server)
+        before = prefix_counters(server, base)  # the cold request's queries are counted
         second = server.stream(prompt, 2)
         delta = prefix_counters(server, before) - before
         cold.append(first.ttft_s * 1000)
