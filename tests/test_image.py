@@ -218,10 +218,11 @@ def test_manifest_in_the_image_matches_the_label(cpu_image):
     labels = inspect(cpu_image)["Config"]["Labels"]
     path = labels["org.arcvllm.patches.manifest"]
     manifest = json.loads(docker("run", "--rm", cpu_image, "cat", path).stdout)
-    text = json.dumps(manifest)
-    for item in labels["org.arcvllm.patches"].split(","):
-        name, state = item.split("=")
-        assert name in text and state in text
+    assert manifest["summary"] == labels["org.arcvllm.patches"]
+    assert manifest["vllm"]["version"] == labels["org.arcvllm.vllm.version"]
+    assert {p["name"] for p in manifest["patches"]} == {
+        item.split("=")[0] for item in labels["org.arcvllm.patches"].split(",")
+    }
 
 
 @pytest.mark.docker
