@@ -419,6 +419,9 @@ def plot(streams: Sequence[Stream], block: int, title: str, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(11, 5), dpi=110)
+    every = [s.itl_ms for st in streams for s in steps(st, block)]
+    # Stalls of a shared host (seconds) would flatten the plot: clip, and say so.
+    ceiling = max(1.5 * (pct(every, 99) or 1.0), 5 * (pct(every, 50) or 1.0))
     top = 0
     for i, stream in enumerate(streams):
         ss = steps(stream, block)
@@ -441,10 +444,20 @@ def plot(streams: Sequence[Stream], block: int, title: str, path: Path) -> None:
         top = max([top, *(s.position for s in ss)])
     for b in range(block, top + 1, block):
         ax.axvline(b, color="grey", ls="--", lw=0.8)
+    off = [s for st in streams for s in steps(st, block) if s.itl_ms > ceiling]
+    if off:
+        ax.scatter(
+            [s.position for s in off],
+            [ceiling * 0.98] * len(off),
+            marker="^",
+            color="black",
+            s=18,
+            label=f"{len(off)} steps off scale (max {max(s.itl_ms for s in off):.0f} ms)",
+        )
     ax.set_xlabel(f"position (tokens computed); dashed lines: mamba block boundaries ({block})")
     ax.set_ylabel("inter-token latency (ms)")
     ax.set_title(title)
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(0, ceiling)
     ax.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
