@@ -233,3 +233,14 @@ def test_presets_parse_with_the_installed_vllm_and_a_renamed_flag_fails(version,
     assert results["zz-renamed-flag"].startswith("FAIL"), done.stdout
     assert "--max-seq-len" in results["zz-renamed-flag"]
     assert done.returncode == 1
+
+
+def test_a_presets_reference_exists_and_names_it():
+    from arcvllm.bench import load_reference
+
+    named = [p for p in P.load_all().values() if p.reference]
+    assert {p.name for p in named} >= {"qwen3.6-35b-a3b-w4a16-1xb70", "tiny-hybrid-cpu"}
+    for preset in named:
+        reference = load_reference(preset.reference)
+        assert reference is not None and reference["name"] == preset.reference
+        assert reference["metrics"], preset.name
