@@ -166,6 +166,8 @@ ifeq ($(BENCH_PYTHON),)
 		--preset $(PRESET) --out /tmp/arcvllm-bench $(BENCH_ARGS)
 	@mkdir -p $(BENCH_OUT)
 	$(DOCKER) cp "$$($(ARCVLLM_COMPOSE) ps -q $(SERVICE))":/tmp/arcvllm-bench/. $(BENCH_OUT)/
+	@# the image may carry no matplotlib: draw the plot from the JSON on this side
+	@test -f $(BENCH_OUT)/bench.png || $(ARCVLLM) bench --replot $(BENCH_OUT)/bench.json
 	@echo "bench results in $(BENCH_OUT)"
 else
 	$(ARCVLLM) bench --base-url http://127.0.0.1:$(PORT) --preset $(PRESET) \

@@ -412,39 +412,39 @@ def measure_prefix(
 # ---- the plot ----
 
 
-def plot(streams: Sequence[Stream], block: int, title: str, path: Path) -> None:
+def plot(runs: Sequence[Sequence[Step]], block: int, title: str, path: Path) -> None:
+    """Inter-token latency over position, one line per run, block boundaries dashed."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(11, 5), dpi=110)
-    every = [s.itl_ms for st in streams for s in steps(st, block)]
+    every = [s.itl_ms for run in runs for s in run]
     # Stalls of a shared host (seconds) would flatten the plot: clip, and say so.
     ceiling = max(1.5 * (pct(every, 99) or 1.0), 5 * (pct(every, 50) or 1.0))
     top = 0
-    for i, stream in enumerate(streams):
-        ss = steps(stream, block)
+    for i, run in enumerate(runs):
         ax.plot(
-            [s.position for s in ss],
-            [s.itl_ms for s in ss],
+            [s.position for s in run],
+            [s.itl_ms for s in run],
             lw=0.8,
             alpha=0.7,
-            label=f"run {i + 1} (prompt {stream.prompt_len})",
+            label=f"run {i + 1} (prompt {run[0].position if run else '?'})",
         )
-        cross = [s for s in ss if s.crosses]
+        cross = [s for s in run if s.crosses]
         ax.scatter(
             [s.position for s in cross],
-            [s.itl_ms for s in cross],
+            [min(s.itl_ms, ceiling * 0.98) for s in cross],
             color="red",
             zorder=3,
             s=22,
             label="block-boundary step" if i == 0 else None,
         )
-        top = max([top, *(s.position for s in ss)])
+        top = max([top, *(s.position for s in run)])
     for b in range(block, top + 1, block):
         ax.axvline(b, color="grey", ls="--", lw=0.8)
-    off = [s for st in streams for s in steps(st, block) if s.itl_ms > ceiling]
+    off = [s for run in runs for s in run if s.itl_ms > ceiling]
     if off:
         ax.scatter(
             [s.position for s in off],
@@ -462,6 +462,13 @@ def plot(streams: Sequence[Stream], block: int, title: str, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def plot_report(report: Mapping[str, Any], path: Path) -> None:
+    """The plot of a bench.json: it carries every step, so the PNG can be drawn anywhere."""
+    runs = [[Step(**step) for step in run] for run in report["runs"]]
+    title = f"{report['model']}: inter-token latency over position (block {report['block_size']})"
+    plot(runs, int(report["block_size"]), title, path)
 
 
 # ---- putting it together ----
@@ -517,6 +524,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         raise ArcvllmError("name the served model: --model NAME or --preset NAME")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    (out / REPORT_PNG).unlink(missing_ok=True)  # never leave an older run's plot beside
     root = server_root(args.base_url)
     server = Server(root, args.model, args.api_key)
     max_len = server.max_model_len()
@@ -577,7 +585,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         "vllm_bench": {k: vb.get(k) for k in VLLM_BENCH_KEYS},
         "boundary": boundary,
         "prefix_cache": prefix,
-        "steps": [asdict(s) for st in streams for s in steps(st, block)],
+        "runs": [[asdict(s) for s in steps(st, block)] for st in streams],
     }
     report["summary"] = summary_metrics(report)
     reference = load_reference(preset.reference) if preset and preset.reference else None
@@ -588,14 +596,14 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             "rows": ratio_rows(report["summary"], reference.get("metrics", {})),
         }
     (out / REPORT_JSON).write_text(json.dumps(report, indent=2))
-    title = f"{args.model}: inter-token latency over position (block {block})"
     try:
-        plot(streams, block, title, out / REPORT_PNG)
+        plot_report(report, out / REPORT_PNG)
     except ModuleNotFoundError as exc:
-        raise ArcvllmError(
-            f"wrote {out / REPORT_JSON} but no plot: {exc.name} is missing "
-            "(pip install 'arcvllm[bench]')"
-        ) from exc
+        print(
+            f"arcvllm: warning: no plot, {exc.name} is missing here; draw it elsewhere with "
+            f"`arcvllm bench --replot {out / REPORT_JSON}` (pip install 'arcvllm[bench]')",
+            file=sys.stderr,
+        )
     return report
 
 
@@ -629,9 +637,22 @@ def format_report(report: Mapping[str, Any]) -> str:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.replot:
+        source = Path(args.replot)
+        try:
+            report = json.loads(source.read_text())
+        except (OSError, ValueError) as exc:
+            raise ArcvllmError(f"cannot read {source}: {exc}") from exc
+        png = source.with_suffix(".png")
+        plot_report(report, png)
+        print(f"wrote {png}")
+        return 0
+    if not args.base_url:
+        raise ArcvllmError("name the server: --base-url URL")
     report = bench(args)
     print(format_report(report))
-    print(f"wrote {Path(args.out) / REPORT_JSON} and {Path(args.out) / REPORT_PNG}")
+    png = Path(args.out) / REPORT_PNG
+    print(f"wrote {Path(args.out) / REPORT_JSON}" + (f" and {png}" if png.exists() else ""))
     return 0
 
 
@@ -641,7 +662,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="benchmark a running server: vllm bench serve + block crossings + prefix cache",
         description=__doc__.splitlines()[0],
     )
-    p.add_argument("--base-url", required=True, help="the server, e.g. http://127.0.0.1:8000")
+    p.add_argument("--base-url", help="the server, e.g. http://127.0.0.1:8000")
     p.add_argument("--model", help="served model name (default: the preset's)")
     p.add_argument("--preset", help="preset the server runs: compares with its reference")
     p.add_argument("--out", default="reports/bench", help="folder for JSON, PNG and logs")
@@ -658,6 +679,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--crossings", type=int, default=3, help="block boundaries per decode run")
     p.add_argument("--runs", type=int, default=2, help="decode runs and cold/warm pairs")
     p.add_argument("--seed", type=int, help="prompt seed (default: fresh, so cold is cold)")
+    p.add_argument("--replot", metavar="JSON", help="only draw the PNG of an earlier bench.json")
     p.set_defaults(func=_cmd_bench)
 
 

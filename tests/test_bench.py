@@ -102,8 +102,25 @@ def test_tokenizer_must_exist_locally(tmp_path):
 def test_plot_writes_a_png_with_boundaries(tmp_path):
     pytest.importorskip("matplotlib")
     path = tmp_path / "p.png"
-    B.plot([stream(60, [1] * 200), stream(60, [1] * 150)], 64, "t", path)
+    runs = [B.steps(stream(60, [1] * 200), 64), B.steps(stream(60, [1] * 150), 64)]
+    B.plot(runs, 64, "t", path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_replot_draws_the_png_of_a_bench_json_elsewhere(tmp_path, capsys):
+    """The image may lack matplotlib: the JSON carries every step, the host draws it."""
+    pytest.importorskip("matplotlib")
+    from dataclasses import asdict
+
+    from arcvllm import cli
+
+    runs = [[asdict(s) for s in B.steps(stream(60, [1] * 100), 64)]]
+    source = tmp_path / B.REPORT_JSON
+    source.write_text(json.dumps({"model": "m", "block_size": 64, "runs": runs}))
+    assert cli.main(["bench", "--replot", str(source)]) == 0
+    assert (tmp_path / B.REPORT_PNG).read_bytes()[:4] == b"\x89PNG"
+    assert cli.main(["bench", "--replot", str(tmp_path / "absent.json")]) == 1
+    assert "cannot read" in capsys.readouterr().err
 
 
 def test_vllm_bench_args_name_the_random_dataset_and_the_result_file(tmp_path):
@@ -189,6 +206,7 @@ def test_bench_against_a_real_server_writes_json_and_plot(preset_server, tmp_pat
     boundary = report["boundary"]
     assert boundary["boundary_steps"] >= 2, boundary
     assert all(p % report["block_size"] == 0 for p in boundary["boundary_positions"])
+    assert len(report["runs"]) == 1 and sum(s["crosses"] for s in report["runs"][0]) >= 2
     prefix = report["prefix_cache"]
     assert prefix["warm_hit_rate"] >= 0.9, prefix
     summary = report["summary"]
