@@ -105,26 +105,20 @@ def plan(block_size: int, max_model_len: int, max_prefix_tokens: int = 16384) ->
     )
 
 
-def boundary_steps(
-    prompt_len: int, completion_tokens: int, block_size: int
-) -> list[int]:
+def boundary_steps(prompt_len: int, completion_tokens: int, block_size: int) -> list[int]:
     """Indices of the output tokens whose decode step copies the mamba state.
 
     Output token i (i >= 1) is computed in the step that schedules position
     prompt_len + i - 1; align mode moves the running state to a new block when that
     position is the first one of a block.
     """
-    return [
-        i for i in range(1, completion_tokens) if (prompt_len + i - 1) % block_size == 0
-    ]
+    return [i for i in range(1, completion_tokens) if (prompt_len + i - 1) % block_size == 0]
 
 
 def tokens_of(base: list[int], length: int, shift: int = 0) -> list[int]:
     """LENGTH token ids: BASE tiled, rotated by SHIFT (distinct prompts, same vocabulary)."""
     if not base:
-        raise ArcvllmError(
-            "the server's tokenizer returned no tokens for the prompt text"
-        )
+        raise ArcvllmError("the server's tokenizer returned no tokens for the prompt text")
     n = len(base)
     return [base[(i + shift) % n] for i in range(length)]
 
@@ -262,9 +256,7 @@ class Server:
     def get_json(self, path: str) -> Any:
         import httpx
 
-        response = httpx.get(
-            f"{self.root}{path}", headers=self._headers(), timeout=self.timeout
-        )
+        response = httpx.get(f"{self.root}{path}", headers=self._headers(), timeout=self.timeout)
         response.raise_for_status()
         return response.json()
 
@@ -310,9 +302,7 @@ class Stream:
         return {"text": self.text, "token_ids": self.token_ids}
 
 
-def complete(
-    client, model: str, prompt: list[int], max_tokens: int, salt: str
-) -> Stream:
+def complete(client, model: str, prompt: list[int], max_tokens: int, salt: str) -> Stream:
     """Greedy, ignore_eos, streamed, with usage in the last chunk."""
     start = time.perf_counter()
     last = None
@@ -386,9 +376,7 @@ def model_name(model: str | None, preset: str | None) -> str | None:
 
     served = get_preset(preset).served_model_name
     if model is not None and model != served:
-        raise ArcvllmError(
-            f"--model {model!r} is not the model of preset {preset!r} ({served!r})"
-        )
+        raise ArcvllmError(f"--model {model!r} is not the model of preset {preset!r} ({served!r})")
     return served
 
 
@@ -401,9 +389,7 @@ def wait_healthy(server: Server, timeout: float) -> bool:
     return False
 
 
-def discover(
-    server: Server, model: str | None, log: LogSource
-) -> tuple[str, int, str, int]:
+def discover(server: Server, model: str | None, log: LogSource) -> tuple[str, int, str, int]:
     """Model name, block size, where the block size came from, max_model_len.
 
     Operator mistakes (wrong URL, wrong model, a server that does not tell its block
@@ -418,23 +404,17 @@ def discover(
             f"{server.root}/v1/models answered {exc.response.status_code} (wrong --api-key?)"
         ) from exc
     except (httpx.HTTPError, ValueError, KeyError) as exc:
-        raise ArcvllmError(
-            f"cannot reach a vLLM server at {server.root}: {_err(exc)}"
-        ) from exc
+        raise ArcvllmError(f"cannot reach a vLLM server at {server.root}: {_err(exc)}") from exc
     names = [entry["id"] for entry in models]
     if model is None:
         if len(names) != 1:
             raise ArcvllmError(f"the server serves {names}; choose one with --model")
         model = names[0]
     elif model not in names:
-        raise ArcvllmError(
-            f"model {model!r} is not served at {server.root}; it serves {names}"
-        )
+        raise ArcvllmError(f"model {model!r} is not served at {server.root}; it serves {names}")
     max_len = next(int(e.get("max_model_len") or 0) for e in models if e["id"] == model)
     if max_len <= 0:
-        raise ArcvllmError(
-            f"{server.root}/v1/models does not say max_model_len of {model!r}"
-        )
+        raise ArcvllmError(f"{server.root}/v1/models does not say max_model_len of {model!r}")
     block, source = None, ""
     try:
         block = m.block_size(server.metrics())
@@ -493,9 +473,7 @@ class Smoke:
                 itl_p99_ms=round(percentile(out.gaps, 0.99) * 1e3, 2),
                 itl_boundary_ms=[round(g * 1e3, 2) for g in at_boundary],
                 itl_boundary_max_over_median=(
-                    round(max(at_boundary) / median, 2)
-                    if at_boundary and median
-                    else None
+                    round(max(at_boundary) / median, 2) if at_boundary and median else None
                 ),
                 decode_tok_per_s=round(len(out.gaps) / max(sum(out.gaps), 1e-9), 1),
             )
@@ -514,14 +492,10 @@ class Smoke:
     def still_healthy(self) -> None:
         expected = "/health 200, +8 tok"
         if not self.server.healthy():
-            self.add(
-                "healthy after crossing", expected, "/health does not answer 200", False
-            )
+            self.add("healthy after crossing", expected, "/health does not answer 200", False)
             return
         try:
-            out = complete(
-                self.client, self.model, tokens_of(self.base, 16, 3), 8, self.salt
-            )
+            out = complete(self.client, self.model, tokens_of(self.base, 16, 3), 8, self.salt)
         except Exception as exc:
             self.add("healthy after crossing", expected, _err(exc), False)
             return
@@ -545,9 +519,7 @@ class Smoke:
     def prefix_cache(self) -> None:
         p = self.plan
         prompt = tokens_of(self.base, p.prefix_prompt, 11)
-        exp_hits = (
-            f">= {p.prefix_expected_hits} of {p.prefix_blocks * p.block_size} tok hit"
-        )
+        exp_hits = f">= {p.prefix_expected_hits} of {p.prefix_blocks * p.block_size} tok hit"
         exp_equal = "cached == uncached"
         try:
             before = m.prefix_cache(self.server.metrics(), self.model)
@@ -571,8 +543,8 @@ class Smoke:
         self.add(
             "prefix cache hits",
             exp_hits,
-            f"{hits.hits:.0f} hit / {hits.queries:.0f} queried on 2nd send "
-            f"({(after - before).hits - hits.hits:.0f} on 1st)",
+            f"{hits.hits:.0f} of {hits.queries:.0f} tok hit (1st send: "
+            f"{(after - before).hits - hits.hits:.0f})",
             hits.hits >= p.prefix_expected_hits,
         )
         same = cold.output() == warm.output()
@@ -593,9 +565,7 @@ class Smoke:
         def one(i: int) -> int:
             prompt = tokens_of(self.base, p.decode_prompt - i, 17 * (i + 1))
             try:
-                out = complete(
-                    self.client, self.model, prompt, p.decode_tokens, self.salt
-                )
+                out = complete(self.client, self.model, prompt, p.decode_tokens, self.salt)
             except Exception as exc:
                 with lock:
                     errors.append(f"stream {i}: {_err(exc)}")
@@ -628,15 +598,11 @@ def run(opts: Options) -> Report:
     t0 = time.perf_counter()
     report = Report()
     server = Server(opts.base_url, opts.api_key, opts.request_timeout)
-    model = model_name(
-        opts.model, opts.preset
-    )  # a bad preset stops here, nothing started
+    model = model_name(opts.model, opts.preset)  # a bad preset stops here, nothing started
     started = False
     try:
         if opts.start_cmd:
-            started = (
-                True  # a start command that fails half-way still gets its stop command
-            )
+            started = True  # a start command that fails half-way still gets its stop command
             subprocess.run(opts.start_cmd, shell=True, check=True)
             ok = wait_healthy(server, opts.health_timeout)
             took = time.perf_counter() - t0
@@ -664,16 +630,12 @@ def run(opts: Options) -> Report:
             "plan": asdict(p),
         }
         report.checks.append(
-            Check(
-                "block size", "read from the server", f"{block} (from {source})", True
-            )
+            Check("block size", "read from the server", f"{block} (from {source})", True)
         )
         Smoke(server, model, p, report).run()
         return _finish(report, opts, t0)
     except subprocess.CalledProcessError as exc:
-        raise ArcvllmError(
-            f"--start-cmd failed with exit code {exc.returncode}"
-        ) from exc
+        raise ArcvllmError(f"--start-cmd failed with exit code {exc.returncode}") from exc
     finally:
         if started and opts.stop_cmd:
             subprocess.run(opts.stop_cmd, shell=True, check=False)
@@ -738,32 +700,16 @@ def register(subparsers) -> None:
         help="check a vLLM server: decode across mamba blocks, prefix cache, concurrency",
         description=__doc__.split("\n\n")[1],
     )
-    parser.add_argument(
-        "--base-url", required=True, help="server URL, e.g. http://127.0.0.1:8000"
-    )
-    parser.add_argument(
-        "--model", help="served model name (default: the only one served)"
-    )
+    parser.add_argument("--base-url", required=True, help="server URL, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--model", help="served model name (default: the only one served)")
     parser.add_argument("--preset", help="take the served model name from this preset")
     parser.add_argument("--api-key", help="the server's --api-key, if it has one")
     parser.add_argument("--report", help="write the JSON report here")
     logs = parser.add_mutually_exclusive_group()
-    logs.add_argument(
-        "--log-file", help="the server's log file (tail shown on failure)"
-    )
-    logs.add_argument(
-        "--log-cmd", help="command printing the server log, e.g. 'docker logs X'"
-    )
-    parser.add_argument(
-        "--start-cmd", help="shell command that starts the server (detached)"
-    )
-    parser.add_argument(
-        "--stop-cmd", help="shell command that stops it again (after --start-cmd)"
-    )
-    parser.add_argument(
-        "--health-timeout", type=float, default=300.0, help="seconds (300)"
-    )
-    parser.add_argument(
-        "--request-timeout", type=float, default=300.0, help="seconds (300)"
-    )
+    logs.add_argument("--log-file", help="the server's log file (tail shown on failure)")
+    logs.add_argument("--log-cmd", help="command printing the server log, e.g. 'docker logs X'")
+    parser.add_argument("--start-cmd", help="shell command that starts the server (detached)")
+    parser.add_argument("--stop-cmd", help="shell command that stops it again (after --start-cmd)")
+    parser.add_argument("--health-timeout", type=float, default=300.0, help="seconds (300)")
+    parser.add_argument("--request-timeout", type=float, default=300.0, help="seconds (300)")
     parser.set_defaults(func=_cmd)
