@@ -292,3 +292,22 @@ def test_container_turns_healthy_and_serves_completions(cpu_image):
         assert reply["choices"][0]["text"]
     finally:
         docker("rm", "-f", cid, check=False)
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("stack,version", [("xpu-0.20", "0.20.2"), ("xpu-0.33", "0.33.0")])
+def test_xpu_patch_stage_built_by_ci(engine, stack, version):
+    """The XPU build's patch stage (make build-xpu-patch, run by .ci/run): vLLM's XPU wheel
+    from the release sdist, patched as the series plans for that release."""
+    image = f"arcvllm:{stack}-patch"
+    if docker("image", "inspect", image, check=False).returncode != 0:
+        pytest.skip(f"{image} not built: make build-xpu-patch STACK={stack} (.ci/run does)")
+    plan = subprocess.run(
+        [tool("arcvllm"), "patches", "plan", "--vllm-version", version],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    manifest = json.loads(docker("run", "--rm", image, "cat", "/opt/arcvllm/patches.json").stdout)
+    assert manifest["summary"] == plan
+    assert manifest["vllm"]["version"] == f"{version}+xpu"
