@@ -129,7 +129,7 @@ engine: ## start a local Docker engine if none answers (scripts/ci/engine.sh)
 # container's log as the log source, and stops what it started, pass or fail.
 SMOKE_PORT           ?= 8001
 SMOKE_PROJECT        ?= arcvllm-smoke
-SMOKE_HEALTH_TIMEOUT ?= $(if $(filter xpu,$(FLAVOR)),900,300)
+SMOKE_HEALTH_TIMEOUT ?= $(if $(filter xpu,$(FLAVOR)),900,600)
 SMOKE_REPORT         ?= reports/smoke-$(STACK).json
 SMOKE_ARGS           ?=
 SMOKE_COMPOSE         = IMAGE=$(IMAGE) PORT=$(SMOKE_PORT) $(if $(RENDER_GID),RENDER_GID=$(RENDER_GID)) \
