@@ -91,6 +91,8 @@ def main() -> int:
             "--rm",
             "-p",
             f"127.0.0.1:{cport}:8000",
+            "--shm-size",
+            "1g",
             "--health-interval",
             "1s",
             args.image,

@@ -264,6 +264,8 @@ def test_container_turns_healthy_and_serves_completions(cpu_image):
         name,
         "-p",
         f"127.0.0.1:{port}:8000",
+        "--shm-size",
+        "1g",
         "--health-interval",
         "5s",
         cpu_image,
