@@ -330,27 +330,36 @@ class Server:
         return metrics.fetch(self.root, api_key=self.api_key)
 
     def stream(self, prompt: list[int], max_tokens: int) -> Stream:
+        """Stream a greedy completion; token counts per chunk come from vLLM's running usage.
+
+        `continuous_usage_stats` puts the cumulative completion_tokens in every chunk, so a
+        chunk that carries several tokens (detokenizer hold-back) is counted right without
+        asking for logprobs (which costs the server work, and in a runtime without a C++
+        compiler can trip a torch.compile'd sampler op).
+        """
         start = time.perf_counter()
         chunks: list[tuple[int, float]] = []
+        seen = 0
         response = self.client.completions.create(
             model=self.model,
             prompt=prompt,
             max_tokens=max_tokens,
             temperature=0.0,
             stream=True,
-            logprobs=1,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},
             extra_body={"ignore_eos": True},
         )
         for chunk in response:
             now = time.perf_counter()
-            if not chunk.choices:
+            usage = getattr(chunk, "usage", None)
+            if usage is None or not chunk.choices:
                 continue
-            lp = chunk.choices[0].logprobs
-            n = len(lp.tokens) if lp and lp.tokens else 0
-            if n:
+            n = usage.completion_tokens - seen
+            seen = usage.completion_tokens
+            if n > 0:
                 chunks.append((n, now))
         if not chunks:
-            raise ArcvllmError("the server streamed no tokens")
+            raise ArcvllmError("the server streamed no tokens (or no usage in its chunks)")
         return Stream(len(prompt), chunks[0][1] - start, tuple(chunks))
 
 

@@ -207,6 +207,7 @@ def test_bench_against_a_real_server_writes_json_and_plot(preset_server, tmp_pat
     assert boundary["boundary_steps"] >= 2, boundary
     assert all(p % report["block_size"] == 0 for p in boundary["boundary_positions"])
     assert len(report["runs"]) == 1 and sum(s["crosses"] for s in report["runs"][0]) >= 2
+    assert [s["tokens"] for s in boundary["streams"]] == [boundary["decode_tokens"]]
     prefix = report["prefix_cache"]
     assert prefix["warm_hit_rate"] >= 0.9, prefix
     summary = report["summary"]
