@@ -277,10 +277,19 @@ def apply(
                 f"vLLM {version}: the series gave {report.summary()}, expected {expect}"
             )
     except BaseException:
-        for rel, content in backups.items():
-            (target.root / rel).write_bytes(content)
+        _restore(target.root, backups)
         raise
     return report
+
+
+def _restore(root: Path, backups: dict[str, bytes]) -> None:
+    """Put back every file that changed, each by an atomic rename of a fresh file."""
+    for rel, content in backups.items():
+        path = root / rel
+        if path.read_bytes() != content:
+            fresh = path.with_name(path.name + ".arcvllm-restore")
+            fresh.write_bytes(content)
+            os.replace(fresh, path)
 
 
 # --- output ----------------------------------------------------------------------------

@@ -133,6 +133,7 @@ def _call(func: Callable, **available):
 def probe_mamba_copy_uint64() -> str | None:
     """collect_mamba_copy_meta stores source and destination pointers >= 2**63 by bits."""
     import numpy as np
+    import torch
 
     mamba_utils, kv_cache_config, copy_funcs, funcs, names = _mamba_setup(len(STATE_BASES))
     bufs = _call(
@@ -173,12 +174,16 @@ def probe_mamba_copy_uint64() -> str | None:
     ]
     if bufs.offset != len(expected):
         return f"{bufs.offset} copy entries recorded, expected {len(expected)}"
+    for what, buf in (("src", bufs.src_ptrs), ("dst", bufs.dst_ptrs)):
+        # The copy kernel reads the tensor: it must hold whole 64-bit words.
+        if buf.cpu.element_size() != 8:
+            return f"{what}_ptrs holds {buf.cpu.dtype} elements; a pointer needs 8 bytes"
     for i, (src, dst) in enumerate(expected):
         for what, buf, addr in (("src", bufs.src_ptrs, src), ("dst", bufs.dst_ptrs, dst)):
             bits = int(buf.np.view(np.uint64)[i])
-            signed = int(buf.np.view(np.int64)[i])
-            if bits != addr or signed != _i64(addr):
-                return f"{what}_ptrs[{i}] holds {bits:#x} ({signed}), expected {addr:#x}"
+            word = int(buf.cpu.view(torch.int64)[i])
+            if bits != addr or word != _i64(addr):
+                return f"{what}_ptrs[{i}] holds {bits:#x} ({word}), expected {addr:#x}"
     return None
 
 

@@ -107,7 +107,9 @@ def load(path: Path | None = None) -> Series:
     except FileNotFoundError:
         raise SeriesError(f"series file not found: {path}") from None
     except yaml.YAMLError as exc:
-        raise SeriesError(f"{path}: not valid YAML: {exc}") from None
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise SeriesError(f"{path}: not valid YAML{where}") from None
     if not isinstance(data, dict) or not isinstance(data.get("patches"), list):
         raise SeriesError(f"{path}: needs a `supported` specifier and a `patches` list")
     supported = _specifier(path, "supported", data.get("supported"))

