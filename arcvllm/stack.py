@@ -106,7 +106,14 @@ def get(name: str, path: Path | None = None, flavor: str | None = None) -> Stack
 
 # What the CI stand-in of an XPU stack (FLAVOR=xpu-ci) takes from that stack: its vLLM
 # source. Everything else (Debian, Python, CPU torch) comes from the default CPU stack.
-CI_SOURCE_KEYS = ("STACK", "VLLM_VERSION", "VLLM_SDIST_URL", "VLLM_SDIST_SHA256", "VLLM_GIT_REF")
+CI_SOURCE_KEYS = (
+    "STACK",
+    "VLLM_VERSION",
+    "VLLM_SDIST_URL",
+    "VLLM_SDIST_SHA256",
+    "VLLM_GIT_REF",
+    "XPU_CI_LOCK",
+)
 
 
 def ci_build_args(stack: Stack, cpu: Stack) -> dict[str, str]:
