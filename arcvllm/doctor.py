@@ -333,10 +333,12 @@ def check_shm(host: Host, preset: Preset) -> Row:
     fix = f"give it {gib(want)} or more: --shm-size {want // GIB}g (docker), `shm_size` (compose)"
     if total >= want:
         return Row("/dev/shm", OK, gib(total))
-    if preset.gpus > 1 and total < GIB:
-        # Tensor-parallel workers exchange activations through shared memory; docker's
-        # default 64 MiB ends in a bus error at the first large batch.
-        return Row("/dev/shm", FAIL, f"{gib(total)}: too small for {preset.gpus} workers", fix)
+    # vLLM's processes talk through a shared-memory broadcast of ~160 MiB: Docker's default
+    # 64 MiB stops the engine ("Insufficient space in /dev/shm"); tensor-parallel workers
+    # also exchange activations there.
+    floor = GIB if preset.gpus > 1 else 256 * 1024**2
+    if total < floor:
+        return Row("/dev/shm", FAIL, f"{gib(total)}: too small for vLLM's shared memory", fix)
     return Row("/dev/shm", WARN, f"{gib(total)} < {gib(want)}", fix)
 
 

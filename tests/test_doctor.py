@@ -253,8 +253,9 @@ def test_shm_ok_warn_fail(tmp_path):
     assert small.status == D.WARN and "--shm-size 16g" in small.fix
     docker_default = row(build(tmp_path / "c", shm_gib=64 / 1024), D.check_shm, XPU2)
     assert docker_default.status == D.FAIL
-    single = row(build(tmp_path / "d", shm_gib=64 / 1024), D.check_shm, XPU1)
-    assert single.status == D.WARN
+    single = row(build(tmp_path / "d", shm_gib=64 / 1024), D.check_shm, CPU)
+    assert single.status == D.FAIL and "--shm-size 1g" in single.fix
+    assert row(build(tmp_path / "e", shm_gib=0.5), D.check_shm, XPU1).status == D.WARN
 
 
 def test_shm_missing_fails(tmp_path):
