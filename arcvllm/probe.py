@@ -261,7 +261,11 @@ def probe_mamba_block_size_align_warning() -> str | None:
             get_head_size=lambda: 64,
         )
         vllm_config = SimpleNamespace(
-            cache_config=cache, model_config=model, parallel_config=SimpleNamespace()
+            cache_config=cache,
+            model_config=model,
+            parallel_config=SimpleNamespace(),
+            # No attention layers registered: backend look-ups find none.
+            compilation_config=SimpleNamespace(static_forward_context={}),
         )
         records: list[str] = []
         handler = logging.Handler(logging.WARNING)
