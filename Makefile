@@ -47,7 +47,14 @@ test-fast: $(VENV)/.stamp ## unit tests only (no vLLM, no Docker)
 
 .PHONY: test
 test: lint test-venvs ## everything: lint, unit, real vLLM code, image and smoke tests
-	ARCVLLM_TEST_VENVS=$(abspath $(TEST_VENVS)) scripts/ci/engine.sh run $(VENV)/bin/pytest
+	scripts/ci/engine.sh run $(MAKE) --no-print-directory test-in-engine
+
+# pytest's scratch under build/ (nothing left in /tmp), then the container smoke test of
+# the CPU image, whatever the host: `make smoke-test` alone is the operator's check.
+.PHONY: test-in-engine
+test-in-engine:
+	ARCVLLM_TEST_VENVS=$(abspath $(TEST_VENVS)) $(VENV)/bin/pytest --basetemp=$(BUILD)/pytest
+	$(MAKE) --no-print-directory smoke-check STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu
 
 # ---- images and compose (docker/) ----
 # The engine scripts/ci/engine.sh starts: used when DOCKER_HOST is not set.
@@ -136,7 +143,11 @@ SMOKE_COMPOSE         = IMAGE=$(IMAGE) PORT=$(SMOKE_PORT) $(if $(RENDER_GID),REN
 	$(COMPOSE) -p $(SMOKE_PROJECT) $(COMPOSE_FILES)
 
 .PHONY: smoke-test
-smoke-test: $(VENV)/.stamp ## start the image (STACK, PRESET), prove decode across mamba blocks, stop it
+smoke-test: $(VENV)/.stamp ## build and start the image (STACK, PRESET), prove decode across mamba blocks, stop it
+	scripts/ci/engine.sh run $(MAKE) --no-print-directory build smoke-check
+
+.PHONY: smoke-check
+smoke-check: $(VENV)/.stamp ## the smoke test against the image as built (no build step)
 	$(ARCVLLM) smoke --base-url http://127.0.0.1:$(SMOKE_PORT) --preset $(PRESET) \
 		--start-cmd '$(SMOKE_COMPOSE) up -d $(SERVICE)' --stop-cmd '$(SMOKE_COMPOSE) down' \
 		--log-cmd '$(SMOKE_COMPOSE) logs --no-color $(SERVICE)' \
