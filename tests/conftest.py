@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,3 +94,47 @@ def upstream_test(version: str) -> Path:
 @pytest.fixture(scope="session")
 def host_python() -> str:
     return sys.executable
+
+
+# --- real servers started by tests -------------------------------------------------------
+
+# Bounded, and generous: a vLLM start-up on a busy 2-core machine can take minutes.
+SERVER_START_TIMEOUT = 600
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(
+    proc: subprocess.Popen, url: str, log: Path, timeout: float = SERVER_START_TIMEOUT
+) -> None:
+    """Wait for URL/health; fail with the log's tail if the server exits or never answers."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"server exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        time.sleep(1)
+    pytest.fail(f"server not healthy in {timeout} s:\n{log.read_text()[-4000:]}")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    """Stop a server started with start_new_session=True: its process group, by its PID."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    # Children that outlived the leader are still in its group.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)

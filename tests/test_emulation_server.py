@@ -15,33 +15,22 @@ the test's tmp_path.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, vllm_env
+from conftest import ROOT, free_port, stop_server, vllm_env, wait_healthy
 
 pytestmark = [pytest.mark.server, pytest.mark.vllm]
 
 REVERT = ROOT / "tests" / "patches" / "vllm-0.32.0-revert-mamba-copy-uint64.patch"
 SERIES_PATCH = ROOT / "patches" / "vllm" / "mamba-copy-uint64.patch"
 OVERFLOW = "OverflowError: Python int too large to convert to C long"
-START_TIMEOUT = 600  # bounded, and generous: the machines running CI are shared
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def site_packages(python: Path) -> Path:
@@ -123,36 +112,6 @@ def start_server(
             start_new_session=True,  # its own process group: killed as one at teardown
         )
     return proc, f"http://127.0.0.1:{port}", log
-
-
-def wait_healthy(proc: subprocess.Popen, url: str, log: Path) -> None:
-    import httpx
-
-    deadline = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"server exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    pytest.fail(f"server not healthy in {START_TIMEOUT} s:\n{log.read_text()[-4000:]}")
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
-    except ProcessLookupError:
-        pass
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-    # Children that outlived the leader are still in its group.
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def smoke(url: str, log: Path, report: Path, *extra: str) -> subprocess.CompletedProcess:

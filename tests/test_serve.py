@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import os
 import shlex
-import signal
-import socket
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
-from conftest import vllm_env
+from conftest import free_port, stop_server, vllm_env, wait_healthy
 
 from arcvllm import cli, serve
 from arcvllm.presets import SERVER_MODULE, get_preset, render
@@ -86,39 +83,6 @@ def test_serve_execs_the_server_module_with_the_presets_env(monkeypatch, tmp_pat
 # ---- one real server, started by `arcvllm serve` from the CPU preset ----
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float = 420) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"server exited {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise AssertionError(f"server not healthy in {timeout}s:\n{log.read_text()[-3000:]}")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    """Stop the server and its engine processes: its own process group, by PID."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-
-
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
     env = vllm_env("0.32.0")
@@ -166,10 +130,10 @@ def preset_server(tiny_model, tmp_path_factory):
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_healthy(url, proc, log)
+        wait_healthy(proc, url, log)
         yield url, tiny_model, log
     finally:
-        stop(proc)
+        stop_server(proc)
 
 
 @pytest.mark.server

@@ -9,11 +9,11 @@ servers (and the real crash) are in test_emulation_server.py.
 from __future__ import annotations
 
 import json
-import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from conftest import free_port
 
 from arcvllm import cli
 from arcvllm import smoke as S
@@ -201,12 +201,6 @@ def test_a_crash_in_the_log_is_named(serve, capsys, tmp_path):
 
 
 # ---------------------------------------------------------------- bad input: one line
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_unreachable_server_is_one_line(capsys):
