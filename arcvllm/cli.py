@@ -25,13 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"arcvllm {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
-        try:
-            module = importlib.import_module(f"arcvllm.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"arcvllm.{name}":
-                continue  # not part of this build yet
-            raise
-        module.register(sub)
+        importlib.import_module(f"arcvllm.{name}").register(sub)
     return parser
 
 

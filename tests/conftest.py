@@ -8,7 +8,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,11 +88,6 @@ def upstream_test(version: str) -> Path:
     if not path.exists():
         pytest.fail(f"no {path}: run `make test-venvs`")
     return path
-
-
-@pytest.fixture(scope="session")
-def host_python() -> str:
-    return sys.executable
 
 
 # --- real servers started by tests -------------------------------------------------------
