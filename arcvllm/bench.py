@@ -617,12 +617,12 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def format_report(report: Mapping[str, Any]) -> str:
-    from arcvllm.presets import table
+    from arcvllm.text import columns
 
     def fmt(v):
         return "-" if v is None else (f"{v:.3g}" if isinstance(v, float) else str(v))
 
-    lines = [table([("METRIC", "VALUE"), *((k, fmt(v)) for k, v in report["summary"].items())])]
+    lines = [columns([("METRIC", "VALUE"), *((k, fmt(v)) for k, v in report["summary"].items())])]
     b = report["boundary"]
     lines.append(
         f"block-boundary steps: {b['boundary_steps']} (p50 {fmt(b['itl_ms_boundary_p50'])} ms) "
@@ -632,7 +632,7 @@ def format_report(report: Mapping[str, Any]) -> str:
     if ref:
         lines.append(f"\nagainst {ref['name']} ({ref['source']}):")
         lines.append(
-            table(
+            columns(
                 [
                     ("METRIC", "MEASURED", "REFERENCE", "RATIO"),
                     *(

@@ -402,9 +402,9 @@ def diagnose(host: Host, preset: Preset) -> list[Row]:
 
 
 def render_table(rows: Sequence[Row]) -> str:
-    from arcvllm.presets import table
+    from arcvllm.text import columns
 
-    return table(
+    return columns(
         [("CHECK", "STATUS", "SEEN", "FIX"), *((r.check, r.status, r.seen, r.fix) for r in rows)]
     )
 

