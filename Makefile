@@ -7,13 +7,13 @@ VENV          ?= .venv
 BUILD         ?= build
 # Debian's docker.io client: BuildKit capable (the `docker` first on PATH may lack it).
 DOCKER        ?= $(firstword $(wildcard /usr/bin/docker) docker)
-COMPOSE       ?= docker-compose
 # xpu where the host has an Intel GPU render node, cpu everywhere else.
 FLAVOR        ?= $(if $(wildcard /dev/dri/renderD*),xpu,cpu)
 STACK         ?= $(if $(filter xpu,$(FLAVOR)),xpu-0.20,cpu)
 PRESET        ?= $(if $(filter xpu,$(FLAVOR)),qwen3.6-35b-a3b-w4a16-1xb70,tiny-hybrid-cpu)
 IMAGE         ?= arcvllm:$(STACK)
-PORT          ?= 8000
+# The published port: the settings file's PORT, else 8000 (PORT=N on the command line wins).
+PORT          ?= $(or $(call setting,PORT),8000)
 
 ARCVLLM       := $(VENV)/bin/arcvllm
 TEST_VENVS    := $(BUILD)/venvs
@@ -70,13 +70,26 @@ comma         := ,
 WHEELHOUSE    ?= $(or $(shell pip config get global.find-links 2>/dev/null),/opt/wheels)
 # A CA bundle for TLS-inspecting proxies, given to the build as a secret (never a layer).
 CA_BUNDLE     ?= $(firstword $(wildcard /etc/ssl/certs/ca-certificates.crt))
-# Compose: the XPU service `vllm`, or the `cpu` profile's `vllm-cpu`; settings in ENV_FILE.
+# Compose v2 (`docker compose`) when the plugin answers, else docker-compose 1.29, which
+# fails to recreate containers on current engines (docker/compose#11742).
+ifeq ($(origin COMPOSE),undefined)
+COMPOSE       := $(shell $(DOCKER) compose version >/dev/null 2>&1 && echo '$(DOCKER) compose' || echo docker-compose)
+endif
+# Compose: the XPU service `vllm`, or the `cpu` profile's `vllm-cpu`. One settings file,
+# ENV_FILE, for both of compose's uses: the ${...} in compose.yaml (--env-file) and the
+# container's environment (env_file: ${ENV_FILE}, which compose resolves against docker/:
+# hence the absolute path).
 ENV_FILE      ?= docker/arcvllm.env
+ENV_PATH       = $(abspath $(ENV_FILE))
+setting        = $(shell sed -n 's/^$(1)=//p' $(ENV_PATH) 2>/dev/null | tail -n 1)
 SERVICE       ?= $(if $(filter cpu,$(FLAVOR)),vllm-cpu,vllm)
+# Compose project name: a second deployment on the same host needs its own (and PORT).
+PROJECT       ?= arcvllm
 RENDER_GID    ?= $(firstword $(shell stat -c %g /dev/dri/renderD* 2>/dev/null))
-COMPOSE_FILES ?= --env-file $(ENV_FILE) -f docker/compose.yaml $(if $(filter cpu,$(FLAVOR)),--profile cpu)
-ARCVLLM_COMPOSE = IMAGE=$(IMAGE) PORT=$(PORT) $(if $(RENDER_GID),RENDER_GID=$(RENDER_GID)) \
-	$(COMPOSE) -p arcvllm $(COMPOSE_FILES)
+COMPOSE_FILES ?= --env-file $(ENV_PATH) -f docker/compose.yaml $(if $(filter cpu,$(FLAVOR)),--profile cpu)
+ARCVLLM_COMPOSE = ENV_FILE=$(ENV_PATH) IMAGE=$(IMAGE) PORT=$(PORT) \
+	$(if $(RENDER_GID),RENDER_GID=$(RENDER_GID)) \
+	$(COMPOSE) -p $(PROJECT) $(COMPOSE_FILES)
 BUILD_FLAGS   ?=
 # FLAVOR given by the operator must match the stack's; the default follows the stack.
 FLAVOR_CHECK   = $(if $(filter command line environment,$(origin FLAVOR)),--flavor $(FLAVOR))
@@ -114,7 +127,8 @@ build-xpu-patch: $(VENV)/.stamp wheelhouse ## CI: the XPU build of STACK up to i
 XPU_STACK     ?= $(if $(filter xpu-%,$(STACK)),$(STACK),xpu-0.20)
 
 .PHONY: up
-up: ## start the server with compose (XPU service; FLAVOR=cpu: the tiny-model CPU service)
+up: $(VENV)/.stamp ## start the server with compose (XPU service; FLAVOR=cpu: the CPU service); settings: ENV_FILE
+	@$(ARCVLLM) settings check $(ENV_FILE)
 	$(ARCVLLM_COMPOSE) up -d $(SERVICE)
 
 .PHONY: down
@@ -139,7 +153,8 @@ SMOKE_PROJECT        ?= arcvllm-smoke
 SMOKE_HEALTH_TIMEOUT ?= $(if $(filter xpu,$(FLAVOR)),900,600)
 SMOKE_REPORT         ?= reports/smoke-$(STACK).json
 SMOKE_ARGS           ?=
-SMOKE_COMPOSE         = IMAGE=$(IMAGE) PORT=$(SMOKE_PORT) $(if $(RENDER_GID),RENDER_GID=$(RENDER_GID)) \
+SMOKE_COMPOSE         = ENV_FILE=$(ENV_PATH) IMAGE=$(IMAGE) PORT=$(SMOKE_PORT) \
+	$(if $(RENDER_GID),RENDER_GID=$(RENDER_GID)) \
 	$(COMPOSE) -p $(SMOKE_PROJECT) $(COMPOSE_FILES)
 
 .PHONY: smoke-test

@@ -15,7 +15,17 @@ from arcvllm import __version__
 from arcvllm.errors import ArcvllmError
 
 # Module names, in the order `arcvllm --help` lists them.
-COMMANDS = ("patches", "stack", "presets", "serve", "smoke", "bench", "doctor", "tinymodel")
+COMMANDS = (
+    "patches",
+    "stack",
+    "presets",
+    "settings",
+    "serve",
+    "smoke",
+    "bench",
+    "doctor",
+    "tinymodel",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -17,9 +17,24 @@ from arcvllm.errors import ArcvllmError
 from arcvllm.presets import Command, add_presets_dir, flag_values, get_preset, render
 
 
+def operator_value(environ: Mapping[str, str], key: str) -> str | None:
+    """What the operator set on purpose: an empty value counts as unset.
+
+    The settings file (docker/arcvllm.env) lists its keys with empty values, and compose
+    hands every line to the container: `ZE_AFFINITY_MASK=` there must leave the GPU choice
+    to the preset (0,1 for TP=2), not hide the preset's value.
+    """
+    value = environ.get(key)
+    return value if value else None
+
+
 def effective_env(command: Command, environ: Mapping[str, str]) -> dict[str, str]:
-    """The server's environment: the preset's values are defaults, the operator's env wins."""
-    return {**command.env, **environ}
+    """The server's environment: the preset's values are defaults, the operator's env wins
+    where it sets a non-empty value."""
+    env = dict(environ)
+    for key, value in command.env.items():
+        env[key] = operator_value(environ, key) or value
+    return env
 
 
 def model_path_problem(command: Command) -> str | None:
@@ -39,7 +54,7 @@ def describe(command: Command, environ: Mapping[str, str]) -> str:
     """What --dry-run prints: the environment the preset sets, then the command."""
     lines = []
     for key, value in command.env.items():
-        actual = environ.get(key, value)
+        actual = operator_value(environ, key) or value
         note = f"  # preset says {value}; the environment wins" if actual != value else ""
         lines.append(f"{key}={shlex.quote(actual)}{note}")
     lines.append(shlex.join(command.argv))

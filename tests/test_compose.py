@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -28,10 +29,13 @@ def compose_binary() -> list[str]:
 
 
 def config(
-    compose_file: Path, *extra: str, env: dict[str, str] | None = None
+    compose_file: Path,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    env_file: Path = ENV_FILE,
 ) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [*compose_binary(), "--env-file", str(ENV_FILE), "-f", str(compose_file), *extra, "config"],
+        [*compose_binary(), "--env-file", str(env_file), "-f", str(compose_file), *extra, "config"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -93,7 +97,7 @@ def test_production_settings(rendered):
     assert "/health" in " ".join(vllm["healthcheck"]["test"])
     assert vllm["shm_size"]
     assert vllm["ipc"]
-    assert vllm["environment"]["ZE_AFFINITY_MASK"] == "0"
+    assert vllm["environment"]["ZE_AFFINITY_MASK"] == ""  # empty: the preset chooses
     assert "VLLM_API_KEY" in vllm["environment"]
     volumes = {_target(v): v for v in vllm["volumes"]}
     assert _read_only(volumes["/models"])
@@ -125,3 +129,85 @@ def test_cpu_profile_runs_the_tiny_model_without_a_gpu(rendered):
 def test_cpu_service_is_behind_its_profile(rendered):
     assert rendered["services"]["vllm-cpu"]["profiles"] == ["cpu"]
     assert "profiles" not in rendered["services"]["vllm"]
+
+
+# ---- one settings file for both uses (ENV_FILE) ----
+
+
+def test_the_settings_file_named_by_env_file_is_the_containers_environment(tmp_path):
+    mine = tmp_path / "mine.env"
+    mine.write_text("VLLM_API_KEY=k-123\nPORT=8123\n")
+    result = config(COMPOSE_FILE, "--profile", "cpu", env={"ENV_FILE": str(mine)}, env_file=mine)
+    assert result.returncode == 0, result.stderr
+    services = yaml.safe_load(result.stdout)["services"]
+    for name in ("vllm", "vllm-cpu"):
+        assert services[name]["environment"]["VLLM_API_KEY"] == "k-123"
+        (port,) = services[name]["ports"]
+        assert str(port["published"] if isinstance(port, dict) else port.split(":")[1]) == "8123"
+
+
+def test_without_env_file_the_container_gets_the_shipped_file_not_the_other_one(tmp_path):
+    """The bug this guards: --env-file mine.env fed ${...} while env_file stayed fixed."""
+    mine = tmp_path / "mine.env"
+    mine.write_text("VLLM_API_KEY=k-123\n")
+    result = config(COMPOSE_FILE, env_file=mine)
+    assert result.returncode == 0, result.stderr
+    assert yaml.safe_load(result.stdout)["services"]["vllm"]["environment"]["VLLM_API_KEY"] == ""
+
+
+def make_dry(*args: str, path: str | None = None) -> str:
+    env = {**os.environ, "PATH": path or os.environ["PATH"]}
+    env.pop("MAKEFLAGS", None)
+    done = subprocess.run(
+        ["make", "--no-print-directory", "-n", "-C", str(ROOT), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_make_up_checks_the_file_and_hands_compose_one_absolute_path(tmp_path):
+    mine = tmp_path / "mine.env"
+    mine.write_text("PORT=8123\n")
+    out = make_dry("up", "FLAVOR=cpu", f"ENV_FILE={mine}", "COMPOSE=docker-compose")
+    assert f"arcvllm settings check {mine}" in out
+    up = next(line for line in out.splitlines() if " up -d " in line)
+    assert f"ENV_FILE={mine} " in up and f"--env-file {mine} " in up
+    assert "PORT=8123 " in up  # the file's PORT, not the Makefile's default
+    relative = make_dry("up", "FLAVOR=cpu", "ENV_FILE=docker/arcvllm.env")
+    assert f"ENV_FILE={ROOT}/docker/arcvllm.env " in relative
+
+
+def fake_docker(tmp_path: Path, has_plugin: bool) -> Path:
+    docker = tmp_path / ("docker-v2" if has_plugin else "docker-v1")
+    docker.write_text(
+        f'#!/bin/sh\n[ "$1 $2" = "compose version" ] && exit {0 if has_plugin else 1}\nexit 0\n'
+    )
+    docker.chmod(0o755)
+    return docker
+
+
+def test_make_prefers_the_compose_v2_plugin_when_it_answers(tmp_path):
+    docker = fake_docker(tmp_path, has_plugin=True)
+    out = make_dry("up", "FLAVOR=cpu", f"DOCKER={docker}")
+    assert f"{docker} compose -p arcvllm " in out
+
+
+def test_make_falls_back_to_docker_compose_v1(tmp_path):
+    docker = fake_docker(tmp_path, has_plugin=False)
+    out = make_dry("down", "FLAVOR=cpu", f"DOCKER={docker}")
+    assert " docker-compose -p arcvllm " in f" {out}"
+
+
+def test_the_compose_this_host_has_is_the_one_make_picks():
+    """Here: Debian's docker client without the plugin, so docker-compose 1.29."""
+    plugin = (
+        subprocess.run(["/usr/bin/docker", "compose", "version"], capture_output=True).returncode
+        == 0
+    )
+    out = make_dry("logs", "FLAVOR=cpu")
+    assert ("/usr/bin/docker compose -p" in out) == plugin
+    assert ("docker-compose -p" in out) == (not plugin)

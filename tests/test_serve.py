@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,43 @@ def test_the_operators_environment_wins_over_the_presets(capsys, monkeypatch):
         serve.effective_env(command, {"VLLM_CPU_KVCACHE_SPACE": "4"})["VLLM_CPU_KVCACHE_SPACE"]
         == "4"
     )
+
+
+TWO_GPUS = "qwen3.6-35b-a3b-w4a16-2xb70"
+SETTINGS_FILE = Path(__file__).resolve().parent.parent / "docker" / "arcvllm.env"
+
+
+def dry_run_with_settings(extra: dict[str, str]) -> list[str]:
+    """`arcvllm serve --dry-run` in a process whose environment is the settings file, as
+    compose's env_file hands it to the container."""
+    from arcvllm.settings import load
+
+    env = {"PATH": os.environ["PATH"], **load(SETTINGS_FILE), **extra}
+    done = subprocess.run(
+        [sys.executable, "-m", "arcvllm", "serve", "--preset", TWO_GPUS, "--dry-run"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def test_tp2_preset_sees_both_gpus_with_the_shipped_settings_file():
+    assert "ZE_AFFINITY_MASK=0,1" in dry_run_with_settings({})
+
+
+def test_a_gpu_choice_set_on_purpose_still_wins():
+    lines = dry_run_with_settings({"ZE_AFFINITY_MASK": "2,3"})
+    assert "ZE_AFFINITY_MASK=2,3  # preset says 0,1; the environment wins" in lines
+
+
+def test_an_empty_value_leaves_the_presets_and_other_keys_pass_through():
+    command = render(get_preset(TWO_GPUS))
+    env = serve.effective_env(command, {"ZE_AFFINITY_MASK": "", "VLLM_API_KEY": ""})
+    assert env["ZE_AFFINITY_MASK"] == "0,1"
+    assert env["VLLM_API_KEY"] == ""
 
 
 def test_missing_model_path_is_one_line_and_a_non_zero_exit(capsys, tmp_path):

@@ -1,0 +1,132 @@
+"""The settings file (docker/arcvllm.env): one file, read twice by compose.
+
+Compose reads it for the `${...}` in docker/compose.yaml (`--env-file`) and hands every
+line to the container as its environment (`env_file`). A typo there fails silently in
+both places (a misspelt VLLM_API_KEY serves without a key), and compose v2 and
+docker-compose 1.29 disagree on quotes and inline comments. `arcvllm settings check FILE`
+(run by `make up`) refuses such a file in one line before anything starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from arcvllm.errors import ArcvllmError
+from arcvllm.presets import load_all
+
+# Read by compose for the ${...} in docker/compose.yaml.
+HOST_KEYS = ("RENDER_GID", "BIND_ADDRESS", "PORT", "MODELS_DIR", "SHM_SIZE", "IPC_MODE", "IMAGE")
+# Read inside the container: the entrypoint and `arcvllm serve`, vLLM, Level Zero, oneCCL,
+# the Hugging Face hub. Every preset's `env:` key is known too (the operator may override
+# it on purpose).
+CONTAINER_KEYS = (
+    "ARCVLLM_PRESET",
+    "ZE_AFFINITY_MASK",
+    "VLLM_API_KEY",
+    "HF_HUB_OFFLINE",
+    "HF_TOKEN",
+    "VLLM_LOGGING_LEVEL",
+    "CCL_TOPO_P2P_ACCESS",
+    "CCL_ZE_IPC_EXCHANGE",
+)
+
+_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class Setting:
+    key: str
+    value: str
+    line: int
+
+
+def known_keys(preset_dir: Path | None = None) -> frozenset[str]:
+    keys = {*HOST_KEYS, *CONTAINER_KEYS}
+    for preset in load_all(preset_dir).values():
+        keys.update(preset.env)
+    return frozenset(keys)
+
+
+def parse(text: str, source: str = "<settings>") -> list[Setting]:
+    """KEY=VALUE lines, comments on their own lines: the subset both compose versions read
+    the same way. Anything else is an ArcvllmError naming the file and line."""
+    settings: list[Setting] = []
+    seen: dict[str, int] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        where = f"{source}:{number}"
+        key, eq, value = line.partition("=")
+        key = key.strip()
+        if not eq or not _KEY.fullmatch(key):
+            raise ArcvllmError(f"{where}: not a KEY=VALUE line: {line[:60]!r}")
+        if key in seen:
+            raise ArcvllmError(f"{where}: {key} is set twice (first on line {seen[key]})")
+        if re.search(r"\s#", value):
+            raise ArcvllmError(
+                f"{where}: inline comment in {key}: put comments on their own line "
+                "(docker-compose 1.29 keeps them in the value)"
+            )
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            raise ArcvllmError(
+                f"{where}: quoted value of {key}: write it without quotes "
+                "(docker-compose 1.29 keeps them in the value)"
+            )
+        seen[key] = number
+        settings.append(Setting(key, value, number))
+    return settings
+
+
+def check(settings: Iterable[Setting], known: frozenset[str], source: str) -> None:
+    """Unknown keys and unknown presets, as one line for the first problem."""
+    presets = None
+    for s in settings:
+        if s.key not in known:
+            close = difflib.get_close_matches(s.key, sorted(known), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise ArcvllmError(
+                f"{source}:{s.line}: unknown setting {s.key}{hint}; "
+                "known: docker/arcvllm.env and the presets' env keys"
+            )
+        if s.key == "ARCVLLM_PRESET" and s.value:
+            presets = presets if presets is not None else load_all()
+            if s.value not in presets:
+                raise ArcvllmError(
+                    f"{source}:{s.line}: unknown preset {s.value!r}; presets: {', '.join(presets)}"
+                )
+
+
+def load(path: Path) -> dict[str, str]:
+    """The checked settings of PATH as a mapping (what the container's environment gets)."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ArcvllmError(f"cannot read settings file {path}: {exc.strerror}") from exc
+    settings = parse(text, str(path))
+    check(settings, known_keys(), str(path))
+    return {s.key: s.value for s in settings}
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    values = load(Path(args.file))
+    print(f"{args.file}: {len(values)} settings ok")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "settings",
+        help="check a settings file (docker/arcvllm.env) before compose reads it",
+        description="Check the compose settings file: known keys, known preset, and only the "
+        "syntax compose v2 and docker-compose 1.29 read alike.",
+    )
+    sub = parser.add_subparsers(dest="settings_command", required=True, metavar="ACTION")
+    check_parser = sub.add_parser("check", help="refuse unknown keys and unportable lines")
+    check_parser.add_argument("file", help="the settings file, e.g. docker/arcvllm.env")
+    check_parser.set_defaults(func=_cmd_check)

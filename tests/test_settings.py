@@ -1,0 +1,89 @@
+"""`arcvllm settings check`: the settings file compose reads twice is refused in one line
+when it holds a key nothing reads, a preset that does not exist, or syntax the two compose
+versions read differently."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from arcvllm import cli, settings
+from arcvllm.errors import ArcvllmError
+
+ROOT = Path(__file__).resolve().parent.parent
+TEMPLATE = ROOT / "docker" / "arcvllm.env"
+COMPOSE_FILE = ROOT / "docker" / "compose.yaml"
+
+
+def check_file(tmp_path: Path, text: str, capsys) -> tuple[int, str]:
+    path = tmp_path / "mine.env"
+    path.write_text(text)
+    rc = cli.main(["settings", "check", str(path)])
+    return rc, capsys.readouterr().err
+
+
+def test_the_shipped_settings_file_passes(capsys):
+    assert cli.main(["settings", "check", str(TEMPLATE)]) == 0
+    assert "settings ok" in capsys.readouterr().out
+
+
+def test_a_misspelt_key_is_one_line_naming_the_line_and_the_likely_key(tmp_path, capsys):
+    rc, err = check_file(tmp_path, TEMPLATE.read_text() + "VLLM_API_KYE=secret\n", capsys)
+    assert rc == 1
+    assert err.count("\n") == 1
+    assert "unknown setting VLLM_API_KYE" in err and "did you mean VLLM_API_KEY?" in err
+    assert f"mine.env:{len(TEMPLATE.read_text().splitlines()) + 1}:" in err
+
+
+def test_an_unknown_preset_is_refused(tmp_path, capsys):
+    rc, err = check_file(tmp_path, "ARCVLLM_PRESET=qwen9-1xb70\n", capsys)
+    assert rc == 1 and err.count("\n") == 1 and "unknown preset 'qwen9-1xb70'" in err
+
+
+@pytest.mark.parametrize(
+    ("line", "words"),
+    [
+        ('VLLM_API_KEY="abc"', "quoted value"),
+        ("ZE_AFFINITY_MASK=0   # first GPU", "inline comment"),
+        ("just words", "not a KEY=VALUE line"),
+        ("PORT=1\nPORT=2", "set twice"),
+    ],
+)
+def test_lines_the_two_compose_versions_read_differently_are_refused(tmp_path, capsys, line, words):
+    rc, err = check_file(tmp_path, line + "\n", capsys)
+    assert rc == 1 and err.count("\n") == 1 and words in err
+
+
+def test_a_missing_file_is_one_line(tmp_path, capsys):
+    assert cli.main(["settings", "check", str(tmp_path / "absent.env")]) == 1
+    assert "cannot read settings file" in capsys.readouterr().err
+
+
+def test_every_preset_env_key_may_be_overridden_on_purpose():
+    known = settings.known_keys()
+    assert {"CCL_WORKER_COUNT", "VLLM_CPU_KVCACHE_SPACE", "ZE_AFFINITY_MASK"} <= known
+
+
+def test_every_compose_variable_is_a_known_host_setting():
+    """A ${VAR} in compose.yaml that the check refused would make the file unusable."""
+    used = set(re.findall(r"\$\{([A-Z_]+)", COMPOSE_FILE.read_text())) - {"ENV_FILE"}
+    assert used, "no ${...} found in compose.yaml"
+    assert used <= set(settings.HOST_KEYS), used - set(settings.HOST_KEYS)
+
+
+def test_every_key_the_template_names_is_known():
+    """Keys set or offered commented-out (`# KEY=`) in the template all pass the check."""
+    keys = re.findall(r"^#?\s*([A-Z][A-Z0-9_]+)=", TEMPLATE.read_text(), flags=re.M)
+    assert "VLLM_API_KEY" in keys
+    assert set(keys) <= settings.known_keys()
+
+
+def test_load_returns_the_values_the_container_gets(tmp_path):
+    path = tmp_path / "mine.env"
+    path.write_text("# comment\n\nVLLM_API_KEY=s3cr=t\nZE_AFFINITY_MASK=\n")
+    assert settings.load(path) == {"VLLM_API_KEY": "s3cr=t", "ZE_AFFINITY_MASK": ""}
+    path.write_text("NOPE=1\n")
+    with pytest.raises(ArcvllmError):
+        settings.load(path)
