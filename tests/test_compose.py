@@ -211,3 +211,17 @@ def test_the_compose_this_host_has_is_the_one_make_picks():
     out = make_dry("logs", "FLAVOR=cpu")
     assert ("/usr/bin/docker compose -p" in out) == plugin
     assert ("docker-compose -p" in out) == (not plugin)
+
+
+def test_make_up_refuses_an_unknown_setting_before_compose_runs(tmp_path):
+    bad = tmp_path / "bad.env"
+    bad.write_text("VLLM_API_KYE=secret\n")
+    done = subprocess.run(
+        ["make", "-C", str(ROOT), "up", "FLAVOR=cpu", f"ENV_FILE={bad}", "COMPOSE=echo RAN"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert "unknown setting VLLM_API_KYE" in done.stderr
+    assert "RAN" not in done.stdout
