@@ -16,8 +16,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from arcvllm.errors import ArcvllmError
-from arcvllm.presets import load_all
+from arcvllm.presets import presets_dir
 
 # Read by compose for the ${...} in docker/compose.yaml.
 HOST_KEYS = ("RENDER_GID", "BIND_ADDRESS", "PORT", "MODELS_DIR", "SHM_SIZE", "IPC_MODE", "IMAGE")
@@ -45,10 +47,23 @@ class Setting:
     line: int
 
 
+def _preset_files(preset_dir: Path | None = None) -> dict[str, Path]:
+    directory = preset_dir or presets_dir()
+    return {p.stem: p for p in sorted(directory.glob("*.yaml"))}
+
+
 def known_keys(preset_dir: Path | None = None) -> frozenset[str]:
+    """The settings file's own keys and every preset's `env:` keys (read as plain YAML:
+    `arcvllm presets --check` judges the presets, not this)."""
     keys = {*HOST_KEYS, *CONTAINER_KEYS}
-    for preset in load_all(preset_dir).values():
-        keys.update(preset.env)
+    for path in _preset_files(preset_dir).values():
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            continue
+        env = data.get("env") if isinstance(data, dict) else None
+        if isinstance(env, dict):
+            keys.update(str(k) for k in env)
     return frozenset(keys)
 
 
@@ -95,7 +110,7 @@ def check(settings: Iterable[Setting], known: frozenset[str], source: str) -> No
                 "known: docker/arcvllm.env and the presets' env keys"
             )
         if s.key == "ARCVLLM_PRESET" and s.value:
-            presets = presets if presets is not None else load_all()
+            presets = presets if presets is not None else _preset_files()
             if s.value not in presets:
                 raise ArcvllmError(
                     f"{source}:{s.line}: unknown preset {s.value!r}; presets: {', '.join(presets)}"

@@ -159,7 +159,7 @@ def make_dry(*args: str, path: str | None = None) -> str:
     env = {**os.environ, "PATH": path or os.environ["PATH"]}
     env.pop("MAKEFLAGS", None)
     done = subprocess.run(
-        ["make", "--no-print-directory", "-n", "-C", str(ROOT), *args],
+        ["make", "--no-print-directory", "-n", "-C", str(ROOT), "-o", ".venv/.stamp", *args],
         capture_output=True,
         text=True,
         env=env,
@@ -217,7 +217,16 @@ def test_make_up_refuses_an_unknown_setting_before_compose_runs(tmp_path):
     bad = tmp_path / "bad.env"
     bad.write_text("VLLM_API_KYE=secret\n")
     done = subprocess.run(
-        ["make", "-C", str(ROOT), "up", "FLAVOR=cpu", f"ENV_FILE={bad}", "COMPOSE=echo RAN"],
+        [
+            "make",
+            "-C",
+            str(ROOT),
+            "-o",
+            ".venv/.stamp",
+            "up",
+            f"ENV_FILE={bad}",
+            "COMPOSE=echo RAN",
+        ],
         capture_output=True,
         text=True,
         timeout=60,
