@@ -45,8 +45,18 @@ lint: $(VENV)/.stamp ## ruff, shellcheck, hadolint
 test-fast: $(VENV)/.stamp ## unit tests only (no vLLM, no Docker)
 	$(VENV)/bin/pytest -m 'not vllm and not docker and not server'
 
+# Debian tools the tests run: promtool and prometheus (deploy/prometheus), kubectl for
+# `kubectl kustomize` (deploy/kubernetes; Debian's kubernetes-client where none is there).
+TOOLS_DEBS = $(if $(shell command -v promtool),,prometheus) $(if $(shell command -v kubectl),,kubernetes-client)
+
+.PHONY: tools
+tools: ## install the Debian tools the tests need (prometheus, promtool, kubectl) when run as root
+	@missing='$(strip $(TOOLS_DEBS))'; [ -z "$$missing" ] && exit 0; \
+	if [ "$$(id -u)" != 0 ]; then echo "make tools: missing Debian packages: $$missing (apt-get install them as root)" >&2; exit 3; fi; \
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing
+
 .PHONY: test
-test: lint test-venvs ## everything: lint, unit, real vLLM code, image and smoke tests
+test: lint test-venvs tools ## everything: lint, unit, real vLLM code, image and smoke tests
 	scripts/ci/engine.sh run $(MAKE) --no-print-directory test-in-engine
 
 # pytest's scratch under build/ (nothing left in /tmp), then the container smoke test of
