@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from tests.conftest import ROOT, free_port, stop_server
+from conftest import ROOT, free_port, stop_server
 
 PROM = ROOT / "deploy" / "prometheus"
 RULES = PROM / "rules" / "arcvllm.yml"
