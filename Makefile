@@ -142,8 +142,8 @@ up: $(VENV)/.stamp ## start the server with compose (XPU service; FLAVOR=cpu: th
 	$(ARCVLLM_COMPOSE) up -d $(SERVICE)
 
 .PHONY: down
-down: ## stop and remove the compose service (cache volumes are kept)
-	$(ARCVLLM_COMPOSE) down
+down: ## stop and remove the compose service (cache volumes are kept; DOWN_FLAGS=-v drops them)
+	$(ARCVLLM_COMPOSE) down $(DOWN_FLAGS)
 
 .PHONY: logs
 logs: ## follow the server's logs
@@ -174,7 +174,7 @@ smoke-test: $(VENV)/.stamp ## build and start the image (STACK, PRESET), prove d
 .PHONY: smoke-check
 smoke-check: $(VENV)/.stamp ## the smoke test against the image as built (no build step)
 	$(ARCVLLM) smoke --base-url http://127.0.0.1:$(SMOKE_PORT) --preset $(PRESET) \
-		--start-cmd '$(SMOKE_COMPOSE) up -d $(SERVICE)' --stop-cmd '$(SMOKE_COMPOSE) down' \
+		--start-cmd '$(SMOKE_COMPOSE) up -d $(SERVICE)' --stop-cmd '$(SMOKE_COMPOSE) down -v' \
 		--log-cmd '$(SMOKE_COMPOSE) logs --no-color $(SERVICE)' \
 		--health-timeout $(SMOKE_HEALTH_TIMEOUT) --report $(SMOKE_REPORT) $(SMOKE_ARGS)
 

@@ -1,9 +1,11 @@
 """`arcvllm doctor`: can this host (or this container) serve a preset? One table, one answer.
 
-Everything is read from files (/dev, /sys, /proc, /etc, the dpkg database) under a root
-that defaults to `/`, so the same code checks the host, the inside of a container, or a
-fake tree built by the tests. Each row is ok / warn / fail and says the fix in words; any
-fail makes the exit code non-zero.
+Everything is read from files (/dev, /sys, /proc, /etc, /lib, the dpkg database) under a
+root that defaults to `/`, and the tools it runs (sycl-ls, xpu-smi) are looked up in
+$PATH under that root too, so the same code checks the host, the inside of a container, a
+container's filesystem mounted elsewhere, or a fake tree built by the tests, and never
+mixes them. Each row is ok / warn / fail and says the fix in words; any fail makes the exit
+code non-zero.
 """
 
 from __future__ import annotations
@@ -19,12 +21,41 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from arcvllm.errors import ArcvllmError
 from arcvllm.presets import Preset, get_preset
 
+
+class UsageError(ArcvllmError):
+    exit_code = 2
+
+
 INTEL = 0x8086
-B70 = 0xE223  # Arc Pro B70 (BMG-G31)
+# Battlemage PCI device IDs as the Linux kernel lists them for the xe driver
+# (include/drm/intel/pciids.h: INTEL_BMG_G21_IDS, and INTEL_BMG_IDS adds the G31 IDs);
+# compute-runtime's shared/source/xe2_hpg_core/bmg/definitions/device_ids_configs_bmg.h
+# carries the same two lists (bmgG21DeviceIds, bmgG31DeviceIds).
+BMG_G21 = frozenset(
+    {0xE202, 0xE209, 0xE20B, 0xE20C, 0xE20D, 0xE210, 0xE211, 0xE212, 0xE215, 0xE216}
+)
+BMG_G31 = frozenset({0xE220, 0xE221, 0xE222, 0xE223})
+BATTLEMAGE = BMG_G21 | BMG_G31
+B70 = 0xE223  # Arc Pro B70 (BMG-G31), the GPU the presets are sized for
 GIB = 1024**3
 DEFAULT_PRESET = "qwen3.6-35b-a3b-w4a16-1xb70"
+
+# What the stack needs from the host and the image.
+# xe enables Battlemage from Linux 6.12; whether a kernel knows a given device is read from
+# its own module aliases (6.12.25's xe, for one, has no 8086:e223).
+MIN_KERNEL = (6, 12)
+# compute-runtime knows the G31 device IDs from 25.27.34303.5 (intel/compute-runtime
+# ff380058, "feature: add support for release 20.2 (BMG G31)", 2025-06-13).
+MIN_COMPUTE_RUNTIME_G31 = (25, 27, 34303, 5)
+# The firmware xe loads on Battlemage (drivers/gpu/drm/xe/xe_uc_fw.c): GuC and HuC blobs
+# under /lib/firmware/xe/, possibly compressed.
+FIRMWARE = {"GuC": "xe/bmg_guc_70.bin", "HuC": "xe/bmg_huc.bin"}
+FIRMWARE_DIRS = ("/lib/firmware", "/usr/lib/firmware")
+# A full-size (resizable) BAR maps the whole VRAM; 256 MiB is the legacy window.
+FULL_BAR = 16 * GIB
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 
@@ -78,7 +109,27 @@ class Host:
         return self.path("/.dockerenv").exists() or self.path("/run/.containerenv").exists()
 
     def which(self, tool: str) -> str | None:
-        return shutil.which(tool, path=self.environ.get("PATH", os.defpath))
+        """TOOL on $PATH, each entry read under the root (a tool outside it is not seen)."""
+        for entry in self.environ.get("PATH", os.defpath).split(os.pathsep):
+            if not entry.startswith("/"):
+                continue  # relative entries mean nothing under another root
+            candidate = self.path(entry) / tool
+            if candidate.is_file() and os.access(candidate, os.X_OK):
+                return str(candidate)
+        return None
+
+    def existing(self, absolute: str) -> Path | None:
+        """ABSOLUTE or its nearest existing parent, never above the root."""
+        probe = self.path(absolute)
+        while not probe.exists():
+            if probe == self.root or probe == probe.parent:
+                return None
+            probe = probe.parent
+        return probe
+
+    def kernel_release(self) -> str | None:
+        text = self.read("/proc/sys/kernel/osrelease")
+        return text.strip() if text else None
 
 
 @dataclass(frozen=True)
@@ -86,10 +137,25 @@ class Gpu:
     slot: str
     device: int
     driver: str | None
+    bars: tuple[int, ...] = ()  # sizes of the PCI BARs in bytes (sysfs `resource`)
 
     @property
     def is_b70(self) -> bool:
         return self.device == B70
+
+    @property
+    def is_battlemage(self) -> bool:
+        return self.device in BATTLEMAGE
+
+    @property
+    def name(self) -> str:
+        if self.is_b70:
+            return "Arc Pro B70"
+        if self.device in BMG_G31:
+            return "Battlemage G31"
+        if self.device in BMG_G21:
+            return "Battlemage G21"
+        return "Intel GPU"
 
 
 # ---- what the files say (pure reads) ----
@@ -113,8 +179,51 @@ def intel_gpus(host: Host) -> list[Gpu]:
             continue
         driver = dev / "driver"
         name = Path(os.readlink(driver)).name if driver.is_symlink() else None
-        gpus.append(Gpu(dev.name, device, name))
+        gpus.append(Gpu(dev.name, device, name, bar_sizes(dev)))
     return gpus
+
+
+def bar_sizes(dev: Path) -> tuple[int, ...]:
+    """Sizes of BARs 0-5 from sysfs `resource` (one `start end flags` line each)."""
+    sizes = []
+    try:
+        lines = (dev / "resource").read_text().splitlines()[:6]
+    except OSError:
+        return ()
+    for line in lines:
+        try:
+            start, end = (int(x, 16) for x in line.split()[:2])
+        except ValueError:
+            continue
+        sizes.append(end - start + 1 if end > start else 0)
+    return tuple(sizes)
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    """Leading dotted numbers of a version string: '25.48.36300.8-0' -> (25, 48, 36300, 8)."""
+    numbers = []
+    for part in text.replace("-", ".").replace("+", ".").split("."):
+        if not part.isdigit():
+            break
+        numbers.append(int(part))
+    return tuple(numbers)
+
+
+def xe_aliases(host: Host) -> set[int] | None:
+    """Intel device IDs the running kernel's xe module claims (modules.alias), or None."""
+    release = host.kernel_release()
+    text = host.read(f"/lib/modules/{release}/modules.alias") if release else None
+    if text is None:
+        return None
+    ids = set()
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[2] == "xe" and parts[1].startswith("pci:v00008086d0000"):
+            try:
+                ids.add(int(parts[1][18:22], 16))
+            except ValueError:
+                continue
+    return ids
 
 
 def group_names(host: Host) -> dict[int, str]:
@@ -216,22 +325,25 @@ def check_gpu_identity(host: Host, preset: Preset) -> Row:
     gpus = intel_gpus(host)
     b70 = [g for g in gpus if g.is_b70]
     need = max(preset.gpus, 1)
-    seen = ", ".join(f"{g.slot} 8086:{g.device:04x}" for g in gpus) or "no Intel GPU in sysfs"
+    seen = (
+        ", ".join(f"{g.slot} 8086:{g.device:04x} ({g.name})" for g in gpus)
+        or "no Intel GPU in sysfs"
+    )
     if preset.device == "cpu":
         return Row("GPU (sysfs)", OK if b70 else WARN, f"{seen} (not needed: CPU preset)")
     if len(b70) >= need:
         return Row("GPU (sysfs)", OK, f"{len(b70)}x Arc Pro B70: {seen}")
-    if len(b70) + len(gpus) == 0:
+    if not gpus:
         return Row(
             "GPU (sysfs)", FAIL, f"{seen}: no XPU", "this host has no Intel GPU; use a CPU preset"
         )
-    if gpus and len(gpus) >= need:
+    if len(gpus) >= need:
+        other = "another Battlemage" if any(g.is_battlemage for g in gpus) else "not Battlemage"
         return Row(
             "GPU (sysfs)",
             WARN,
-            f"{seen}: not an Arc Pro B70 (8086:e223)",
-            "the presets are tuned and tested on the B70; other Intel GPUs may need other "
-            "memory settings",
+            f"{seen}: {other}, not an Arc Pro B70 (8086:e223)",
+            "the presets are sized for the B70's 32 GiB; other GPUs need other memory settings",
         )
     return Row(
         "GPU (sysfs)",
@@ -254,13 +366,14 @@ def check_driver(host: Host, preset: Preset) -> Row:
             "no driver bound: load xe (`modprobe xe`) on a kernel with Battlemage support "
             "(6.12 or newer)",
         )
-    if any(g.is_b70 and g.driver != "xe" for g in gpus):
+    wrong = next((g for g in gpus if g.is_battlemage and g.driver != "xe"), None)
+    if wrong is not None:
         return Row(
             "kernel driver",
             FAIL,
             seen,
             "Battlemage is driven by xe only: blacklist i915 for it or boot with "
-            "`i915.force_probe=!e223 xe.force_probe=e223`",
+            f"`i915.force_probe=!{wrong.device:04x} xe.force_probe={wrong.device:04x}`",
         )
     if all(g.driver == "xe" for g in gpus):
         return Row("kernel driver", OK, seen)
@@ -272,6 +385,17 @@ def check_runtime(host: Host, preset: Preset) -> Row:
     cr = next((f"{p} {pkgs[p]}" for p in COMPUTE_RUNTIME_PKGS if p in pkgs), None)
     l0 = next((f"{p} {pkgs[p]}" for p in LEVEL_ZERO_PKGS if p in pkgs), None)
     seen = f"compute-runtime: {cr or 'absent'}; level-zero: {l0 or 'absent'}"
+    if cr and l0 and preset.device != "cpu":
+        version = version_tuple(cr.split(" ", 1)[1])
+        if version < MIN_COMPUTE_RUNTIME_G31:
+            want = ".".join(map(str, MIN_COMPUTE_RUNTIME_G31))
+            return Row(
+                "GPU user-space",
+                FAIL,
+                seen,
+                f"compute-runtime older than {want} does not know the Arc Pro B70 (BMG-G31): "
+                "use an image of a newer stack",
+            )
     if cr and l0:
         return Row("GPU user-space", OK, seen)
     if preset.device == "cpu":
@@ -317,9 +441,16 @@ def check_xpu_smi(host: Host, preset: Preset) -> Row:
         return Row("xpu-smi", WARN, f"not installed {where}", "optional: GPU telemetry")
     rc, out = host.run([tool, "discovery"], host.environ)
     names = [ln.strip(" |") for ln in out.splitlines() if "Device Name" in ln]
-    if rc == 0:
-        return Row("xpu-smi", OK, "; ".join(names) or "ran, no device named")
+    if rc == 0 and names:
+        return Row("xpu-smi", OK, "; ".join(names))
     status = WARN if preset.device == "cpu" else FAIL
+    if rc == 0:
+        return Row(
+            "xpu-smi",
+            status,
+            "ran, but lists no device",
+            "xpu-smi sees no GPU: check the render node, the render group and the driver",
+        )
     last = out.splitlines()[-1] if out else "no output"
     return Row("xpu-smi", status, f"rc {rc}: {last}", "xpu-smi cannot reach the GPU driver")
 
@@ -368,9 +499,9 @@ def hf_cache_dir(environ: Mapping[str, str]) -> str:
 
 def check_disk(host: Host, preset: Preset) -> Row:
     cache = hf_cache_dir(host.environ)
-    probe = host.path(cache)
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
+    probe = host.existing(cache)
+    if probe is None:
+        return Row("HF cache disk", WARN, f"nothing at {cache} or above it under {host.root}")
     free = host.disk_usage(probe)[2]
     local = preset.model.startswith("/") and host.path(preset.model).exists()
     # A local model needs room only for compile caches; a hub model downloads its weights.
@@ -383,11 +514,96 @@ def check_disk(host: Host, preset: Preset) -> Row:
     return Row("HF cache disk", OK, seen)
 
 
+def check_kernel(host: Host, preset: Preset) -> Row:
+    """The running kernel against what Battlemage needs: xe from 6.12, and an xe that
+    lists each Battlemage device present (read from its own modules.alias)."""
+    release = host.kernel_release()
+    if release is None:
+        return Row("kernel", WARN, "cannot read /proc/sys/kernel/osrelease")
+    gpus = [g for g in intel_gpus(host) if g.is_battlemage]
+    seen = f"Linux {release}"
+    if preset.device == "cpu":
+        return Row("kernel", OK, f"{seen} (not needed: CPU preset)")
+    if version_tuple(release)[:2] < MIN_KERNEL:
+        return Row(
+            "kernel",
+            FAIL,
+            seen,
+            "Battlemage needs the xe driver of Linux 6.12 or newer (the B70 a newer one still)",
+        )
+    aliases = xe_aliases(host)
+    unknown = [g for g in gpus if g.driver != "xe" and (aliases is None or g.device not in aliases)]
+    if unknown and aliases is not None:
+        ids = ", ".join(f"8086:{g.device:04x}" for g in unknown)
+        return Row(
+            "kernel",
+            FAIL,
+            f"{seen}: its xe does not list {ids}",
+            "install a kernel whose xe driver knows this GPU (e.g. 6.12.25 has no 8086:e223)",
+        )
+    if unknown:
+        return Row("kernel", WARN, f"{seen}; no modules.alias to check", "run doctor on the host")
+    return Row("kernel", OK, seen + (f"; xe knows {len(gpus)} Battlemage GPU(s)" if gpus else ""))
+
+
+def firmware_file(host: Host, name: str) -> str | None:
+    for base in FIRMWARE_DIRS:
+        for suffix in ("", ".zst", ".xz", ".gz"):
+            path = f"{base}/{name}{suffix}"
+            if host.path(path).is_file():
+                return path
+    return None
+
+
+def check_firmware(host: Host, preset: Preset) -> Row:
+    """GuC and HuC blobs the xe driver loads on Battlemage: a host file, not an image one."""
+    if not any(g.is_battlemage for g in intel_gpus(host)):
+        return Row("GPU firmware", WARN if preset.device != "cpu" else OK, "no Battlemage GPU")
+    if host.in_container():
+        return Row("GPU firmware", WARN, "in a container", "run doctor on the host to check it")
+    found = {kind: firmware_file(host, name) for kind, name in FIRMWARE.items()}
+    missing = [f"{kind} ({FIRMWARE[kind]})" for kind, path in found.items() if path is None]
+    seen = "; ".join(f"{kind}: {path or 'missing'}" for kind, path in found.items())
+    if missing:
+        status = FAIL if preset.device != "cpu" else WARN
+        return Row(
+            "GPU firmware",
+            status,
+            seen,
+            f"install linux-firmware with {', '.join(missing)}: without GuC the GPU runs no "
+            "compute work",
+        )
+    return Row("GPU firmware", OK, seen)
+
+
+def check_bar(host: Host, preset: Preset) -> Row:
+    """Resizable BAR: the largest BAR of each Battlemage GPU should map its whole VRAM."""
+    gpus = [g for g in intel_gpus(host) if g.is_battlemage]
+    if not gpus:
+        return Row("resizable BAR", WARN if preset.device != "cpu" else OK, "no Battlemage GPU")
+    if any(not g.bars for g in gpus):
+        return Row("resizable BAR", WARN, "cannot read the PCI resources in sysfs")
+    seen = ", ".join(f"{g.slot}: {gib(max(g.bars))}" for g in gpus)
+    small = [g for g in gpus if max(g.bars) < FULL_BAR]
+    if not small:
+        return Row("resizable BAR", OK, f"largest BAR {seen}")
+    status = WARN if preset.device == "cpu" else FAIL
+    return Row(
+        "resizable BAR",
+        status,
+        f"largest BAR {seen}: VRAM only partly CPU-visible",
+        "enable Above 4G Decoding and Re-Size BAR Support in the firmware setup",
+    )
+
+
 CHECKS = (
     check_render_nodes,
     check_render_access,
     check_gpu_identity,
     check_driver,
+    check_kernel,
+    check_firmware,
+    check_bar,
     check_runtime,
     check_sycl_ls,
     check_xpu_smi,
@@ -409,13 +625,35 @@ def render_table(rows: Sequence[Row]) -> str:
     )
 
 
+def default_preset(environ: Mapping[str, str]) -> str:
+    """The preset this host or container serves: $ARCVLLM_PRESET (the image and the settings
+    file set it), else the production preset."""
+    return environ.get("ARCVLLM_PRESET") or DEFAULT_PRESET
+
+
+def report(host: Host, preset: Preset, rows: Sequence[Row]) -> dict:
+    """What --json prints: enough to read without the table."""
+    return {
+        "preset": preset.name,
+        "where": "container" if host.in_container() else "host",
+        "root": str(host.root),
+        "kernel": host.kernel_release(),
+        "ok": not any(r.status == FAIL for r in rows),
+        "rows": [asdict(r) for r in rows],
+    }
+
+
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    preset = get_preset(args.preset)
-    rows = diagnose(Host(root=Path(args.root)), preset)
+    root = Path(args.root)
+    if not root.is_dir():
+        raise UsageError(f"--root {root}: no such directory")
+    host = Host(root=root)
+    preset = get_preset(args.preset or default_preset(host.environ))
+    rows = diagnose(host, preset)
     if args.json:
-        print(json.dumps([asdict(r) for r in rows], indent=2))
+        print(json.dumps(report(host, preset, rows), indent=2))
     else:
-        where = "container" if Host(root=Path(args.root)).in_container() else "host"
+        where = "container" if host.in_container() else "host"
         print(f"arcvllm doctor: {where}, preset {preset.name}")
         print(render_table(rows))
     failed = [r.check for r in rows if r.status == FAIL]
@@ -431,7 +669,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="host preflight: can this host serve a preset?",
         description="Check GPU nodes, driver, runtime, shared memory, RAM and disk for a preset.",
     )
-    parser.add_argument("--preset", default=DEFAULT_PRESET, help=f"default {DEFAULT_PRESET}")
-    parser.add_argument("--root", default="/", help="read /dev, /sys, /proc under this root")
-    parser.add_argument("--json", action="store_true", help="rows as JSON")
+    parser.add_argument("--preset", help=f"default: $ARCVLLM_PRESET, else {DEFAULT_PRESET}")
+    parser.add_argument(
+        "--root",
+        default="/",
+        help="read every file (/dev, /sys, /proc, /lib, /etc) and find every tool under this root",
+    )
+    parser.add_argument("--json", action="store_true", help="the report as JSON")
     parser.set_defaults(func=_cmd_doctor)

@@ -251,3 +251,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     get_.add_argument("key")
     default = sub.add_parser("default", help="the default stack of a flavour")
     default.add_argument("name", metavar="FLAVOR", choices=FLAVORS)
+    from arcvllm import audit  # `stack audit` and `stack lock`: the release's own files
+
+    audit.register(sub)

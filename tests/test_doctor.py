@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -38,6 +39,10 @@ def build(
     shm_gib: float = 32,
     disk_free_gib: float = 500,
     environ: dict[str, str] | None = None,
+    kernel: str = "6.17.0-13-generic",
+    xe_ids: frozenset[int] | None = D.BATTLEMAGE,
+    firmware: tuple[str, ...] = ("xe/bmg_guc_70.bin.zst", "xe/bmg_huc.bin.zst"),
+    bar_gib: float = 32,
 ) -> D.Host:
     """A fake machine under tmp_path/root: the files doctor reads, and nothing else."""
     root = tmp_path / "root"
@@ -55,6 +60,12 @@ def build(
         (dev / "vendor").write_text("0x8086\n")
         (dev / "device").write_text(f"0x{device:04x}\n")
         (dev / "class").write_text("0x030000\n")
+        base = 0x4000000000
+        bars = [(0x81000000, 0x81FFFFFF), (0, 0), (base, base + int(bar_gib * GIB) - 1)]
+        (dev / "resource").write_text(
+            "".join(f"0x{a:016x} 0x{b:016x} 0x0000000000140204\n" for a, b in bars)
+            + "0x0000000000000000 0x0000000000000000 0x0000000000000000\n" * 10
+        )
         if driver:
             (dev / "driver").symlink_to(root / "sys/bus/pci/drivers" / driver)
     # A non-GPU Intel device and a foreign GPU must be ignored.
@@ -85,8 +96,20 @@ def build(
     )
     if container:
         (root / ".dockerenv").write_text("")
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
+    (root / "proc/sys/kernel").mkdir(parents=True)
+    (root / "proc/sys/kernel/osrelease").write_text(kernel + "\n")
+    if xe_ids is not None:
+        (root / "lib/modules" / kernel).mkdir(parents=True)
+        (root / "lib/modules" / kernel / "modules.alias").write_text(
+            "alias pci:v00008086d00005690sv*sd*bc03sc*i* i915\n"
+            + "".join(f"alias pci:v00008086d0000{i:04X}sv*sd*bc03sc*i* xe\n" for i in xe_ids)
+        )
+    for name in firmware:
+        (root / "lib/firmware" / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / "lib/firmware" / name).write_bytes(b"fw")
+    # Tools live under the root: doctor looks for them on $PATH under --root.
+    bindir = root / "usr/bin"
+    bindir.mkdir(parents=True)
     for name, script in (tools or {}).items():
         path = bindir / name
         path.write_text(f"#!/bin/sh\n{script}\n")
@@ -99,7 +122,7 @@ def build(
 
     return D.Host(
         root=root,
-        environ={"PATH": str(bindir), "HOME": "/home/vllm", **(environ or {})},
+        environ={"PATH": "/usr/bin", "HOME": "/home/vllm", **(environ or {})},
         uid=uid,
         gids=gids,
         stat=lambda p: fake_stat(node_mode),
@@ -119,10 +142,17 @@ SYCL_NOGPU = 'echo "[opencl:cpu][opencl:0] Intel(R) OpenCL, CPU"'
 XPU_SMI_OK = 'echo "| 0 | Device Name: Intel(R) Arc(TM) Pro B70 Graphics |"'
 
 
-def test_a_ready_b70_container_has_no_fail_and_exits_zero(tmp_path):
-    host = build(tmp_path, tools={"sycl-ls": SYCL_OK, "xpu-smi": XPU_SMI_OK})
+def test_a_ready_b70_host_is_all_ok(tmp_path):
+    host = build(tmp_path, container=False, tools={"sycl-ls": SYCL_OK, "xpu-smi": XPU_SMI_OK})
     rows = D.diagnose(host, XPU1)
     assert [r.status for r in rows] == [D.OK] * len(D.CHECKS), rows
+
+
+def test_a_ready_b70_container_only_leaves_the_firmware_to_the_host(tmp_path):
+    host = build(tmp_path, tools={"sycl-ls": SYCL_OK, "xpu-smi": XPU_SMI_OK})
+    rows = {r.check: r.status for r in D.diagnose(host, XPU1)}
+    assert {k for k, v in rows.items() if v != D.OK} == {"GPU firmware"}
+    assert rows["GPU firmware"] == D.WARN
 
 
 # ---- render node ----
@@ -312,18 +342,125 @@ def test_cli_on_a_fake_root_prints_one_table_and_exits_non_zero_on_fail(tmp_path
     assert "cannot serve" in done.stderr and "render node" in done.stderr
 
 
-def test_real_run_on_this_machine_reports_no_xpu():
-    """This machine has no Intel GPU: doctor must say so and fail for the XPU preset."""
-    done = subprocess.run(
-        [sys.executable, "-m", "arcvllm", "doctor", "--json"],
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "arcvllm", "doctor", *args],
         capture_output=True,
         text=True,
         timeout=120,
+        env={**os.environ, **(env or {})},
     )
-    import json
 
-    rows = {r["check"]: r for r in json.loads(done.stdout)}
-    assert done.returncode == 1
+
+def test_real_run_on_this_machine_reports_no_xpu():
+    """This machine has no Intel GPU: doctor must say so and fail for the XPU preset."""
+    done = run_cli("--json", "--preset", XPU1.name)
+    report = json.loads(done.stdout)
+    rows = {r["check"]: r for r in report["rows"]}
+    assert done.returncode == 1 and report["ok"] is False
+    assert report["preset"] == XPU1.name and report["root"] == "/"
     assert rows["render node"]["status"] == D.FAIL
     assert rows["GPU (sysfs)"]["status"] == D.FAIL
     assert "no XPU" in rows["GPU (sysfs)"]["seen"]
+
+
+def test_default_preset_is_the_one_arcvllm_preset_names(tmp_path):
+    host = build(tmp_path)
+    done = run_cli("--root", str(host.root), "--json", env={"ARCVLLM_PRESET": CPU.name})
+    assert json.loads(done.stdout)["preset"] == CPU.name
+    done = run_cli("--root", str(host.root), env={"ARCVLLM_PRESET": ""})
+    assert f"preset {D.DEFAULT_PRESET}" in done.stdout.splitlines()[0]
+
+
+def test_a_root_that_does_not_exist_is_a_usage_error_not_this_machine():
+    done = run_cli("--root", "/nonexistent")
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and "no such directory" in done.stderr
+
+
+def test_root_hides_the_tools_and_files_of_the_machine_doctor_runs_on(tmp_path):
+    """A sycl-ls on the real PATH that would report a B70 must not be seen under --root."""
+    outside = tmp_path / "outside-bin"
+    outside.mkdir()
+    (outside / "sycl-ls").write_text(f"#!/bin/sh\n{SYCL_OK}\n")
+    (outside / "sycl-ls").chmod(0o755)
+    host = build(tmp_path, nodes=(), gpus=())
+    env = {"PATH": f"{outside}:{os.environ['PATH']}", "HF_HOME": "/data/hf"}
+    done = run_cli("--root", str(host.root), "--json", env=env)
+    report = json.loads(done.stdout)
+    rows = {r["check"]: r for r in report["rows"]}
+    assert rows["sycl-ls"]["seen"] == "not installed in this image"
+    assert rows["kernel"]["seen"].startswith("Linux 6.17.0-13-generic")
+    assert report["kernel"] == "6.17.0-13-generic" != os.uname().release
+    assert "/data/hf/hub" in rows["HF cache disk"]["seen"]
+
+
+def test_json_is_one_report_with_every_row(tmp_path):
+    host = build(tmp_path, tools={"sycl-ls": SYCL_OK, "xpu-smi": XPU_SMI_OK})
+    done = run_cli("--root", str(host.root), "--json", "--preset", XPU1.name)
+    report = json.loads(done.stdout)
+    assert done.returncode == 0 and report["ok"] is True and report["where"] == "container"
+    assert [r["check"] for r in report["rows"]] == [c(host, XPU1).check for c in D.CHECKS]
+    assert set(report["rows"][0]) == {"check", "status", "seen", "fix"}
+
+
+# ---- Battlemage IDs, kernel, firmware, BAR, compute-runtime version ----
+
+
+def test_battlemage_ids_are_the_kernels_lists():
+    assert {0xE20B, 0xE212, 0xE216} <= D.BMG_G21
+    assert {0xE220, 0xE221, 0xE222, 0xE223} == D.BMG_G31
+    assert D.B70 in D.BATTLEMAGE and 0x56A0 not in D.BATTLEMAGE  # Alchemist A770
+
+
+def test_another_battlemage_warns_and_needs_xe(tmp_path):
+    b580 = row(build(tmp_path / "a", gpus=(("0000:03:00.0", 0xE20B, "xe"),)), D.check_gpu_identity)
+    assert b580.status == D.WARN and "another Battlemage" in b580.seen
+    i915 = row(build(tmp_path / "b", gpus=(("0000:03:00.0", 0xE20B, "i915"),)), D.check_driver)
+    assert i915.status == D.FAIL and "xe.force_probe=e20b" in i915.fix
+
+
+def test_kernel_too_old_fails(tmp_path):
+    r = row(build(tmp_path, kernel="6.8.0-51-generic"), D.check_kernel)
+    assert r.status == D.FAIL and "6.12" in r.fix
+
+
+def test_kernel_whose_xe_does_not_list_the_b70_fails(tmp_path):
+    host = build(
+        tmp_path, kernel="6.12.25", xe_ids=D.BMG_G21, gpus=(("0000:03:00.0", D.B70, None),)
+    )
+    r = row(host, D.check_kernel)
+    assert r.status == D.FAIL and "8086:e223" in r.seen
+
+
+def test_kernel_ok_when_xe_is_bound_even_without_modules_alias(tmp_path):
+    r = row(build(tmp_path, xe_ids=None), D.check_kernel)
+    assert r.status == D.OK and "6.17.0" in r.seen
+
+
+def test_firmware_missing_huc_fails_on_the_host(tmp_path):
+    host = build(tmp_path, container=False, firmware=("xe/bmg_guc_70.bin",))
+    r = row(host, D.check_firmware)
+    assert r.status == D.FAIL and "HuC (xe/bmg_huc.bin)" in r.fix and "GuC: /lib" in r.seen
+
+
+def test_small_bar_fails_for_xpu_and_warns_for_cpu(tmp_path):
+    host = build(tmp_path, bar_gib=0.25)
+    r = row(host, D.check_bar)
+    assert r.status == D.FAIL and "0.2 GiB" in r.seen and "Re-Size BAR" in r.fix
+    assert row(host, D.check_bar, CPU).status == D.WARN
+    assert row(build(tmp_path / "b"), D.check_bar).seen.endswith("32.0 GiB")
+
+
+def test_compute_runtime_older_than_b70_support_fails(tmp_path):
+    old = {"libze-intel-gpu1": "25.18.33578.6-0", "level-zero": "1.21.9"}
+    r = row(build(tmp_path, packages=old), D.check_runtime)
+    assert r.status == D.FAIL and "25.27.34303.5" in r.fix
+    assert D.version_tuple("25.48.36300.8-0") > D.MIN_COMPUTE_RUNTIME_G31
+
+
+def test_xpu_smi_that_lists_no_device_is_not_ok(tmp_path):
+    empty = build(tmp_path, tools={"xpu-smi": "echo 'No device discovered'"})
+    r = row(empty, D.check_xpu_smi)
+    assert r.status == D.FAIL and "no device" in r.seen
+    assert row(empty, D.check_xpu_smi, CPU).status == D.WARN

@@ -1,0 +1,220 @@
+"""The fidelity audit (`arcvllm stack audit`) and the XPU lock (`arcvllm stack lock`).
+
+The tests marked `vllm` read real release sdists (vLLM 0.20.2, 0.23.0, 0.33.0 from PyPI,
+cached under build/sdists by the audit itself, sha256-checked); the others need nothing.
+"""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from conftest import ROOT, free_port
+
+from arcvllm import audit, lock, stack
+from arcvllm.cli import main
+
+# vllm-0.23.0.tar.gz as PyPI's simple index lists it (36624042 bytes).
+SHA_0_23 = "760269db3d9611e12e524681df1bca0977d5d2f5fcb4481cc34d33efc4ae7ff5"
+
+
+def _stacks_file(tmp_path, differences=None, **args):
+    """A stacks file with one XPU stack, xpu-0.23, pinned to the real 0.23.0 sdist."""
+    pins = {
+        "VLLM_SDIST_SHA256": SHA_0_23,
+        "PYTHON_VERSION": "3.12",
+        "XPU_BASE_IMAGE": "ubuntu:24.04",
+        "XPU_LOCK": "configs/locks/xpu-0.23.txt",
+        **args,
+    }
+    entry = {
+        "flavor": "xpu",
+        "vllm": {"version": "0.23.0"},
+        "args": {k: {"value": v, "from": "test"} for k, v in pins.items()},
+    }
+    if differences is not None:
+        entry["differences"] = differences
+    path = tmp_path / "stacks.yaml"
+    path.write_text(
+        yaml.safe_dump({"defaults": {"xpu": "xpu-0.23"}, "stacks": {"xpu-0.23": entry}})
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def release_0_23():
+    path = audit.fetch_sdist({"VLLM_SDIST_SHA256": SHA_0_23}, "0.23.0", audit.default_cache())
+    return audit.read_release(path, "0.23.0", SHA_0_23)
+
+
+# ---- the pure parts ------------------------------------------------------------------------
+
+
+def test_shell_commands_follow_the_if_the_build_args_decide():
+    script = audit.substitute(
+        'set -eux; if [ -n "$URL" ]; then pip uninstall -y oneccl || true; fi; '
+        'if [ -n "$SHIM" ]; then pip install "triton==$SHIM"; else echo none; fi',
+        {"URL": "", "SHIM": "3.8.0+xpu"},
+    )
+    run = [c[:3] for c in audit.commands(script)]
+    assert ["pip", "uninstall", "-y"] not in run
+    assert ["pip", "install", "triton==3.8.0+xpu"] in run
+    assert ["echo", "none"] not in run
+
+
+def test_variables_resolve_as_the_shell_would_and_unknown_ones_stay():
+    values = {"LOCK": "configs/locks/x.txt", "EMPTY": "", "IDX": "https://i"}
+    assert audit.substitute("${LOCK#configs/locks/}", values) == "x.txt"
+    assert audit.substitute("${EMPTY:-d} ${IDX:+--extra-index-url $IDX}", values) == (
+        "d --extra-index-url https://i"
+    )
+    assert audit.substitute("$LD_LIBRARY_PATH:/usr/local/lib", values) == (
+        "$LD_LIBRARY_PATH:/usr/local/lib"
+    )
+
+
+def test_facts_of_a_dockerfile_come_from_the_target_stages_chain():
+    text = "\n".join(
+        [
+            "ARG BASE=ubuntu:24.04",
+            "FROM ${BASE} AS base",
+            "ARG PYTHON_VERSION",
+            "RUN apt-get update && apt-get install -y --no-install-recommends vim \\",
+            '    "python${PYTHON_VERSION}-dev" curl && apt-get purge -y curl',
+            "ENV LD_LIBRARY_PATH=/opt/venv/lib:$LD_LIBRARY_PATH",
+            "FROM base AS build",
+            "RUN apt-get install -y gcc && pip install torch==2.11.0+xpu oneccl==1 \\",
+            "    && pip uninstall -y oneccl",
+            "FROM base AS final",
+            "COPY --from=build /opt/venv /opt/venv",
+            "ENV CCL_ZE_IPC_EXCHANGE=sockets",
+        ]
+    )
+    facts = audit.dockerfile_facts(text, {"PYTHON_VERSION": "3.12"}, lambda _: None, "final")
+    values = facts.values
+    assert values["base"] == "ubuntu:24.04"
+    assert values["python"] == "3.12"
+    assert {k for k in values if k.startswith("apt:")} == {"apt:vim", "apt:python3.12-dev"}
+    assert values["env:LD_LIBRARY_PATH"] == "/opt/venv/lib:$LD_LIBRARY_PATH"
+    assert values["env:CCL_ZE_IPC_EXCHANGE"] == "sockets"
+    assert values["pin:torch"] == "2.11.0+xpu"
+    assert facts.uninstalled == {"oneccl"} and "oneccl" not in facts.installed
+
+
+def test_compare_names_unlisted_and_stale_differences():
+    release = audit.Facts({"base": "a", "apt:vim": "installed", "pin:torch": "2"})
+    ours = audit.Facts({"base": "b", "pin:torch": "2", "env:HF_HOME": "/x"})
+    rows = audit.compare(release, ours, {"base": "we build on Ubuntu", "pin:torch": "why"})
+    status = {r.key: r.status for r in rows}
+    assert status == {
+        "base": "listed",
+        "apt:vim": "unlisted",
+        "pin:torch": "stale",
+        "lock": "same",
+    }  # env:HF_HOME is ours alone and no device variable: not compared
+    lines = audit.problems("s", rows)
+    assert lines == [
+        "s: unlisted difference apt:vim (release installed, ours -)",
+        "s: listed difference pin:torch no longer differs: remove it",
+    ]
+
+
+def test_lock_closure_keeps_what_vllm_needs_and_drops_test_tools():
+    text = "\n".join(
+        [
+            "pytest==9.0.2",
+            "    # via -r requirements/test/xpu.in",
+            "pluggy==1.6.0",
+            "    # via pytest",
+            "torch==2.11.0+xpu",
+            "    # via",
+            "    #   -c requirements/xpu.txt",
+            "    #   accelerate",
+            "tcmlib==1.4.1",
+            "    # via",
+            "    #   torch",
+            "    #   umf",
+        ]
+    )
+    entries = lock.parse_lock(text)
+    assert entries["tcmlib"].via == ("torch", "umf")
+    kept = lock.closure(entries, lock.requirement_names("torch==2.11.0\n-r common.txt\n"))
+    assert set(kept) == {"torch", "tcmlib"}
+
+
+# ---- bad input: one line, exit 2 or 3 ------------------------------------------------------
+
+
+def test_unknown_stack_is_a_usage_error(tmp_path, capsys):
+    assert main(["stack", "--file", str(_stacks_file(tmp_path)), "audit", "xpu-9"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown stack 'xpu-9'" in err[0]
+
+
+def test_a_tampered_sdist_fails_with_one_line(tmp_path, capsys):
+    cache = tmp_path / "sdists"
+    cache.mkdir()
+    (cache / "vllm-0.23.0.tar.gz").write_bytes(b"not the release")
+    argv = ["stack", "--file", str(_stacks_file(tmp_path)), "audit", "xpu-0.23"]
+    assert main([*argv, "--cache", str(cache)]) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"the stack pins {SHA_0_23}" in err[0]
+
+
+def test_an_unreachable_sdist_fails_with_one_line(tmp_path, capsys):
+    url = f"http://127.0.0.1:{free_port()}/vllm-0.23.0.tar.gz"
+    path = _stacks_file(tmp_path, VLLM_SDIST_URL=url)
+    argv = ["stack", "--file", str(path), "audit", "xpu-0.23", "--cache", str(tmp_path)]
+    assert main(argv) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and url in err[0]
+
+
+# ---- real releases -------------------------------------------------------------------------
+
+
+@pytest.mark.vllm
+def test_the_audit_reads_the_release_0_23_0_facts(release_0_23):
+    facts = audit.release_facts(release_0_23).values
+    assert facts["base"] == "intel/deep-learning-essentials:2025.3.2-0-devel-ubuntu24.04"
+    assert facts["oneccl-installer"] == "intel-oneccl-2021.15.9.14_offline.sh"
+    assert facts["pin:torch"] == "2.11.0+xpu"
+    assert facts["pin:triton-xpu"] == "3.7.0"  # the lock's, and the "FIX triton" reinstall's
+    assert facts["pin:vllm-xpu-kernels"] == "0.1.9"
+    assert facts["apt:python3.12-dev"] == "installed"
+    assert facts["deb:level-zero"] == "1.26.0+u24.04"
+    assert facts["env:VLLM_TARGET_DEVICE"] == "xpu"
+    assert facts["wheel:intel-sycl-rt"] == "2025.3.2"
+    rows = {r.key: r for r in audit.compare(audit.release_facts(release_0_23), audit.Facts(), {})}
+    assert rows["uninstall:oneccl"].release == "removed"  # "remove torch bundled oneccl"
+    assert rows["uninstall:triton"].release == "removed"  # "FIX triton"
+
+
+@pytest.mark.vllm
+def test_the_lock_keeps_the_runtime_closure_of_0_23_0(release_0_23):
+    pins = lock.requirement_pins(release_0_23.runtime_lock("xpu-0.23"))
+    assert pins["transformers"] == "5.5.3"
+    assert pins["torch"] == "2.11.0+xpu" and pins["intel-sycl-rt"] == "2025.3.2"
+    assert not {"pytest", "pytest-asyncio", "lm-eval", "schemathesis"} & set(pins)
+
+
+@pytest.mark.vllm
+def test_an_unlisted_difference_fails_naming_it_and_a_stale_one_too(tmp_path, capsys):
+    first = audit.audit("xpu-0.23", file=_stacks_file(tmp_path))
+    differing = {r.key: "reason" for r in first.rows if r.status == "unlisted"}
+    assert "base" in differing and "apt:vim" in differing
+
+    everything = _stacks_file(tmp_path, differing)
+    assert main(["stack", "--file", str(everything), "audit", "xpu-0.23"]) == 0
+    capsys.readouterr()
+
+    unlisted = _stacks_file(tmp_path, {k: v for k, v in differing.items() if k != "apt:vim"})
+    assert main(["stack", "--file", str(unlisted), "audit", "xpu-0.23", "--json"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["arcvllm: xpu-0.23: unlisted difference apt:vim (release installed, ours -)"]
+
+    stale = _stacks_file(tmp_path, {**differing, "apt:python3.12": "we have none"})
+    assert main(["stack", "--file", str(stale), "audit", "xpu-0.23"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "arcvllm: xpu-0.23: listed difference apt:python3.12 no longer differs: remove it"
+    ]

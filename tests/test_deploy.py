@@ -1,0 +1,126 @@
+"""`make up` as an operator runs it: the CPU service started from a settings file of their own
+(ENV_FILE) under its own compose project and port, then torn down.
+
+Proves the settings file reaches the container: a VLLM_API_KEY written there makes the
+server answer 401 without the key and 200 with it; and the container's environment,
+which is that file, leaves the TP=2 preset both GPUs (ZE_AFFINITY_MASK empty).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import free_port
+from test_image import cpu_image, docker, engine  # noqa: F401  (fixtures)
+
+ROOT = Path(__file__).resolve().parent.parent
+TEMPLATE = ROOT / "docker" / "arcvllm.env"
+KEY = "k-7f3e9a1c2b"
+MODEL = "tiny-hybrid"
+
+
+def make(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        # -o: the tests run from this venv; never reinstall it under them
+        ["make", "--no-print-directory", "-C", str(ROOT), "-o", ".venv/.stamp", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture(scope="module")
+def keyed_service(cpu_image, tmp_path_factory):  # noqa: F811
+    """`make up FLAVOR=cpu ENV_FILE=mine.env` with a key in mine.env; yields (url, cid)."""
+    port = free_port()
+    project = f"arcvllm-keytest-{port}"
+    mine = tmp_path_factory.mktemp("deploy") / "mine.env"
+    text = TEMPLATE.read_text().replace("\nVLLM_API_KEY=\n", f"\nVLLM_API_KEY={KEY}\n")
+    assert f"VLLM_API_KEY={KEY}" in text
+    mine.write_text(text.replace("\nSHM_SIZE=16g\n", "\nSHM_SIZE=1g\n"))
+    args = [
+        "FLAVOR=cpu",
+        "STACK=cpu",
+        f"IMAGE={cpu_image}",
+        f"ENV_FILE={mine}",
+        f"PROJECT={project}",
+        f"PORT={port}",
+    ]
+    up = make("up", *args)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        cid = docker(
+            "ps", "-q", "--filter", f"label=com.docker.compose.project={project}"
+        ).stdout.strip()
+        assert cid, f"no container for compose project {project}"
+        yield f"http://127.0.0.1:{port}", cid
+    finally:
+        # -v: the project's cache volumes and the image's anonymous /var/cache/arcvllm
+        make("down", *args, "DOWN_FLAGS=-v")
+
+
+def wait_healthy(url: str, cid: str, timeout: float = 600) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        state = json.loads(docker("inspect", cid).stdout)[0]["State"]
+        if not state["Running"]:
+            break
+        time.sleep(2)
+    logs = docker("logs", "--tail", "40", cid, check=False)
+    pytest.fail(f"service not healthy in {timeout} s:\n{logs.stdout[-3000:]}{logs.stderr[-3000:]}")
+
+
+@pytest.mark.docker
+def test_a_key_in_the_settings_file_is_required_by_the_served_api(keyed_service):
+    import httpx
+
+    url, cid = keyed_service
+    wait_healthy(url, cid)
+    body = {"model": MODEL, "prompt": "block state", "max_tokens": 4, "temperature": 0}
+    without = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
+    wrong = httpx.post(
+        f"{url}/v1/completions",
+        json=body,
+        headers={"Authorization": "Bearer not-the-key"},
+        timeout=120,
+    )
+    with_key = httpx.post(
+        f"{url}/v1/completions",
+        json=body,
+        headers={"Authorization": f"Bearer {KEY}"},
+        timeout=120,
+    )
+    assert (without.status_code, wrong.status_code) == (401, 401)
+    assert with_key.status_code == 200, with_key.text
+    assert with_key.json()["usage"]["completion_tokens"] == 4
+
+
+@pytest.mark.docker
+def test_the_containers_environment_leaves_tp2_both_gpus(keyed_service):
+    """The container's environment is the settings file (env_file): its empty
+    ZE_AFFINITY_MASK must leave the TP=2 preset's 0,1 in place."""
+    _, cid = keyed_service
+    env = docker("exec", cid, "printenv", "ZE_AFFINITY_MASK", check=False)
+    assert (env.returncode, env.stdout.strip()) == (0, "")  # set, and empty
+    dry = docker(
+        "exec",
+        cid,
+        "arcvllm",
+        "serve",
+        "--preset",
+        "qwen3.6-35b-a3b-w4a16-2xb70",
+        "--dry-run",
+        check=False,
+    )
+    assert "ZE_AFFINITY_MASK=0,1" in dry.stdout.splitlines(), dry.stdout + dry.stderr
