@@ -125,7 +125,8 @@ def fetch_sdist(args: Mapping[str, str], version: str, cache: Path) -> Path:
             url = args.get("VLLM_SDIST_URL") or index.file_url("vllm", name, sha256)
             cached = index.fetch(url, sha256, cache)
         except ImportError as exc:
-            raise SourceUnavailable(f"cannot fetch {name}: {exc}") from None
+            where = args.get("VLLM_SDIST_URL") or name
+            raise SourceUnavailable(f"cannot fetch {where}: {exc}") from None
         except ArcvllmError as exc:
             raise SourceUnavailable(str(exc)) from None
     got = sha256_of(cached)
