@@ -18,6 +18,7 @@ from arcvllm.errors import ArcvllmError
 COMMANDS = (
     "patches",
     "stack",
+    "toolchain",
     "presets",
     "settings",
     "serve",

@@ -40,6 +40,20 @@ class Stack:
         identity = {"FLAVOR": self.flavor, "STACK": self.name, "VLLM_VERSION": self.vllm_version}
         return {**identity, **{key: pin.value for key, pin in self.args.items()}}
 
+    @property
+    def sdist(self) -> str:
+        """The file name of the release's source distribution (pinned by VLLM_SDIST_SHA256)."""
+        return f"vllm-{self.vllm_version}.tar.gz"
+
+    def resolved_build_args(self) -> dict[str, str]:
+        """build_args plus VLLM_SDIST_URL, asked of the package index pip is configured with."""
+        values = self.build_args()
+        if sha256 := values.get("VLLM_SDIST_SHA256"):
+            from arcvllm import index
+
+            values["VLLM_SDIST_URL"] = index.file_url("vllm", self.sdist, sha256)
+        return values
+
 
 def stacks_file() -> Path:
     return configs_dir() / "stacks.yaml"
@@ -120,7 +134,7 @@ def ci_build_args(stack: Stack, cpu: Stack) -> dict[str, str]:
     """Build args of FLAVOR=xpu-ci: the XPU stack's source on the CPU stack's base and torch."""
     if stack.flavor != "xpu":
         raise ArcvllmError(f"stack {stack.name} is {stack.flavor}: the CI stand-in is for xpu")
-    own = stack.build_args()
+    own = stack.resolved_build_args()
     return {
         **cpu.build_args(),
         **{k: own[k] for k in CI_SOURCE_KEYS if k in own},
@@ -177,22 +191,29 @@ def dockerfile_args(text: str) -> list[tuple[str, str, str | None]]:
 def dockerfile_mismatches(
     text: str, stacks: Mapping[str, Stack], defaults: Mapping[str, str]
 ) -> list[str]:
-    """Where the Dockerfile's ARG defaults disagree with the stacks file, one line each.
+    """Where the Dockerfile and the stacks file disagree, one line each.
 
-    An ARG in an XPU stage (`*-xpu`, or one the CPU stack lacks) must default to the default
-    XPU stack's value, any other to the CPU stack's; every pin of every stack must be an ARG.
+    XPU pins are declared once, in the stacks file: an ARG of an XPU stage (`*-xpu`, or one
+    the CPU stack lacks) that a stack sets must have no default. The CPU stages' defaults
+    must equal the CPU stack (a plain `docker build` builds it). Every pin must be an ARG.
+    `scratch` for a base image is a placeholder, not a value (FROM needs a name to parse).
     """
-    cpu, xpu = stacks[defaults["cpu"]].build_args(), stacks[defaults["xpu"]].build_args()
+    cpu = stacks[defaults["cpu"]].build_args()
+    pinned = {key for s in stacks.values() for key in s.build_args()}
     declared = dockerfile_args(text)
     problems = []
     for stage, name, default in declared:
-        reference = xpu if stage.endswith("-xpu") or name not in cpu else cpu
-        if default is None or name not in reference:
+        if default is None or default == "scratch" or name not in pinned:
             continue
-        if " ".join(default.split()) != reference[name]:
+        if stage.endswith("-xpu") or name not in cpu:
+            problems.append(
+                f"ARG {name} in stage {stage or '(global)'} has a default ({default!r}); "
+                "its value belongs in configs/stacks.yaml only"
+            )
+        elif " ".join(default.split()) != cpu[name]:
             problems.append(
                 f"ARG {name} in stage {stage or '(global)'} is {default!r}, "
-                f"the stacks file says {reference[name]!r}"
+                f"the stacks file says {cpu[name]!r}"
             )
     names = {name for _, name, _ in declared}
     for stack in stacks.values():
@@ -220,7 +241,7 @@ def _cmd(args: argparse.Namespace) -> int:
         stacks, defaults = load(args.file)
         print(render_build_args(ci_build_args(stack, stacks[defaults["cpu"]])))
     elif args.action == "build-args":
-        print(render_build_args(stack.build_args()))
+        print(render_build_args(stack.resolved_build_args()))
     elif args.action == "get":
         print(lookup(stack, args.key))
     return 0

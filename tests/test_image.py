@@ -290,14 +290,23 @@ def test_container_turns_healthy_and_serves_completions(cpu_image):
         docker("rm", "-f", cid, check=False)
 
 
-@pytest.mark.docker
-@pytest.mark.parametrize("stack,version", [("xpu-0.20", "0.20.2"), ("xpu-0.33", "0.33.0")])
-def test_xpu_patch_stage_built_by_ci(engine, stack, version):
-    """The XPU build's patch stage (make build-xpu-patch, run by .ci/run): vLLM's XPU wheel
-    from the release sdist, patched as the series plans for that release."""
-    image = f"arcvllm:{stack}-patch"
+XPU_CI_STACKS = [("xpu-0.20", "0.20.2"), ("xpu-0.23", "0.23.0"), ("xpu-0.33", "0.33.0")]
+
+
+def xpu_ci_image(stack: str) -> str:
+    """The CI build of an XPU stack (make build-xpu-ci, run by .ci/run) up to its runtime."""
+    image = f"arcvllm:{stack}-ci"
     if docker("image", "inspect", image, check=False).returncode != 0:
-        pytest.skip(f"{image} not built: make build-xpu-patch STACK={stack} (.ci/run does)")
+        pytest.fail(f"{image} not built: make build-xpu-ci STACK={stack} (.ci/run does)")
+    return image
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("stack,version", XPU_CI_STACKS)
+def test_xpu_patch_stage_built_by_ci(engine, stack, version):
+    """vLLM's XPU wheel from the release sdist, patched as the series plans for that release
+    (the build's patch step fails unless every probe passes on the release's real code)."""
+    image = xpu_ci_image(stack)
     plan = subprocess.run(
         [tool("arcvllm"), "patches", "plan", "--vllm-version", version],
         capture_output=True,
@@ -307,3 +316,35 @@ def test_xpu_patch_stage_built_by_ci(engine, stack, version):
     manifest = json.loads(docker("run", "--rm", image, "cat", "/opt/arcvllm/patches.json").stdout)
     assert manifest["summary"] == plan
     assert manifest["vllm"]["version"] == f"{version}+xpu"
+
+
+@pytest.mark.docker
+def test_the_flagship_build_applies_both_pointer_patches(engine):
+    manifest = json.loads(
+        docker("run", "--rm", xpu_ci_image("xpu-0.23"), "cat", "/opt/arcvllm/patches.json").stdout
+    )
+    states = dict(item.split("=") for item in manifest["summary"].split(","))
+    assert states["mamba-copy-uint64"] == "applied"
+    assert states["mamba-fused-u64"] == "applied"
+
+
+@pytest.mark.docker
+def test_xpu_ci_runtime_builds_and_loads_the_triton_launcher(engine):
+    """As the image's user: compiler, Python.h, sycl.hpp + libsycl (intel-sycl-rt), Level
+    Zero headers + libze_loader link (Debian's libze-dev standing in), loaded at run time."""
+    result = docker(
+        "run", "--rm", "--entrypoint", "arcvllm", xpu_ci_image("xpu-0.23"), "toolchain", "--json",
+        check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["sycl_include"].startswith("/opt/venv")
+
+
+@pytest.mark.docker
+def test_a_runtime_without_the_toolchain_fails_in_one_line(cpu_image):
+    """The CPU runtime has no compiler: the same check names that, in one line, exit 3."""
+    result = docker("run", "--rm", "--entrypoint", "arcvllm", cpu_image, "toolchain", check=False)
+    assert result.returncode == 3
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "arcvllm:" in lines[0], result.stderr

@@ -13,6 +13,7 @@ step() {
 
 step make venv
 step make build STACK=cpu
-step make build-xpu-patch STACK=xpu-0.20
-step make build-xpu-patch STACK=xpu-0.33
+step make build-xpu-ci STACK=xpu-0.20
+step make build-xpu-ci STACK=xpu-0.23
+step make build-xpu-ci STACK=xpu-0.33
 step make test

@@ -1,0 +1,130 @@
+"""The package index this machine's pip is configured with, and files fetched from it.
+
+Pinned sources (vLLM's release sdists) are named in configs/stacks.yaml by file name and
+sha256 only. Where to download them is asked of the index pip uses here (its config, the
+PIP_INDEX_URL environment, or pip's own default), so a mirror or an air-gapped index works
+without editing the project.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from arcvllm.errors import ArcvllmError
+
+
+class IndexUnavailable(ArcvllmError):
+    """The index could not be asked, or does not have the file: the environment's problem."""
+
+    exit_code = 3
+
+
+def index_url() -> str:
+    """The simple-API root pip installs from: PIP_INDEX_URL, pip's config, or pip's default."""
+    if url := os.environ.get("PIP_INDEX_URL"):
+        return url
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "pip", "config", "list"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise IndexUnavailable(f"cannot ask pip for its index: {exc}") from None
+    for line in out.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() in ("global.index-url", "install.index-url", "download.index-url"):
+            return value.strip().strip("'\"")
+    from pip._internal.models.index import PyPI  # pip's own default, not a copy of it
+
+    return PyPI.simple_url
+
+
+def file_url(project: str, filename: str, sha256: str, index: str | None = None) -> str:
+    """The download URL of FILENAME in PROJECT's index page; its listed sha256 must match."""
+    from pypi_simple import PyPISimple
+
+    index = index or index_url()
+    try:
+        with PyPISimple(endpoint=index.rstrip("/") + "/") as client:
+            page = client.get_project_page(project)
+    except Exception as exc:
+        raise IndexUnavailable(f"index {index}: cannot read project {project}: {exc}") from None
+    for package in page.packages:
+        if package.filename != filename:
+            continue
+        listed = (package.digests or {}).get("sha256")
+        if listed and listed != sha256:
+            raise ArcvllmError(
+                f"index {index}: {filename} has sha256 {listed}, the pin says {sha256}"
+            )
+        return package.url.split("#", 1)[0]
+    raise IndexUnavailable(f"index {index} has no {filename} for project {project}")
+
+
+def fetch(url: str, sha256: str, dest: Path) -> Path:
+    """Download URL into the folder DEST (kept if it already verifies) and check its sha256."""
+    import httpx
+
+    dest.mkdir(parents=True, exist_ok=True)
+    target = dest / url.rsplit("/", 1)[-1].split("#", 1)[0]
+    if target.exists() and _sha256(target) == sha256:
+        return target
+    part = target.with_name(target.name + ".part")
+    try:
+        with httpx.stream("GET", url, follow_redirects=True, timeout=120) as response:
+            response.raise_for_status()
+            with part.open("wb") as out:
+                for chunk in response.iter_bytes(1 << 20):
+                    out.write(chunk)
+    except httpx.HTTPError as exc:
+        part.unlink(missing_ok=True)
+        raise IndexUnavailable(f"cannot download {url}: {exc}") from None
+    got = _sha256(part)
+    if got != sha256:
+        part.unlink()
+        raise ArcvllmError(f"{target.name}: sha256 {got}, the pin says {sha256}")
+    part.replace(target)
+    return target
+
+
+def fetch_file(project: str, filename: str, sha256: str, dest: Path) -> Path:
+    """FILENAME of PROJECT from the configured index into DEST, verified."""
+    cached = dest / filename
+    if cached.exists() and _sha256(cached) == sha256:
+        return cached
+    return fetch(file_url(project, filename, sha256), sha256, dest)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _main(argv: list[str]) -> int:
+    """`python -m arcvllm.index PROJECT FILENAME SHA256 [DEST]`: print the URL, or fetch."""
+    project, filename, sha256, *dest = argv
+    if dest:
+        print(fetch_file(project, filename, sha256, Path(dest[0])))
+    else:
+        print(file_url(project, filename, sha256))
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(_main(sys.argv[1:]))
+    except ArcvllmError as exc:
+        print(f"arcvllm: {exc}", file=sys.stderr)
+        sys.exit(getattr(exc, "exit_code", 1))
+    except ValueError:
+        print("usage: python -m arcvllm.index PROJECT FILENAME SHA256 [DEST]", file=sys.stderr)
+        sys.exit(2)
