@@ -349,6 +349,7 @@ class Facts:
     packages: set[str] = field(default_factory=set)
     installed: set[str] = field(default_factory=set)
     uninstalled: set[str] = field(default_factory=set)
+    resolves: bool = False  # a pip step installs vLLM with its dependencies resolved
 
 
 _OPTS_WITH_VALUE = {
@@ -506,6 +507,17 @@ def _pip_step(
     for name, version in pins.items():
         state[name] = version or state.get(name, "")
         facts.packages.add(name)
+    vllm = any(re.search(r"(^|/)vllm-[^/]*\.whl$|^\.$|/src/vllm$", w) for w in rest)
+    if vllm and "--no-deps" not in rest:
+        facts.resolves = True
+
+
+def requirement_facts(roots: Sequence[str], facts: Facts) -> None:
+    """`req:NAME` for each of vLLM's own requirements FACTS' image installs (installed by a
+    pin or a lock, or resolved along with vLLM itself)."""
+    for name in roots:
+        if facts.resolves or name in facts.installed:
+            facts.values[f"req:{name}"] = "installed"
 
 
 def release_facts(release: Release) -> Facts:
@@ -522,6 +534,8 @@ def release_facts(release: Release) -> Facts:
 
     facts = dockerfile_facts(release.files["dockerfile"], {}, requirement_file)
     facts.packages |= set(lock_pins) | set(xpu_pins)
+    facts.resolves = True  # uv pip install -r requirements/xpu.txt resolves vLLM's ranges
+    requirement_facts(release.roots(), facts)
     return facts
 
 
@@ -545,6 +559,7 @@ def our_facts(dockerfile: str, args: Mapping[str, str], root: Path) -> Facts:
     for name, version in kernels.items():
         facts.values[f"pin:{name}"] = version
         facts.packages.add(name)
+        facts.installed.add(name)
     return facts
 
 
@@ -597,7 +612,9 @@ def compare(
     return rows
 
 
-_KINDS = ("base", "python", "deb", "oneccl-installer", "apt", "env", "pin", "wheel", "uninstall")
+_KINDS = (
+    "base", "python", "deb", "oneccl-installer", "apt", "env", "pin", "wheel", "uninstall", "req",
+)  # fmt: skip
 
 
 def _order(key: str) -> tuple[int, str]:
@@ -694,6 +711,7 @@ def audit(
     args = stack.build_args()
     ours_text = (dockerfile or root / "docker" / "Dockerfile").read_text()
     ours = our_facts(ours_text, args, root)
+    requirement_facts(release.roots(), ours)
     lock_file = root / lock_path(args, name)
     if not lock_file.is_file():
         lock_status = "missing"

@@ -184,6 +184,7 @@ def test_the_audit_reads_the_release_0_23_0_facts(release_0_23):
     assert facts["deb:level-zero"] == "1.26.0+u24.04"
     assert facts["env:VLLM_TARGET_DEVICE"] == "xpu"
     assert facts["wheel:intel-sycl-rt"] == "2025.3.2"
+    assert facts["req:openai"] == "installed"  # resolved from vLLM's ranges at build time
     rows = {r.key: r for r in audit.compare(audit.release_facts(release_0_23), audit.Facts(), {})}
     assert rows["uninstall:oneccl"].release == "removed"  # "remove torch bundled oneccl"
     assert rows["uninstall:triton"].release == "removed"  # "FIX triton"
