@@ -197,6 +197,17 @@ presets: $(VENV)/.stamp ## list the deployment presets (model, GPUs, stacks)
 doctor: $(VENV)/.stamp ## host preflight for PRESET: GPU, render group, driver, shm, RAM, disk
 	@$(ARCVLLM) doctor --preset $(PRESET)
 
+# `make field-report`: the running deployment (make up) in one tarball for a bug report.
+FIELD_REPORT   ?= reports/field-report-$(STACK).tar.gz
+FIELD_ARGS     ?=
+
+.PHONY: field-report
+field-report: $(VENV)/.stamp ## the running service in one tarball: doctor, image, smoke, short bench, logs (no secrets)
+	@mkdir -p $(BUILD)
+	$(ARCVLLM) field-report --compose '$(ARCVLLM_COMPOSE)' --service $(SERVICE) \
+		--image $(IMAGE) --base-url http://127.0.0.1:$(PORT) --env-file $(ENV_PATH) \
+		--docker $(DOCKER) --scratch $(BUILD) --out $(FIELD_REPORT) $(FIELD_ARGS)
+
 .PHONY: bench
 bench: $(VENV)/.stamp ## benchmark the running server (make up): JSON + PNG in BENCH_OUT
 ifeq ($(BENCH_PYTHON),)

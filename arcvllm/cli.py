@@ -25,6 +25,7 @@ COMMANDS = (
     "smoke",
     "bench",
     "doctor",
+    "fieldreport",
     "tinymodel",
 )
 

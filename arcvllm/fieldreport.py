@@ -1,0 +1,297 @@
+"""`arcvllm field-report`: everything a bug report about a deployment needs, in one tarball.
+
+Collected from the compose service `make up` started: doctor on the host and in the
+container, the image's labels and patch manifest, the smoke test, a short bench, sycl-ls
+and xpu-smi, host kernel / driver / firmware versions, the packages in the image and the
+server log; plus the commands that produced each file and a one-screen summary. A step
+that fails is recorded (its output and exit code), not fatal: a broken host is when the
+report matters most.
+
+Secrets never leave: every value of VLLM_API_KEY / HF_TOKEN (from the settings file and
+the environment) and anything shaped like a bearer token, an `--api-key` argument or a
+Hugging Face token is replaced by `<redacted>` in every file, the commands included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import platform
+import re
+import shlex
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from arcvllm.errors import ArcvllmError
+
+SECRET_KEYS = ("VLLM_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+REDACTED = "<redacted>"
+_PATTERNS = (
+    re.compile(r"(?i)(bearer\s+)[^\s'\"]+"),
+    re.compile(r"(--api-key[=\s]+)[^\s'\"]+"),
+    re.compile(r"((?:api_key|VLLM_API_KEY|HF_TOKEN)['\"]?\s*[:=]\s*\[?['\"]?)[^\s'\",\]]+"),
+    re.compile(r"()hf_[A-Za-z0-9]{20,}"),
+)
+# What a short bench is: a few prompts, one decode run across one block boundary.
+SHORT_BENCH = "--num-prompts 4 --input-len 128 --output-len 32 --crossings 1 --runs 1"
+
+
+def secrets_from(values: Mapping[str, str]) -> set[str]:
+    return {values[k] for k in SECRET_KEYS if values.get(k)}
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    """TEXT with every secret value and every token-shaped string replaced."""
+    for secret in sorted(secrets, key=len, reverse=True):
+        text = text.replace(secret, REDACTED)
+    for pattern in _PATTERNS:
+        text = pattern.sub(lambda m: m.group(1) + REDACTED, text)
+    return text
+
+
+@dataclass
+class Step:
+    """One file of the report and the command (or probe) that made it."""
+
+    name: str
+    command: str
+    rc: int
+    seconds: float
+    text: str  # what goes into the tarball: stdout, then stderr
+    stdout: str = ""
+
+
+@dataclass
+class Collector:
+    compose: str
+    service: str
+    secrets: set[str] = field(default_factory=set)
+    steps: list[Step] = field(default_factory=list)
+    timeout: float = 900
+
+    def shell(self, name: str, command: str, env: Mapping[str, str] | None = None) -> Step:
+        start = time.monotonic()
+        try:
+            done = subprocess.run(
+                command,
+                shell=True,
+                capture_output=True,
+                text=True,
+                timeout=self.timeout,
+                env={**os.environ, **(env or {})},
+            )
+            rc, out = done.returncode, done.stdout
+            text = out + (f"\n{done.stderr}" if done.stderr else "")
+        except subprocess.TimeoutExpired as exc:
+            rc, out, text = 124, "", f"timed out after {exc.timeout} s"
+        step = Step(name, command, rc, round(time.monotonic() - start, 1), text, out)
+        self.steps.append(step)
+        return step
+
+    def exec(self, name: str, command: str) -> Step:
+        """COMMAND inside the service's container (sh -c, so $VARS expand in there)."""
+        inner = shlex.quote(command)
+        return self.shell(name, f"{self.compose} exec -T {self.service} sh -c {inner}")
+
+    def add(self, name: str, what: str, text: str) -> Step:
+        step = Step(name, what, 0, 0.0, text, text)
+        self.steps.append(step)
+        return step
+
+
+def host_versions() -> str:
+    """Kernel, xe driver, GPU firmware and GPUs of the host, read from /proc, /sys, /lib."""
+    from arcvllm import doctor
+
+    host = doctor.Host()
+    lines = [
+        f"kernel: {host.kernel_release() or platform.release()}",
+        f"/proc/version: {(host.read('/proc/version') or '?').strip()}",
+        f"xe module: {(host.read('/sys/module/xe/srcversion') or 'not loaded').strip()}",
+    ]
+    for gpu in doctor.intel_gpus(host):
+        bar = doctor.gib(max(gpu.bars)) if gpu.bars else "?"
+        lines.append(
+            f"gpu {gpu.slot}: 8086:{gpu.device:04x} {gpu.name}, driver {gpu.driver}, "
+            f"largest BAR {bar}"
+        )
+    for base in doctor.FIRMWARE_DIRS:
+        folder = Path(base) / "xe"
+        if folder.is_dir():
+            for blob in sorted(folder.glob("bmg_*")):
+                lines.append(f"firmware: {blob} {blob.stat().st_size} bytes")
+    for debugfs in sorted(Path("/sys/kernel/debug/dri").glob("*/gt0/uc/guc_info")):
+        try:
+            head = debugfs.read_text().splitlines()[:6]
+        except OSError:
+            continue
+        lines += [f"{debugfs}: {line}" for line in head]
+    pkgs = doctor.dpkg_versions(host)
+    for name in (*doctor.COMPUTE_RUNTIME_PKGS, *doctor.LEVEL_ZERO_PKGS, "intel-gsc"):
+        if name in pkgs:
+            lines.append(f"host package: {name} {pkgs[name]}")
+    return "\n".join(lines) + "\n"
+
+
+def collect(opts: argparse.Namespace, settings: Mapping[str, str]) -> Collector:
+    c = Collector(opts.compose, opts.service, secrets_from({**os.environ, **settings}))
+    me = f"{shlex.quote(sys.executable)} -m arcvllm"
+    preset = opts.preset or c.exec("preset.txt", "printenv ARCVLLM_PRESET").stdout.strip()
+    c.shell("host/doctor.json", f"{me} doctor --json --preset {shlex.quote(preset)}")
+    c.exec("container/doctor.json", "arcvllm doctor --json")
+    c.add("host/versions.txt", "read /proc, /sys, /lib/firmware, dpkg", host_versions())
+    labels = c.shell(
+        "image/labels.json",
+        f"{opts.docker} image inspect --format '{{{{json .Config.Labels}}}}' "
+        f"{shlex.quote(opts.image)}",
+    )
+    manifest = _label(labels.stdout, "org.arcvllm.patches.manifest")
+    if manifest:
+        c.exec("image/patch-manifest.json", f"cat {shlex.quote(manifest)}")
+    c.exec(
+        "container/packages.txt",
+        "dpkg-query -W -f '${Package} ${Version}\\n' 2>/dev/null | grep -E "
+        "'^(libze|level-zero|intel-|libigdgmm|libigc)' ; python3 -m pip list 2>/dev/null | "
+        "grep -i -E '^(vllm|torch|triton|oneccl|intel|transformers|arcvllm)'",
+    )
+    for tool, args in (("sycl-ls", ""), ("xpu-smi", " discovery")):
+        c.exec(
+            f"container/{tool}.txt",
+            f"if command -v {tool} >/dev/null; then {tool}{args}; "
+            f"else echo '{tool}: not installed in this image'; fi",
+        )
+    if not opts.no_smoke:
+        with tempfile.TemporaryDirectory(dir=opts.scratch) as tmp:
+            report = Path(tmp) / "smoke.json"
+            key = settings.get("VLLM_API_KEY") or os.environ.get("VLLM_API_KEY", "")
+            step = c.shell(
+                "smoke/smoke.txt",
+                f"{me} smoke --base-url {shlex.quote(opts.base_url)} "
+                f"--preset {shlex.quote(preset)} --report {shlex.quote(str(report))} "
+                f"--log-cmd {shlex.quote(f'{opts.compose} logs --no-color {opts.service}')}"
+                + (' --api-key "$ARCVLLM_FIELD_KEY"' if key else ""),
+                env={"ARCVLLM_FIELD_KEY": key} if key else None,
+            )
+            if report.exists():
+                c.add("smoke/smoke.json", step.command, report.read_text())
+            else:
+                c.add("smoke/smoke.json", step.command, "{}\n")
+    if not opts.no_bench:
+        out = "/tmp/arcvllm-field-bench"
+        c.exec(
+            "bench/bench.txt",
+            f"rm -rf {out} && arcvllm bench --base-url http://127.0.0.1:8000 "
+            f"--preset {shlex.quote(preset)} --out {out} {opts.bench_args}",
+        )
+        c.exec("bench/bench.json", f"cat {out}/bench.json")
+    c.shell("server.log", f"{opts.compose} logs --no-color --tail=5000 {opts.service}")
+    return c
+
+
+def _label(labels_json: str, key: str) -> str | None:
+    try:
+        return json.loads(labels_json).get(key)
+    except (ValueError, AttributeError):
+        return None
+
+
+def _json(step: Step | None) -> dict | None:
+    try:
+        value = json.loads(step.stdout) if step else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def summary(c: Collector, started: str) -> str:
+    """One screen: what ran, what failed, the doctor verdicts, smoke and bench in a line."""
+    by_name = {s.name: s for s in c.steps}
+    lines = [f"arcvllm field report, {started}", ""]
+    for where in ("host", "container"):
+        doc = _json(by_name.get(f"{where}/doctor.json"))
+        if doc and "rows" in doc:
+            bad = [f"{r['check']} ({r['status']})" for r in doc["rows"] if r["status"] != "ok"]
+            lines.append(
+                f"doctor {where}: preset {doc['preset']}, "
+                f"{'ok' if doc['ok'] else 'FAIL'}; not ok: {', '.join(bad) or 'none'}"
+            )
+        else:
+            lines.append(f"doctor {where}: no report")
+    if "smoke/smoke.json" in by_name:
+        smoke = _json(by_name["smoke/smoke.json"]) or {}
+        failed = ", ".join(smoke.get("failed") or [])
+        lines.append(
+            f"smoke: {smoke.get('verdict', 'no report')}" + (f" ({failed})" if failed else "")
+        )
+    if "bench/bench.json" in by_name:
+        bench = by_name["bench/bench.json"]
+        lines.append(f"bench: {'bench/bench.json' if bench.rc == 0 else 'no result'}")
+    lines += ["", "step                          rc  seconds"]
+    for s in c.steps:
+        lines.append(f"{s.name:<28} {s.rc:>4} {s.seconds:>8.1f}")
+    failed = [s.name for s in c.steps if s.rc != 0]
+    lines += ["", f"failed steps: {', '.join(failed) or 'none'}"]
+    return "\n".join(lines) + "\n"
+
+
+def write(path: Path, c: Collector, text_summary: str) -> list[str]:
+    """The tarball: one folder, every member redacted. Returns the member names."""
+    members = [(s.name, s.text) for s in c.steps if s.name != "preset.txt"]
+    commands = "\n".join(f"{s.name}\trc={s.rc}\t{s.seconds}s\t{s.command}" for s in c.steps)
+    members += [("commands.txt", commands + "\n"), ("summary.txt", text_summary)]
+    root = path.name.removesuffix(".tar.gz")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    names = []
+    with tarfile.open(path, "w:gz") as tar:
+        for name, text in members:
+            data = redact(text, c.secrets).encode()
+            info = tarfile.TarInfo(f"{root}/{name}")
+            info.size, info.mtime, info.mode = len(data), int(time.time()), 0o644
+            tar.addfile(info, io.BytesIO(data))
+            names.append(name)
+    return names
+
+
+def _cmd(args: argparse.Namespace) -> int:
+    from arcvllm.settings import load
+
+    settings = load(Path(args.env_file)) if args.env_file else {}
+    out = Path(args.out)
+    if not out.name.endswith(".tar.gz"):
+        raise ArcvllmError(f"--out {out}: name the tarball *.tar.gz")
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    collector = collect(args, settings)
+    text = redact(summary(collector, started), collector.secrets)
+    write(out, collector, text)
+    print(text, end="")
+    print(f"field report: {out}")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "field-report",
+        help="one tarball for a bug report: doctor, image, smoke, bench, logs (secrets redacted)",
+        description=__doc__.split("\n\n")[1],
+    )
+    p.add_argument("--compose", required=True, help="compose command prefix of the deployment")
+    p.add_argument("--service", required=True, help="compose service (vllm, vllm-cpu)")
+    p.add_argument("--image", required=True, help="the service's image")
+    p.add_argument("--base-url", required=True, help="the API as the host reaches it")
+    p.add_argument("--preset", help="default: the container's $ARCVLLM_PRESET")
+    p.add_argument("--env-file", help="the settings file: its secrets are redacted")
+    p.add_argument("--out", default="reports/field-report.tar.gz", help="the tarball")
+    p.add_argument("--docker", default="docker", help="docker client")
+    p.add_argument("--bench-args", default=SHORT_BENCH, help=f"default: {SHORT_BENCH}")
+    p.add_argument("--no-smoke", action="store_true", help="skip the smoke test")
+    p.add_argument("--no-bench", action="store_true", help="skip the bench")
+    p.add_argument("--scratch", help="folder for temporary files (default: the system's)")
+    p.set_defaults(func=_cmd)
