@@ -38,15 +38,15 @@ for version in "${legacy_versions[@]}"; do
 	touch "$site/.stamp"
 done
 
-grep -v '^#' "$root/tests/requirements/vllm-sdists.txt" | while read -r sha256 url; do
-	name=$(basename "$url")
+# The tooling venv's arcvllm asks pip's configured index for each file and checks its sum.
+fetch=${ARCVLLM_PYTHON:-$root/.venv/bin/python}
+grep -v '^#' "$root/tests/requirements/vllm-sdists.txt" | while read -r sha256 name; do
 	version=${name#vllm-}
 	version=${version%.tar.gz}
 	out=$dest/upstream-tests/$version
 	[[ -f $out/test_mamba_utils.py ]] && continue
 	mkdir -p "$out"
-	curl -fsSL --retry 3 -o "$out/$name" "$url"
-	echo "$sha256  $out/$name" | sha256sum -c --quiet -
+	"$fetch" -m arcvllm.index vllm "$name" "$sha256" "$out" >/dev/null
 	tar -xzf "$out/$name" -C "$out" --strip-components=4 "vllm-$version/tests/v1/worker/test_mamba_utils.py"
 	rm "$out/$name"
 done

@@ -59,8 +59,13 @@ ensure_base_image() {
 	"$docker" image inspect "$base_image" >/dev/null 2>&1 && return
 	"$docker" pull -q "$base_image" >/dev/null 2>&1 && return
 	local mirror rootfs
-	mirror=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
-	mirror=${mirror:-http://deb.debian.org/debian}
+	# The Debian mirror this machine's apt uses (deb822 sources, or a one-line sources.list).
+	mirror=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
+	[[ -n $mirror ]] || mirror=$(awk '$1 == "deb" {print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)
+	if [[ -z $mirror ]]; then
+		log "no Debian mirror in apt's sources (/etc/apt/sources.list.d/*.sources, /etc/apt/sources.list)"
+		exit 3
+	fi
 	rootfs=$(mktemp -d "${TMPDIR:-/tmp}/arcvllm-rootfs.XXXXXX")
 	# shellcheck disable=SC2064 # expand now: the path is local
 	trap "rm -rf '$rootfs'" EXIT
