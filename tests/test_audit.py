@@ -219,3 +219,21 @@ def test_an_unlisted_difference_fails_naming_it_and_a_stale_one_too(tmp_path, ca
     assert err == [
         "arcvllm: xpu-0.23: listed difference apt:python3.12 no longer differs: remove it"
     ]
+
+
+@pytest.mark.vllm
+def test_a_lock_that_is_not_what_stack_lock_writes_fails(tmp_path):
+    (tmp_path / "docker").mkdir()
+    (tmp_path / "docker" / "Dockerfile").write_text((ROOT / "docker" / "Dockerfile").read_text())
+    locks = tmp_path / "configs" / "locks"
+    locks.mkdir(parents=True)
+    stacks = _stacks_file(tmp_path)
+    written = audit.write_lock("xpu-0.23", file=stacks, root=tmp_path)
+    assert written == locks / "xpu-0.23.txt"
+    text = written.read_text()
+    (locks / "xpu-0.23.txt").write_text(text.replace("transformers==5.5.3", "transformers==5.5.4"))
+    rows = {r.key: r for r in audit.audit("xpu-0.23", file=stacks, root=tmp_path).rows}
+    assert (rows["lock"].ours, rows["lock"].status) == ("stale", "unlisted")
+    (locks / "xpu-0.23.txt").write_text(text)
+    rows = {r.key: r for r in audit.audit("xpu-0.23", file=stacks, root=tmp_path).rows}
+    assert (rows["lock"].ours, rows["lock"].status) == ("current", "same")
