@@ -456,7 +456,11 @@ def dockerfile_facts(
 def _apt(words: list[str], installed: list[str]) -> list[str]:
     if not words or words[0].rsplit("/", 1)[-1] not in ("apt-get", "apt"):
         return installed
-    rest = [w for w in words[1:] if not w.startswith("-")]
+    rest, skip = [], False
+    for word in words[1:]:
+        if not skip and not word.startswith("-"):
+            rest.append(word)
+        skip = word in ("-o", "-t", "-c")  # options that take a value
     if not rest or rest[0] not in ("install", "purge", "remove"):
         return installed
     names = [w.split("=", 1)[0] for w in rest[1:] if not w.endswith(".deb") and "/" not in w]
