@@ -157,7 +157,8 @@ def read_release(path: Path, version: str, sha256: str) -> Release:
 # ---- Dockerfiles, shell commands and variables ---------------------------------------------
 
 _VAR = re.compile(
-    r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(?:(:-|:\+|:\?|#)([^}]*))?\}|([A-Za-z_][A-Za-z0-9_]*))"
+    r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*|[0-9]+)(?:(:-|:\+|:\?|#)([^}]*))?\}"
+    r"|([A-Za-z_][A-Za-z0-9_]*|[0-9]))"
 )
 
 
@@ -274,10 +275,11 @@ def _mounts(value: str) -> tuple[dict[str, str], str]:
     return mounts, command
 
 
-def _mounted(path: str, mounts: Mapping[str, str]) -> str:
-    """PATH inside a RUN, as the build-context path a bind mount (file or folder) gives it."""
+def _mounted(path: str, mounts: Mapping[str, str], program: bool = False) -> str:
+    """PATH inside a RUN, as the build-context path a bind mount (file or folder) gives it
+    (a PROGRAM without a slash is looked up on PATH: a mount target of that name)."""
     for target, source in mounts.items():
-        if path == target:
+        if path == target or (program and "/" not in path and target.endswith("/" + path)):
             return source
         if path.startswith(target.rstrip("/") + "/"):
             return source.rstrip("/") + path[len(target.rstrip("/")) :]
@@ -383,13 +385,15 @@ def dockerfile_facts(
     build_args: Mapping[str, str],
     requirement_file: Callable[[str], dict[str, str] | None],
     target: str | None = None,
+    script_file: Callable[[str], str | None] = lambda _: None,
 ) -> Facts:
     """Facts of the image stage TARGET (default: the last) of TEXT builds, with BUILD_ARGS.
 
     apt packages, debs, the oneCCL installer and ENV come from the last stage's FROM chain
     (what its filesystem and environment start from); pip steps also from the stages it
     copies from (our runtime copies /opt/venv). REQUIREMENT_FILE maps a `-r`/`-c` path
-    (bind mounts followed to their source) to the pins it holds, or None if unknown.
+    (bind mounts followed to their source) to the pins it holds, or None if unknown;
+    SCRIPT_FILE gives the text of a script a RUN bind-mounts and runs, read as part of it.
     """
     stages = parse_stages(text, build_args)
     if not stages:
@@ -430,17 +434,15 @@ def dockerfile_facts(
                 values = {**args, **env}
             elif instruction == "RUN":
                 mounts, script = _mounts(value)
-                script = substitute(script, values)
-                for words in commands(script):
-                    if stage.name in in_chain:
-                        apt = _apt(words, apt)
-                        for word in words:
-                            if re.match(r"^https?://\S+\.deb$", word):
-                                name, version = _deb(word)
-                                facts.values[f"deb:{name}"] = version
-                            elif re.match(r"^https?://\S*oneccl\S*\.sh$", word, re.IGNORECASE):
-                                facts.values["oneccl-installer"] = word.rsplit("/", 1)[-1]
-                    _pip_step(words, mounts, values, requirement_file, state, removed, facts)
+                for words in commands(substitute(script, values)):
+                    found = [words]
+                    if (text := script_file(_mounted(words[0], mounts, program=True))) is not None:
+                        found += list(script_commands(text, words[1:], values))
+                    for command in found:
+                        if stage.name in in_chain:
+                            apt = _apt(command, apt)
+                            _downloads(command, facts)
+                        _pip_step(command, mounts, values, requirement_file, state, removed, facts)
     for name in apt:
         facts.values[f"apt:{name}"] = "installed"
     for key, value in env.items():
@@ -451,6 +453,35 @@ def dockerfile_facts(
     facts.installed = set(state)
     facts.uninstalled = set(removed)
     return facts
+
+
+def script_commands(
+    text: str, argv: Sequence[str], values: Mapping[str, str]
+) -> Iterator[list[str]]:
+    """The commands of a shell script run with ARGV: positional parameters and plain
+    `name=value` assignments resolved line by line."""
+    known = {**values, **{str(i): a for i, a in enumerate(argv, start=1)}}
+    for line in text.replace("\\\n", " ").splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        words = line.split()
+        if all(re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", w) for w in words):
+            for word in words:
+                key, _, raw = word.partition("=")
+                known[key] = _unquote(substitute(raw, known))
+            continue
+        yield from commands(substitute(line, known))
+
+
+def _downloads(words: list[str], facts: Facts) -> None:
+    """GPU user-space .debs and the oneCCL installer a command fetches."""
+    for word in words:
+        if re.match(r"^https?://\S+\.deb$", word):
+            name, version = _deb(word)
+            facts.values[f"deb:{name}"] = version
+        elif re.match(r"^https?://\S*oneccl\S*\.sh$", word, re.IGNORECASE):
+            facts.values["oneccl-installer"] = word.rsplit("/", 1)[-1]
 
 
 def _apt(words: list[str], installed: list[str]) -> list[str]:
@@ -558,7 +589,13 @@ def our_facts(dockerfile: str, args: Mapping[str, str], root: Path) -> Facts:
             return {n: e.version for n, e in lock.parse_lock(file.read_text()).items()}
         return None
 
-    facts = dockerfile_facts(dockerfile, {"FLAVOR": "xpu", **args}, requirement_file, "runtime")
+    def script_file(path: str) -> str | None:
+        file = root / path
+        return file.read_text() if path.endswith(".sh") and file.is_file() else None
+
+    facts = dockerfile_facts(
+        dockerfile, {"FLAVOR": "xpu", **args}, requirement_file, "runtime", script_file
+    )
     kernels = lock.requirement_pins(args.get("VLLM_XPU_KERNELS", ""))
     for name, version in kernels.items():
         facts.values[f"pin:{name}"] = version

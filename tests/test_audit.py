@@ -100,6 +100,12 @@ def test_facts_of_a_dockerfile_come_from_the_target_stages_chain():
     assert facts.uninstalled == {"oneccl"} and "oneccl" not in facts.installed
 
 
+def test_a_script_a_run_step_mounts_and_runs_is_read_with_its_arguments():
+    text = (ROOT / "docker" / "build-vllm-xpu.sh").read_text()
+    run = list(audit.script_commands(text, ["/src/vllm", "/tmp/reqs.txt", "/tmp/dist"], {}))
+    assert ["pip", "install", "--no-deps", "--require-hashes", "-r", "/tmp/reqs.txt"] in run
+
+
 def test_compare_names_unlisted_and_stale_differences():
     release = audit.Facts({"base": "a", "apt:vim": "installed", "pin:torch": "2"})
     ours = audit.Facts({"base": "b", "pin:torch": "2", "env:HF_HOME": "/x"})
