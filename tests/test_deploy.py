@@ -12,6 +12,7 @@ import json
 import subprocess
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 from conftest import free_port
@@ -33,9 +34,18 @@ def make(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     )
 
 
+class Service(NamedTuple):
+    url: str
+    cid: str
+    project: str
+    port: int
+    settings: Path
+    image: str
+
+
 @pytest.fixture(scope="module")
 def keyed_service(cpu_image, tmp_path_factory):  # noqa: F811
-    """`make up FLAVOR=cpu ENV_FILE=mine.env` with a key in mine.env; yields (url, cid)."""
+    """`make up FLAVOR=cpu ENV_FILE=mine.env` with a key in mine.env, under its own project."""
     port = free_port()
     project = f"arcvllm-keytest-{port}"
     mine = tmp_path_factory.mktemp("deploy") / "mine.env"
@@ -57,7 +67,7 @@ def keyed_service(cpu_image, tmp_path_factory):  # noqa: F811
             "ps", "-q", "--filter", f"label=com.docker.compose.project={project}"
         ).stdout.strip()
         assert cid, f"no container for compose project {project}"
-        yield f"http://127.0.0.1:{port}", cid
+        yield Service(f"http://127.0.0.1:{port}", cid, project, port, mine, cpu_image)
     finally:
         # -v: the project's cache volumes and the image's anonymous /var/cache/arcvllm
         make("down", *args, "DOWN_FLAGS=-v")
@@ -85,7 +95,7 @@ def wait_healthy(url: str, cid: str, timeout: float = 600) -> None:
 def test_a_key_in_the_settings_file_is_required_by_the_served_api(keyed_service):
     import httpx
 
-    url, cid = keyed_service
+    url, cid = keyed_service.url, keyed_service.cid
     wait_healthy(url, cid)
     body = {"model": MODEL, "prompt": "block state", "max_tokens": 4, "temperature": 0}
     without = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
@@ -110,7 +120,7 @@ def test_a_key_in_the_settings_file_is_required_by_the_served_api(keyed_service)
 def test_the_containers_environment_leaves_tp2_both_gpus(keyed_service):
     """The container's environment is the settings file (env_file): its empty
     ZE_AFFINITY_MASK must leave the TP=2 preset's 0,1 in place."""
-    _, cid = keyed_service
+    cid = keyed_service.cid
     env = docker("exec", cid, "printenv", "ZE_AFFINITY_MASK", check=False)
     assert (env.returncode, env.stdout.strip()) == (0, "")  # set, and empty
     dry = docker(
@@ -124,3 +134,52 @@ def test_the_containers_environment_leaves_tp2_both_gpus(keyed_service):
         check=False,
     )
     assert "ZE_AFFINITY_MASK=0,1" in dry.stdout.splitlines(), dry.stdout + dry.stderr
+
+
+@pytest.mark.docker
+def test_field_report_tarball_has_every_part_and_never_the_key(keyed_service, tmp_path):
+    import tarfile
+
+    svc = keyed_service
+    wait_healthy(svc.url, svc.cid)
+    out = tmp_path / "field-report.tar.gz"
+    done = make(
+        "field-report",
+        "FLAVOR=cpu",
+        "STACK=cpu",
+        f"IMAGE={svc.image}",
+        f"ENV_FILE={svc.settings}",
+        f"PROJECT={svc.project}",
+        f"PORT={svc.port}",
+        f"FIELD_REPORT={out}",
+        timeout=1200,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert KEY not in done.stdout + done.stderr
+    with tarfile.open(out) as tar:
+        blobs = {m.name.split("/", 1)[1]: tar.extractfile(m).read() for m in tar.getmembers()}
+    assert set(blobs) >= {
+        "host/doctor.json",
+        "container/doctor.json",
+        "host/versions.txt",
+        "image/labels.json",
+        "image/patch-manifest.json",
+        "container/packages.txt",
+        "container/sycl-ls.txt",
+        "container/xpu-smi.txt",
+        "smoke/smoke.json",
+        "bench/bench.json",
+        "server.log",
+        "commands.txt",
+        "summary.txt",
+    }
+    leaks = [name for name, blob in blobs.items() if KEY.encode() in blob]
+    assert leaks == []
+    assert json.loads(blobs["image/labels.json"])["org.arcvllm.stack"] == "cpu"
+    assert json.loads(blobs["image/patch-manifest.json"])["vllm"]["version"] == "0.32.0"
+    assert json.loads(blobs["host/doctor.json"])["preset"] == "tiny-hybrid-cpu"
+    assert json.loads(blobs["smoke/smoke.json"])["verdict"] == "pass", blobs["summary.txt"]
+    assert json.loads(blobs["bench/bench.json"])
+    assert b"sycl-ls: not installed in this image" in blobs["container/sycl-ls.txt"]
+    assert b"failed steps: none" in blobs["summary.txt"], blobs["summary.txt"]
+    assert b"Application startup complete" in blobs["server.log"]
