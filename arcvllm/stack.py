@@ -196,14 +196,17 @@ def dockerfile_mismatches(
     XPU pins are declared once, in the stacks file: an ARG of an XPU stage (`*-xpu`, or one
     the CPU stack lacks) that a stack sets must have no default. The CPU stages' defaults
     must equal the CPU stack (a plain `docker build` builds it). Every pin must be an ARG.
-    `scratch` for a base image is a placeholder, not a value (FROM needs a name to parse).
+    A global ARG of an XPU pin only names a FROM image or stage; its default is a
+    placeholder that keeps a CPU build's FROM lines valid, not a value.
     """
     cpu = stacks[defaults["cpu"]].build_args()
     pinned = {key for s in stacks.values() for key in s.build_args()}
     declared = dockerfile_args(text)
     problems = []
     for stage, name, default in declared:
-        if default is None or default == "scratch" or name not in pinned:
+        if default is None or name not in pinned:
+            continue
+        if stage == "" and name not in cpu:
             continue
         if stage.endswith("-xpu") or name not in cpu:
             problems.append(

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # build-vllm-xpu.sh SRC BUILD_REQS DIST: build vLLM's XPU wheel from a release's source.
-# On XPU vLLM has no C extensions: the wheel is Python only, built against the torch of
+# On XPU vLLM builds at most one small C++ extension (spinloop, from 0.23), against the torch of
 # the running environment (--no-build-isolation: setup.py imports torch, and the sdist's
 # build requirements pin a CUDA torch). Shared by the XPU flavour and its CI stand-in.
 set -euo pipefail

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from conftest import ROOT, free_port
 
-from arcvllm import audit, lock
+from arcvllm import audit, lock, stack
 from arcvllm.cli import main
 
 # vllm-0.23.0.tar.gz as PyPI's simple index lists it (36624042 bytes).
@@ -243,3 +243,11 @@ def test_a_lock_that_is_not_what_stack_lock_writes_fails(tmp_path):
     (locks / "xpu-0.23.txt").write_text(text)
     rows = {r.key: r for r in audit.audit("xpu-0.23", file=stacks, root=tmp_path).rows}
     assert (rows["lock"].ours, rows["lock"].status) == ("current", "same")
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("name", [n for n, s in stack.load()[0].items() if s.flavor == "xpu"])
+def test_every_xpu_stack_matches_its_release_but_for_listed_differences(name):
+    """CI's fidelity audit: the release's own Dockerfile.xpu, requirements and lock against
+    our Dockerfile and stacks file; every difference is listed with its reason."""
+    assert audit.audit(name, root=ROOT).problems() == []
