@@ -11,6 +11,10 @@ mkdir -p "${TMPDIR:-/tmp}" "${HF_HOME:-$HOME/.cache/huggingface}" \
 	"${VLLM_CACHE_ROOT:-$HOME/.cache/vllm}" "${TORCHINDUCTOR_CACHE_DIR:-/tmp}" \
 	"${TRITON_CACHE_DIR:-/tmp}" 2>/dev/null || true
 
+# The settings file lists ZE_AFFINITY_MASK empty (empty: the preset chooses the GPUs) and
+# compose passes it on as set-but-empty; no runtime below should read "" as a GPU list.
+[[ -n ${ZE_AFFINITY_MASK-} ]] || unset ZE_AFFINITY_MASK
+
 if [[ $# -eq 0 ]]; then
 	set -- "${ARCVLLM_PRESET:?no arguments and no ARCVLLM_PRESET: give vLLM arguments or a preset}"
 fi

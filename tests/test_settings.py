@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+from test_image import fake_image  # noqa: F401  (fixture: the entrypoint with stand-ins)
 
 from arcvllm import cli, settings
 from arcvllm.errors import ArcvllmError
@@ -87,3 +88,9 @@ def test_load_returns_the_values_the_container_gets(tmp_path):
     path.write_text("NOPE=1\n")
     with pytest.raises(ArcvllmError):
         settings.load(path)
+
+
+def test_the_entrypoint_drops_an_empty_gpu_mask_and_keeps_a_chosen_one(fake_image):  # noqa: F811
+    show = ["bash", "-c", "echo ${ZE_AFFINITY_MASK-unset}"]
+    assert fake_image(*show, ZE_AFFINITY_MASK="") == "unset"
+    assert fake_image(*show, ZE_AFFINITY_MASK="2,3") == "2,3"
