@@ -251,3 +251,18 @@ def test_every_xpu_stack_matches_its_release_but_for_listed_differences(name):
     """CI's fidelity audit: the release's own Dockerfile.xpu, requirements and lock against
     our Dockerfile and stacks file; every difference is listed with its reason."""
     assert audit.audit(name, root=ROOT).problems() == []
+
+
+@pytest.mark.vllm
+def test_xpu_0_33_resolves_from_the_indexes_its_release_names():
+    """The release's requirements/xpu.txt names PyTorch's XPU index and vLLM's own (for the
+    triton==3.8.0+xpu shim); the stack passes exactly those, and the lock keeps the shim."""
+    import re
+
+    s = stack.get("xpu-0.33")
+    args = s.build_args()
+    path = audit.fetch_sdist(args, s.vllm_version, audit.default_cache())
+    release = audit.read_release(path, s.vllm_version, args["VLLM_SDIST_SHA256"])
+    named = set(re.findall(r"--extra-index-url[= ](\S+)", release.files["xpu"]))
+    assert named == {args["TORCH_INDEX_URL"], args["TRITON_INDEX_URL"]}
+    assert "triton==3.8.0+xpu" in (ROOT / args["XPU_LOCK"]).read_text().split()
