@@ -60,11 +60,12 @@ test: lint test-venvs tools ## everything: lint, unit, real vLLM code, image and
 	scripts/ci/engine.sh run $(MAKE) --no-print-directory test-in-engine
 
 # pytest's scratch under build/ (nothing left in /tmp), then the container smoke test of
-# the CPU image, whatever the host: `make smoke-test` alone is the operator's check.
+# the CPU image with the high-address emulation on, whatever the host (the plain smoke test
+# of that image runs in tests/test_deploy.py): `make smoke-test` alone is the operator's check.
 .PHONY: test-in-engine
 test-in-engine:
 	ARCVLLM_TEST_VENVS=$(abspath $(TEST_VENVS)) $(VENV)/bin/pytest --basetemp=$(BUILD)/pytest
-	$(MAKE) --no-print-directory smoke-check STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu
+	$(MAKE) --no-print-directory smoke-emulated STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu
 
 # ---- images and compose (docker/) ----
 # The engine scripts/ci/engine.sh starts: used when DOCKER_HOST is not set.
@@ -164,10 +165,15 @@ SMOKE_PORT           ?= 8001
 SMOKE_PROJECT        ?= arcvllm-smoke
 SMOKE_HEALTH_TIMEOUT ?= $(if $(filter xpu,$(FLAVOR)),900,600)
 SMOKE_REPORT         ?= reports/smoke-$(STACK).json
+# The server's whole log, saved before the container goes
+SMOKE_LOG            ?= $(SMOKE_REPORT:.json=.log)
 SMOKE_ARGS           ?=
 SMOKE_COMPOSE         = ENV_FILE=$(ENV_PATH) IMAGE=$(IMAGE) PORT=$(SMOKE_PORT) \
 	$(if $(RENDER_GID),RENDER_GID=$(RENDER_GID)) \
 	$(COMPOSE) -p $(SMOKE_PROJECT) $(COMPOSE_FILES)
+# Save the server's log, then remove the project with its volumes (pass or fail).
+SMOKE_STOP            = mkdir -p $(dir $(SMOKE_LOG)); \
+	$(SMOKE_COMPOSE) logs --no-color $(SERVICE) > $(SMOKE_LOG) 2>&1; $(SMOKE_COMPOSE) down -v
 
 .PHONY: smoke-test
 smoke-test: $(VENV)/.stamp ## build and start the image (STACK, PRESET), prove decode across mamba blocks, stop it
@@ -176,9 +182,25 @@ smoke-test: $(VENV)/.stamp ## build and start the image (STACK, PRESET), prove d
 .PHONY: smoke-check
 smoke-check: $(VENV)/.stamp ## the smoke test against the image as built (no build step)
 	$(ARCVLLM) smoke --base-url http://127.0.0.1:$(SMOKE_PORT) --preset $(PRESET) \
-		--start-cmd '$(SMOKE_COMPOSE) up -d $(SERVICE)' --stop-cmd '$(SMOKE_COMPOSE) down -v' \
+		--start-cmd '$(SMOKE_COMPOSE) up -d $(SERVICE)' --stop-cmd '$(SMOKE_STOP)' \
 		--log-cmd '$(SMOKE_COMPOSE) logs --no-color $(SERVICE)' \
 		--health-timeout $(SMOKE_HEALTH_TIMEOUT) --report $(SMOKE_REPORT) $(SMOKE_ARGS)
+
+# The same smoke test with ARCVLLM_EMULATE_HIGH_ADDRESSES=1 in the container (the settings
+# file plus that line): mamba copy pointers get bit 63, as on XPU. A vLLM with the fix (the
+# CPU image's 0.32.0, or a patched one) must pass, and the emulation banner must be in the log.
+EMULATED_REPORT      ?= reports/smoke-$(STACK)-emulated.json
+
+.PHONY: smoke-emulated
+smoke-emulated: $(VENV)/.stamp ## the smoke test with XPU-like (>= 2^63) mamba copy pointers emulated; must pass
+	@mkdir -p $(BUILD)
+	@{ grep -v '^ARCVLLM_EMULATE_HIGH_ADDRESSES=' $(ENV_PATH); echo ARCVLLM_EMULATE_HIGH_ADDRESSES=1; } \
+		> $(BUILD)/smoke-emulated.env
+	$(MAKE) --no-print-directory smoke-check ENV_FILE=$(abspath $(BUILD))/smoke-emulated.env \
+		SMOKE_REPORT=$(EMULATED_REPORT)
+	@grep -q 'HIGH-ADDRESS EMULATION IS ON' $(EMULATED_REPORT:.json=.log) || \
+		{ echo "smoke-emulated: no emulation banner in $(EMULATED_REPORT:.json=.log)" >&2; exit 1; }
+	@echo "smoke-emulated: pass, emulation banner in $(EMULATED_REPORT:.json=.log)"
 
 # ---- operate: presets, doctor, bench ----
 BENCH_OUT      ?= reports/bench
