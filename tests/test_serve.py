@@ -80,6 +80,18 @@ def test_an_empty_value_leaves_the_presets_and_other_keys_pass_through():
     assert env["VLLM_API_KEY"] == ""
 
 
+def test_tp_presets_exchange_ipc_handles_over_sockets():
+    """compose drops every capability, and oneCCL's default pidfd exchange needs
+    CAP_SYS_PTRACE under Docker's seccomp profile: every TP>1 preset must pick sockets."""
+    from arcvllm.presets import load_all
+
+    tp = [p for p in load_all().values() if p.gpus > 1]
+    assert tp, "no multi-GPU preset"
+    for preset in tp:
+        assert preset.env.get("CCL_ZE_IPC_EXCHANGE") == "sockets", preset.name
+        assert preset.env.get("ZE_AFFINITY_MASK") == ",".join(map(str, range(preset.gpus)))
+
+
 def test_missing_model_path_is_one_line_and_a_non_zero_exit(capsys, tmp_path):
     rc = cli.main(
         ["serve", "--preset", "tiny-hybrid-cpu", "--", "--model", str(tmp_path / "absent")]
