@@ -184,7 +184,8 @@ smoke-check: $(VENV)/.stamp ## the smoke test against the image as built (no bui
 	$(ARCVLLM) smoke --base-url http://127.0.0.1:$(SMOKE_PORT) --preset $(PRESET) \
 		--start-cmd '$(SMOKE_COMPOSE) up -d $(SERVICE)' --stop-cmd '$(SMOKE_STOP)' \
 		--log-cmd '$(SMOKE_COMPOSE) logs --no-color $(SERVICE)' \
-		--health-timeout $(SMOKE_HEALTH_TIMEOUT) --report $(SMOKE_REPORT) $(SMOKE_ARGS)
+		--health-timeout $(SMOKE_HEALTH_TIMEOUT) --report $(SMOKE_REPORT) $(SMOKE_ARGS) \
+		$(if $(call setting,VLLM_API_KEY),--api-key "$$(sed -n 's/^VLLM_API_KEY=//p' $(ENV_PATH) | tail -n 1)")
 
 # The same smoke test with ARCVLLM_EMULATE_HIGH_ADDRESSES=1 in the container (the settings
 # file plus that line): mamba copy pointers get bit 63, as on XPU. A vLLM with the fix (the

@@ -234,3 +234,12 @@ def test_make_up_refuses_an_unknown_setting_before_compose_runs(tmp_path):
     assert done.returncode != 0
     assert "unknown setting VLLM_API_KYE" in done.stderr
     assert "RAN" not in done.stdout
+
+
+def test_smoke_check_reads_the_key_from_the_settings_file_without_printing_it(tmp_path):
+    mine = tmp_path / "mine.env"
+    mine.write_text("VLLM_API_KEY=k-zz9-secret\n")
+    keyed = make_dry("smoke-check", "FLAVOR=cpu", f"ENV_FILE={mine}")
+    assert f"--api-key \"$(sed -n 's/^VLLM_API_KEY=//p' {mine}" in keyed
+    assert "k-zz9-secret" not in keyed
+    assert "--api-key" not in make_dry("smoke-check", "FLAVOR=cpu")
