@@ -48,6 +48,10 @@ class Preset:
     host_ram_gib: float = 0.0
     disk_gib: float = 0.0
     reference: str | None = None
+    # The exact weights served (Hugging Face repo id, format) and the excerpt of their
+    # config.json that kernel selection and the memory fit read (arcvllm/kernels.py).
+    checkpoint: Mapping[str, Any] = field(default_factory=dict)
+    model_config: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -74,7 +78,7 @@ def preset_from_mapping(data: Mapping[str, Any], source: str = "<preset>") -> Pr
     missing = [key for key in _REQUIRED if key not in data]
     if missing:
         raise ArcvllmError(f"{source}: missing key(s): {', '.join(missing)}")
-    known = {*_REQUIRED, "vllm_args", "env", "needs", "reference"}
+    known = {*_REQUIRED, "vllm_args", "env", "needs", "reference", "checkpoint", "model_config"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise ArcvllmError(f"{source}: unknown key(s): {', '.join(unknown)}")
@@ -86,9 +90,22 @@ def preset_from_mapping(data: Mapping[str, Any], source: str = "<preset>") -> Pr
     vllm_args = data.get("vllm_args") or {}
     env = data.get("env") or {}
     needs = data.get("needs") or {}
-    for key, value in (("vllm_args", vllm_args), ("env", env), ("needs", needs)):
+    checkpoint = data.get("checkpoint") or {}
+    model_config = data.get("model_config") or {}
+    for key, value in (
+        ("vllm_args", vllm_args),
+        ("env", env),
+        ("needs", needs),
+        ("checkpoint", checkpoint),
+        ("model_config", model_config),
+    ):
         if not isinstance(value, Mapping):
             raise ArcvllmError(f"{source}: {key} must be a mapping")
+    if data["device"] == "xpu" and not model_config.get("architectures"):
+        raise ArcvllmError(
+            f"{source}: an XPU preset needs model_config (architectures, quantization_config, "
+            "sizes): its stacks are checked against each release's kernel selection"
+        )
     for flag in vllm_args:
         if flag.startswith("-") or flag in ("model", "served-model-name"):
             raise ArcvllmError(
@@ -108,6 +125,8 @@ def preset_from_mapping(data: Mapping[str, Any], source: str = "<preset>") -> Pr
         host_ram_gib=float(needs.get("host_ram_gib", 0)),
         disk_gib=float(needs.get("disk_gib", 0)),
         reference=data.get("reference"),
+        checkpoint=dict(checkpoint),
+        model_config=dict(model_config),
     )
 
 
@@ -245,6 +264,163 @@ def render(preset: Preset, extra: Sequence[str] = (), python: str | None = None)
     return Command(python or sys.executable, tuple(args), dict(preset.env))
 
 
+# ---- memory fit, computed from the config excerpt (pure) ----
+
+GPU_GIB = 32.0  # Arc Pro B70
+# Activations and the non-torch runtime (Level Zero, oneCCL); vLLM's profile run measures
+# the real peak at start-up, this only keeps the estimate honest.
+RUNTIME_RESERVE_GIB = 1.0
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class Fit:
+    """Per GPU: weights + KV cache + mamba states at max-model-len x max-num-seqs."""
+
+    weights_gib: float
+    kv_gib: float
+    states_gib: float
+    budget_gib: float
+    reserve_gib: float = RUNTIME_RESERVE_GIB
+
+    @property
+    def total_gib(self) -> float:
+        return self.weights_gib + self.kv_gib + self.states_gib + self.reserve_gib
+
+    @property
+    def ok(self) -> bool:
+        return self.total_gib <= self.budget_gib
+
+    def summary(self) -> str:
+        return (
+            f"{self.total_gib:.1f}/{self.budget_gib:.1f} GiB "
+            f"(w {self.weights_gib:.1f} + kv {self.kv_gib:.1f} + states "
+            f"{self.states_gib:.2f} + {self.reserve_gib:.0f})"
+        )
+
+
+def _layers(text: Mapping[str, Any]) -> dict[str, int]:
+    kinds: dict[str, int] = {}
+    for kind in text.get("layer_types") or ["attention"] * int(text["num_hidden_layers"]):
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return {
+        "attention": kinds.get("full_attention", 0) + kinds.get("attention", 0),
+        "gdn": kinds.get("linear_attention", 0),
+        "mamba2": kinds.get("mamba", 0),
+    }
+
+
+def _attention_dims(text: Mapping[str, Any]) -> tuple[int, int, int]:
+    heads = int(text["num_attention_heads"])
+    head_dim = int(text.get("head_dim") or int(text["hidden_size"]) // heads)
+    return heads, int(text["num_key_value_heads"]), head_dim
+
+
+def _gdn_dims(text: Mapping[str, Any]) -> tuple[int, int, int, int]:
+    """(key dim, value dim, value heads, conv kernel) of a GatedDeltaNet layer."""
+    key = int(text["linear_num_key_heads"]) * int(text["linear_key_head_dim"])
+    value = int(text["linear_num_value_heads"]) * int(text["linear_value_head_dim"])
+    return key, value, int(text["linear_num_value_heads"]), int(text["linear_conv_kernel_dim"])
+
+
+def _mamba2_dims(text: Mapping[str, Any]) -> tuple[int, int, int]:
+    """(inner size, conv channels, heads) of a mamba2 layer."""
+    inner = int(text["mamba_expand"]) * int(text["hidden_size"])
+    conv = inner + 2 * int(text["mamba_n_groups"]) * int(text["mamba_d_state"])
+    return inner, conv, int(text["mamba_n_heads"])
+
+
+def parameter_counts(model_config: Mapping[str, Any]) -> tuple[int, int]:
+    """(routed-expert parameters, all other language-model parameters).
+
+    The vision tower is not counted: the VLM presets serve the language model only.
+    """
+    from arcvllm.kernels import moe_shape, text_config
+
+    text = text_config(model_config)
+    hidden = int(text["hidden_size"])
+    layers = _layers(text)
+    heads, kv_heads, head_dim = _attention_dims(text)
+    gate = 2 if text.get("attn_output_gate") else 1
+    attention = hidden * heads * head_dim * (gate + 1) + 2 * hidden * kv_heads * head_dim
+    other = layers["attention"] * attention
+    if layers["gdn"]:
+        key, value, v_heads, kernel = _gdn_dims(text)
+        gdn = hidden * (2 * key + 2 * value + 2 * v_heads) + (2 * key + value) * kernel
+        other += layers["gdn"] * (gdn + value * hidden + 2 * v_heads)
+    if layers["mamba2"]:
+        inner, conv, m_heads = _mamba2_dims(text)
+        mamba = hidden * (inner + conv + m_heads) + conv * int(text["mamba_d_conv"])
+        other += layers["mamba2"] * (mamba + inner * hidden + 3 * m_heads + inner)
+    n_layers = sum(layers.values())
+    shape = moe_shape(text)
+    experts = 0
+    if shape is not None:
+        experts = n_layers * shape["num_experts"] * 3 * hidden * shape["intermediate_size"]
+        shared = int(
+            text.get("shared_expert_intermediate_size") or text.get("shared_intermediate_size") or 0
+        )
+        other += n_layers * (hidden * shape["num_experts"] + 3 * hidden * shared)
+    else:
+        other += n_layers * 3 * hidden * int(text["intermediate_size"])
+    vocab = int(text["vocab_size"])
+    tied = bool(text.get("tie_word_embeddings", model_config.get("tie_word_embeddings", False)))
+    other += vocab * hidden * (1 if tied else 2)
+    return experts, other
+
+
+def weight_bytes(model_config: Mapping[str, Any]) -> float:
+    """Bytes of weights: bf16, routed experts at the checkpoint's bits plus group scales.
+
+    Only the routed experts are taken as quantized (the checkpoints keep attention,
+    linear attention, shared experts and embeddings in bf16 or quantize fewer of them),
+    so the estimate errs on the large side.
+    """
+    experts, other = parameter_counts(model_config)
+    quant = model_config.get("quantization_config") or {}
+    bits, group = 16, 0
+    for group_cfg in (quant.get("config_groups") or {}).values():
+        weights = group_cfg.get("weights") or {}
+        bits, group = int(weights.get("num_bits", 16)), int(weights.get("group_size") or 0)
+    per_expert = bits / 8 + (2 / group if group else 0)
+    return experts * per_expert + other * 2
+
+
+def memory_fit(preset: Preset) -> Fit | None:
+    """The preset's memory per GPU, or None when it carries no model config (CPU presets)."""
+    from arcvllm.kernels import text_config
+
+    if not preset.model_config:
+        return None
+    text = text_config(preset.model_config)
+    values = flag_values(render(preset).args)
+    tp = int(values.get("tensor-parallel-size", 1))
+    tokens = int(values["max-model-len"]) * int(values.get("max-num-seqs", 256))
+    seqs = int(values.get("max-num-seqs", 256))
+    layers = _layers(text)
+    _, kv_heads, head_dim = _attention_dims(text)
+    kv_per_token = layers["attention"] * 2 * -(-kv_heads // tp) * head_dim * 2
+    ssm_bytes = 4 if str(text.get("mamba_ssm_dtype", "")).endswith("float32") else 2
+    state = 0
+    if layers["gdn"]:
+        key, value, v_heads, kernel = _gdn_dims(text)
+        conv = (2 * key + value) // tp * (kernel - 1) * 2
+        k_dim, v_dim = int(text["linear_key_head_dim"]), int(text["linear_value_head_dim"])
+        state += layers["gdn"] * (conv + v_heads // tp * k_dim * v_dim * ssm_bytes)
+    if layers["mamba2"]:
+        _, conv, m_heads = _mamba2_dims(text)
+        head = int(text["mamba_d_head"])
+        ssm = m_heads // tp * head * int(text["mamba_d_state"]) * ssm_bytes
+        state += layers["mamba2"] * (conv // tp * (int(text["mamba_d_conv"]) - 1) * 2 + ssm)
+    utilization = float(values.get("gpu-memory-utilization", 0.9))
+    return Fit(
+        weights_gib=weight_bytes(preset.model_config) / tp / GIB,
+        kv_gib=kv_per_token * tokens / GIB,
+        states_gib=state * seqs / GIB,
+        budget_gib=utilization * GPU_GIB,
+    )
+
+
 # ---- stacks: which vLLM versions a preset is known to work with ----
 
 
@@ -354,21 +530,129 @@ def check_all(
     return results
 
 
+# ---- kernels: each XPU stack's own selection for each preset's model ----
+
+
+def xpu_stacks() -> dict[str, str]:
+    """XPU stack name -> its vLLM version, from configs/stacks.yaml."""
+    from arcvllm import stack
+
+    stacks, _ = stack.load()
+    return {name: s.vllm_version for name, s in stacks.items() if s.flavor == "xpu"}
+
+
+def kernel_rows(
+    presets: Iterable[Preset], stacks: Mapping[str, str], releases: Mapping[str, Any]
+) -> tuple[list[tuple[str, ...]], list[str], list[str]]:
+    """(table rows, failing listed preset/stack pairs, notes) for every preset x XPU stack.
+
+    RELEASES maps a vLLM version to the kernels.Release that runs it. A stack a preset
+    does not list is still checked and shown, so the table says what would break.
+    """
+    from arcvllm import kernels
+
+    checked = [p for p in presets if p.device == "xpu" and p.model_config]
+    requests = [
+        kernels.Request(
+            p.name,
+            p.model_config,
+            int(flag_values(render(p).args).get("tensor-parallel-size", 1)),
+        )
+        for p in checked
+    ]
+    rows: list[tuple[str, ...]] = [("PRESET", "STACK", "MOE KERNEL", "VERDICT", "LISTED")]
+    failures: list[str] = []
+    notes: list[str] = []
+    for stack_name, version in stacks.items():
+        release = releases[version]
+        if release.note:
+            notes.append(f"{stack_name}: {release.note}")
+        selections = kernels.select(release, requests) if requests else {}
+        for preset in checked:
+            selection = selections[preset.name]
+            result = kernels.verdict(selection)
+            listed = stack_name in preset.stacks
+            if listed and not result.ok:
+                failures.append(f"{preset.name} on {stack_name}")
+            layers = "; ".join(path for _, path, _ in selection.layers)
+            kernel = selection.kernel + (f" [{layers}]" if layers else "")
+            rows.append(
+                (
+                    preset.name,
+                    f"{stack_name} ({selection.vllm.split('+')[0] or version})",
+                    kernel,
+                    f"{result.word}: {result.reason}",
+                    "yes" if listed else "no",
+                )
+            )
+    return rows, failures, notes
+
+
+def fit_rows(presets: Iterable[Preset]) -> tuple[list[tuple[str, ...]], list[str]]:
+    rows: list[tuple[str, ...]] = [
+        ("PRESET", "GPUS", "PER GPU (max-model-len x max-num-seqs)", "FIT")
+    ]
+    failures = []
+    for preset in presets:
+        fit = memory_fit(preset)
+        if fit is None:
+            continue
+        rows.append((preset.name, f"{preset.gpus}x B70", fit.summary(), "ok" if fit.ok else "FAIL"))
+        if not fit.ok:
+            failures.append(preset.name)
+    return rows, failures
+
+
+def _check_arguments(presets: Mapping[str, Preset]) -> int | None:
+    """The argument check with this Python's vLLM; None when this Python has no vLLM."""
+    try:
+        version = installed_vllm_version()
+    except ImportError:
+        return None
+    results = check_all(presets.values(), version, stack_vllm_versions())
+    print(f"vLLM {version}: presets parsed with its own argument parser")
+    print(columns([("PRESET", "RESULT"), *results]))
+    if not any(r == "ok" for _, r in results):
+        print("arcvllm: no preset covers this vLLM version", file=sys.stderr)
+        return 1
+    return 1 if any(r.startswith("FAIL") for _, r in results) else 0
+
+
+def _check_kernels(presets: Mapping[str, Preset], given: Sequence[str]) -> int:
+    from arcvllm import kernels
+
+    stacks = xpu_stacks()
+    overrides = {r.version: r for r in map(kernels.parse_release, given)}
+    releases = {v: overrides.get(v) or kernels.find_release(v) for v in set(stacks.values())}
+    rows, failures, notes = kernel_rows(presets.values(), stacks, releases)
+    print("\nXPU kernels each stack's vLLM selects (its own code, platform = XPU)")
+    print(columns(rows))
+    for note in notes:
+        print(f"note: {note}")
+    fits, too_big = fit_rows(presets.values())
+    print(f"\nMemory per GPU: gpu-memory-utilization x {GPU_GIB:.0f} GiB")
+    print(columns(fits))
+    for failure in failures:
+        print(f"arcvllm: {failure}: the release has no XPU path for it", file=sys.stderr)
+    for name in too_big:
+        print(f"arcvllm: {name} does not fit its GPUs", file=sys.stderr)
+    return 1 if failures or too_big else 0
+
+
 # ---- CLI ----
 
 
 def _cmd_presets(args: argparse.Namespace) -> int:
-    """List the presets, or check them against the installed vLLM."""
+    """List the presets, or check them against the vLLM releases of their stacks."""
     presets = load_all(args.presets_dir)
     if args.check:
-        version = installed_vllm_version()
-        results = check_all(presets.values(), version, stack_vllm_versions())
-        print(f"vLLM {version}: presets parsed with its own argument parser")
-        print(columns([("PRESET", "RESULT"), *results]))
-        if not any(r == "ok" for _, r in results):
-            print("arcvllm: no preset covers this vLLM version", file=sys.stderr)
-            return 1
-        return 1 if any(r.startswith("FAIL") for _, r in results) else 0
+        status = _check_arguments(presets)
+        if status is None:
+            print("no vLLM in this Python: argument check left to the release's Python")
+            status = 0
+        if args.kernels:
+            status = max(status, _check_kernels(presets, args.release))
+        return status
     rows = [("NAME", "MODEL", "GPUS", "STACKS")]
     for p in presets.values():
         gpus = f"{p.gpus}x B70" if p.device == "xpu" else "cpu"
@@ -384,7 +668,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--check",
         action="store_true",
-        help="parse every preset this vLLM's stacks cover with the installed vLLM's parser",
+        help="parse every preset this vLLM's stacks cover with the installed vLLM's parser; "
+        "run each XPU stack's kernel selection on every preset's model; fit the memory",
+    )
+    parser.add_argument(
+        "--kernels",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --check: the kernel table and memory fit (default: on)",
+    )
+    parser.add_argument(
+        "--release",
+        action="append",
+        default=[],
+        metavar="VERSION=PYTHON[:SITE]",
+        help="run vLLM VERSION's selection in PYTHON (with SITE on its path) instead of "
+        "the test venvs (build/venvs, $ARCVLLM_TEST_VENVS)",
     )
     add_presets_dir(parser)
     parser.set_defaults(func=_cmd_presets)

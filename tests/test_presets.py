@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -172,10 +174,10 @@ def test_presets_command_lists_name_model_gpus_and_stacks(capsys):
     out = capsys.readouterr().out
     assert out.splitlines()[0].split() == ["NAME", "MODEL", "GPUS", "STACKS"]
     line = next(ln for ln in out.splitlines() if ln.startswith("qwen3.6-35b-a3b-w4a16-2xb70 "))
-    assert "2x B70" in line and "xpu-0.20,xpu-0.33" in line and "/models/" in line
+    assert "2x B70" in line and "xpu-0.23,xpu-0.33" in line and "/models/" in line
 
 
-STACKS = {"xpu-0.20": "0.20.2", "xpu-0.33": "0.33.0", "cpu": "0.32.0"}
+STACKS = {"xpu-0.20": "0.20.2", "xpu-0.23": "0.23.0", "xpu-0.33": "0.33.0", "cpu": "0.32.0"}
 
 
 def test_a_preset_is_parsed_by_the_releases_its_stacks_span():
@@ -204,6 +206,7 @@ def write_presets_with_a_renamed_flag(directory: Path) -> None:
         (directory / path.name).write_text(path.read_text())
     broken = yaml.safe_load((P.presets_dir() / "qwen3.6-35b-a3b-w4a16-1xb70.yaml").read_text())
     broken["name"] = "zz-renamed-flag"
+    broken["stacks"] = ["xpu-0.20", "xpu-0.23", "xpu-0.33"]  # parsed by every installed XPU release
     broken["vllm_args"]["max-seq-len"] = broken["vllm_args"].pop("max-model-len")
     (directory / "zz-renamed-flag.yaml").write_text(yaml.safe_dump(broken))
 
@@ -216,6 +219,7 @@ def test_presets_parse_with_the_installed_vllm_and_a_renamed_flag_fails(version,
     done = env.arcvllm(
         "presets",
         "--check",
+        "--no-kernels",
         "--presets-dir",
         str(tmp_path / "presets"),
         cwd=ROOT,
@@ -235,6 +239,38 @@ def test_presets_parse_with_the_installed_vllm_and_a_renamed_flag_fails(version,
     assert done.returncode == 1
 
 
+ENGINE_PARSE = """
+import json, sys
+try:
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+except ImportError:
+    from vllm.utils import FlexibleArgumentParser
+from vllm.engine.arg_utils import EngineArgs
+parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+for args in json.loads(sys.argv[1]):
+    ns = parser.parse_args(args)
+    print(ns.model, ns.language_model_only)
+"""
+
+
+@pytest.mark.vllm
+def test_vllm_0_23_0_engine_parser_takes_the_xpu_presets_flags_and_language_model_only():
+    """0.23.0's server parser needs fastapi, which the legacy venv lacks; its engine
+    arguments (every flag the XPU presets set) parse without it."""
+    env = vllm_env("0.23.0")
+    xpu = [p for p in P.load_all().values() if "xpu-0.23" in p.stacks]
+    args = [list(P.render(p).args) for p in xpu]
+    done = env.run("-c", ENGINE_PARSE, json.dumps(args), cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()[-len(xpu) :]
+    for preset, line in zip(xpu, lines, strict=True):
+        model, language_only = line.split()
+        assert model == preset.model
+        assert language_only == str("language-model-only" in preset.vllm_args)
+    bad = env.run("-c", ENGINE_PARSE, json.dumps([["--language-only-model"]]), cwd=ROOT)
+    assert bad.returncode != 0
+
+
 def test_a_presets_reference_exists_and_names_it():
     from arcvllm.bench import load_reference
 
@@ -244,3 +280,54 @@ def test_a_presets_reference_exists_and_names_it():
         reference = load_reference(preset.reference)
         assert reference is not None and reference["name"] == preset.reference
         assert reference["metrics"], preset.name
+
+
+# ---- checkpoint, config excerpt and memory fit ----
+
+
+def test_every_xpu_preset_names_its_checkpoint_and_commits_a_config_excerpt():
+    for preset in P.load_all().values():
+        if preset.device != "xpu":
+            continue
+        assert preset.checkpoint["format"] and "repo" in preset.checkpoint, preset.name
+        text = preset.model_config.get("text_config") or preset.model_config
+        assert preset.model_config["architectures"], preset.name
+        assert len(text["layer_types"]) == text["num_hidden_layers"], preset.name
+        assert (text.get("num_experts") or text.get("num_local_experts")) > 0, preset.name
+
+
+def test_an_xpu_preset_without_a_config_excerpt_is_refused():
+    with pytest.raises(ArcvllmError, match="needs model_config"):
+        P.preset_from_mapping(minimal(device="xpu", gpus=1, stacks=["xpu-0.23"]))
+
+
+def test_the_vlm_presets_serve_the_language_model_only():
+    for preset in P.load_all().values():
+        if "ConditionalGeneration" in str(preset.model_config.get("architectures")):
+            assert P.flag_values(P.render(preset).args)["language-model-only"] is True
+
+
+def test_weights_of_the_w4a16_checkpoint_count_experts_at_four_bits():
+    config = P.get_preset("qwen3.6-35b-a3b-w4a16-1xb70").model_config
+    experts, other = P.parameter_counts(config)
+    assert experts == 40 * 256 * 3 * 2048 * 512  # 32.2 G routed-expert parameters
+    assert 1.5e9 < other < 3e9
+    assert 18 < P.weight_bytes(config) / P.GIB < 21  # the card's 19.43 GB is 18.1 GiB
+
+
+@pytest.mark.parametrize("name", sorted(n for n, p in P.load_all().items() if p.model_config))
+def test_every_preset_fits_its_gpus_and_twice_the_sequences_do_not(name):
+    preset = P.get_preset(name)
+    fit = P.memory_fit(preset)
+    assert fit is not None and fit.ok, fit
+    seqs = int(P.flag_values(P.render(preset).args)["max-num-seqs"])
+    doubled = replace(preset, vllm_args={**preset.vllm_args, "max-num-seqs": 2 * seqs})
+    assert not P.memory_fit(doubled).ok
+
+
+def test_fit_rows_fail_a_preset_that_does_not_fit():
+    preset = P.get_preset("qwen3.6-35b-a3b-w4a16-1xb70")
+    big = replace(preset, vllm_args={**preset.vllm_args, "max-model-len": 262144})
+    rows, failures = P.fit_rows([preset, big])
+    assert rows[0][0] == "PRESET" and rows[1][-1] == "ok" and rows[2][-1] == "FAIL"
+    assert failures == [preset.name]

