@@ -82,11 +82,11 @@ def _sycl() -> tuple[str, str]:
         raise ToolchainMissing("no intel-sycl-rt wheel (sycl/sycl.hpp, libsycl.so)") from None
     header = lib = None
     for f in files:
-        path = str(f)
-        if path.endswith("include/sycl/sycl.hpp"):
-            header = Path(f.locate()).parent.parent
-        elif path.endswith("lib/libsycl.so"):
-            lib = Path(f.locate()).parent
+        path = Path(f.locate()).resolve()  # .data files land outside site-packages
+        if path.parts[-3:] == ("include", "sycl", "sycl.hpp"):
+            header = path.parent.parent
+        elif path.parts[-2:] == ("lib", "libsycl.so"):
+            lib = path.parent
     if header is None or lib is None:
         raise ToolchainMissing("the intel-sycl-rt wheel has no include/sycl/sycl.hpp or libsycl.so")
     return str(header), str(lib)
