@@ -17,3 +17,4 @@ step make build-xpu-ci STACK=xpu-0.20
 step make build-xpu-ci STACK=xpu-0.23
 step make build-xpu-ci STACK=xpu-0.33
 step make test
+echo "==> CI total: $SECONDS s"
