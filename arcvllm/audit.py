@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from arcvllm import lock
+from arcvllm import index, lock
 from arcvllm.errors import ArcvllmError
 from arcvllm.paths import data_root
 from arcvllm.text import columns
@@ -93,14 +93,6 @@ class Release:
         return lock.render(self.lock_source(), stack, lock.closure(entries, roots), roots)
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def default_cache() -> Path:
     """build/sdists of the checkout (where the Dockerfile build and the tests look too)."""
     return data_root() / "build" / "sdists"
@@ -120,8 +112,6 @@ def fetch_sdist(args: Mapping[str, str], version: str, cache: Path) -> Path:
     cached = cache / name
     if not cached.exists():
         try:
-            from arcvllm import index  # the package index as pip is configured
-
             url = args.get("VLLM_SDIST_URL") or index.file_url("vllm", name, sha256)
             cached = index.fetch(url, sha256, cache)
         except ImportError as exc:
@@ -129,7 +119,7 @@ def fetch_sdist(args: Mapping[str, str], version: str, cache: Path) -> Path:
             raise SourceUnavailable(f"cannot fetch {where}: {exc}") from None
         except ArcvllmError as exc:
             raise SourceUnavailable(str(exc)) from None
-    got = sha256_of(cached)
+    got = index.sha256_of(cached)
     if got != sha256:
         raise SourceUnavailable(
             f"{cached}: sha256 {got}, the stack pins {sha256} (remove the file to fetch it again)"
@@ -729,7 +719,7 @@ def release_of(stack, cache: Path, sdist: Path | None = None) -> Release:
         sha256 = args.get("VLLM_SDIST_SHA256", "")
         if not sdist.is_file():
             raise SourceUnavailable(f"no sdist at {sdist}")
-        if (got := sha256_of(sdist)) != sha256:
+        if (got := index.sha256_of(sdist)) != sha256:
             raise SourceUnavailable(f"{sdist}: sha256 {got}, the stack pins {sha256}")
         path = sdist
     else:

@@ -73,7 +73,7 @@ def fetch(url: str, sha256: str, dest: Path) -> Path:
 
     dest.mkdir(parents=True, exist_ok=True)
     target = dest / url.rsplit("/", 1)[-1].split("#", 1)[0]
-    if target.exists() and _sha256(target) == sha256:
+    if target.exists() and sha256_of(target) == sha256:
         return target
     part = target.with_name(target.name + ".part")
     try:
@@ -85,7 +85,7 @@ def fetch(url: str, sha256: str, dest: Path) -> Path:
     except httpx.HTTPError as exc:
         part.unlink(missing_ok=True)
         raise IndexUnavailable(f"cannot download {url}: {exc}") from None
-    got = _sha256(part)
+    got = sha256_of(part)
     if got != sha256:
         part.unlink()
         raise ArcvllmError(f"{target.name}: sha256 {got}, the pin says {sha256}")
@@ -96,12 +96,12 @@ def fetch(url: str, sha256: str, dest: Path) -> Path:
 def fetch_file(project: str, filename: str, sha256: str, dest: Path) -> Path:
     """FILENAME of PROJECT from the configured index into DEST, verified."""
     cached = dest / filename
-    if cached.exists() and _sha256(cached) == sha256:
+    if cached.exists() and sha256_of(cached) == sha256:
         return cached
     return fetch(file_url(project, filename, sha256), sha256, dest)
 
 
-def _sha256(path: Path) -> str:
+def sha256_of(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
