@@ -217,7 +217,7 @@ presets: $(VENV)/.stamp ## list the deployment presets (model, GPUs, stacks)
 	@$(ARCVLLM) presets
 
 .PHONY: doctor
-doctor: $(VENV)/.stamp ## host preflight for PRESET: GPU, render group, driver, shm, RAM, disk
+doctor: $(VENV)/.stamp ## host preflight for PRESET: GPU, render group, driver, kernel, firmware, BAR, shm, RAM, disk
 	@$(ARCVLLM) doctor --preset $(PRESET)
 
 # `make field-report`: the running deployment (make up) in one tarball for a bug report.
