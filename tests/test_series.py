@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,10 +24,12 @@ def states(version: str) -> dict[str, str]:
 @pytest.mark.parametrize(
     ("version", "copy", "fused", "warning"),
     [
-        ("0.17.0", "apply", "not-applicable", "not-applicable"),
+        ("0.17.0", "apply", "not-applicable", "unpatched"),
+        ("0.19.1", "apply", "not-applicable", "unpatched"),
         ("0.20.1rc1.dev105+g83fec0428", "apply", "not-applicable", "apply"),  # the report's
         ("0.20.2", "apply", "not-applicable", "apply"),
         ("0.20.2+xpu", "apply", "not-applicable", "apply"),
+        ("0.21.0", "apply", "not-applicable", "apply"),
         ("0.22.0", "apply", "apply", "apply"),
         ("0.23.0", "apply", "apply", "apply"),
         ("0.24.0", "upstream", "apply", "apply"),
@@ -42,6 +46,41 @@ def test_plan_selects_each_patch_by_release(version, copy, fused, warning):
         "mamba-fused-u64": fused,
         "mamba-block-size-align-warning": warning,
     }
+
+
+def test_a_release_with_the_bug_and_no_variant_is_unpatched_never_not_applicable(series_copy):
+    # Narrow the copy patch's only variant: 0.21-0.23 still carry the bug (below 0.24.0).
+    series_copy.write_text(
+        series_copy.read_text().replace('versions: ">=0.17.0,<0.24.0"', 'versions: "<0.21.0"')
+    )
+    the_series = series.load(series_copy)
+    expect = {
+        v: {s.patch.name: s.expect for s in series.plan(the_series, series.parse_version(v))}
+        for v in ("0.20.2", "0.21.0", "0.23.0", "0.24.0", "0.34.0")
+    }
+    assert {v: e["mamba-copy-uint64"] for v, e in expect.items()} == {
+        "0.20.2": series.APPLY,
+        "0.21.0": series.UNPATCHED,
+        "0.23.0": series.UNPATCHED,
+        "0.24.0": series.UPSTREAM,
+        "0.34.0": series.UPSTREAM,
+    }
+    # Outside the supported range nothing is claimed about a bug upstream has not fixed.
+    assert expect["0.34.0"]["mamba-block-size-align-warning"] == series.NOT_APPLICABLE
+    assert expect["0.23.0"]["mamba-block-size-align-warning"] == series.APPLY
+
+
+def test_plan_prints_unpatched_for_a_release_with_the_bug_and_no_variant():
+    out = subprocess.run(
+        [sys.executable, "-m", "arcvllm", "patches", "plan", "--vllm-version", "0.18.1"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == (
+        "mamba-block-size-align-warning=unpatched,mamba-copy-uint64=applied,"
+        "mamba-fused-u64=not-applicable"
+    )
 
 
 @pytest.mark.parametrize(
