@@ -26,9 +26,16 @@ MAX_LEN = 1024
 class Fake:
     """State and faults of one fake server."""
 
-    def __init__(self, faults: set[str] = frozenset(), block_in_metrics: bool = True) -> None:
+    def __init__(
+        self,
+        faults: set[str] = frozenset(),
+        block_in_metrics: bool = True,
+        models: tuple[str, ...] = ("tiny-hybrid",),
+    ) -> None:
         self.faults = set(faults)
         self.block_in_metrics = block_in_metrics
+        self.models = models
+        self.asked_for: set[str] = set()  # the model named by each tokenize/completion
         self.hits = 0
         self.queries = 0
         self.seen: set[tuple[int, ...]] = set()
@@ -60,7 +67,9 @@ class Fake:
                 self.hits += (len(prompt) - 1) // BLOCK * BLOCK
         if "stream_error" in self.faults and BLOCK - 16 < len(prompt) < BLOCK - 8:
             return None
-        n = max_tokens - 1 if "short" in self.faults else max_tokens
+        # "short": a decode that crosses a block boundary stops one token early.
+        crosses = len(prompt) // BLOCK != (len(prompt) + max_tokens - 1) // BLOCK
+        n = max_tokens - 1 if "short" in self.faults and crosses else max_tokens
         salt = 7 if again and "differs" in self.faults else 0
         return [(sum(prompt) + i * 31 + salt) % 500 for i in range(n)]
 
@@ -85,7 +94,10 @@ def handler(fake: Fake):
             if self.path == "/health":
                 self.send(200 if fake.healthy() else 503, "")
             elif self.path == "/v1/models":
-                models = [{"id": "tiny-hybrid", "object": "model", "max_model_len": MAX_LEN}]
+                models = [
+                    {"id": name, "object": "model", "max_model_len": MAX_LEN}
+                    for name in fake.models
+                ]
                 self.send(200, json.dumps({"object": "list", "data": models}))
             elif self.path == "/metrics":
                 self.send(200, fake.metrics(), "text/plain; version=0.0.4")
@@ -94,6 +106,7 @@ def handler(fake: Fake):
 
         def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            fake.asked_for.add(body.get("model"))
             if self.path == "/tokenize":
                 words = body["prompt"].split()
                 self.send(200, json.dumps({"tokens": [len(w) * 13 % 500 for w in words]}))
@@ -175,19 +188,35 @@ def test_a_healthy_server_passes(serve, capsys, tmp_path):
 @pytest.mark.parametrize(
     ("fault", "failing"),
     [
-        ("short", "boundary decode"),
-        ("dies", "healthy after crossing"),
-        ("no_hits", "prefix cache hits"),
-        ("differs", "prefix cache text"),
-        ("stream_error", "concurrent streams"),
+        # Every decode that crosses a boundary: the boundary decode and the 8 streams.
+        ("short", ["boundary decode", "concurrent streams"]),
+        # Dead after the boundary decode: everything after it.
+        (
+            "dies",
+            [
+                "healthy after crossing",
+                "prefix cache hits",
+                "prefix cache text",
+                "concurrent streams",
+                "healthy at the end",
+            ],
+        ),
+        ("no_hits", ["prefix cache hits"]),
+        ("differs", ["prefix cache text"]),
+        ("stream_error", ["concurrent streams"]),
     ],
 )
 def test_each_check_fails_on_a_server_broken_that_way(serve, capsys, tmp_path, fault, failing):
     log = tmp_path / "server.log"
     log.write_text("\n".join(f"line {i}" for i in range(80)) + "\n")
-    code, out, _ = run_cli(capsys, "--base-url", serve(Fake({fault})), "--log-file", str(log))
+    report = tmp_path / "r.json"
+    url = serve(Fake({fault}))
+    code, out, _ = run_cli(
+        capsys, "--base-url", url, "--log-file", str(log), "--report", str(report)
+    )
     assert code == 1
-    assert f"smoke: FAIL: {failing}" in out
+    assert json.loads(report.read_text())["failed"] == failing
+    assert f"smoke: FAIL: {', '.join(failing)}\n" in out
     assert "--- last 50 lines of the server log ---" in out
     assert "line 79" in out and "line 29\n" not in out and "line 30" in out
 
@@ -351,9 +380,19 @@ def test_table_fits_one_screen():
     assert table.splitlines()[2].endswith("FAIL") and table.splitlines()[3].endswith("PASS")
 
 
-def test_preset_names_the_model(serve, capsys):
-    code, out, _ = run_cli(capsys, "--base-url", serve(Fake()), "--preset", "tiny-hybrid-cpu")
+def test_preset_names_the_model(serve, capsys, tmp_path):
+    # Two models served, the preset's listed second: only the preset can pick it.
+    fake = Fake(models=("decoy", "tiny-hybrid"))
+    url = serve(fake)
+    code, _, err = run_cli(capsys, "--base-url", url)
+    assert code != 0 and "choose one with --model" in err
+    report = tmp_path / "r.json"
+    code, out, _ = run_cli(
+        capsys, "--base-url", url, "--preset", "tiny-hybrid-cpu", "--report", str(report)
+    )
     assert code == 0, out
+    assert json.loads(report.read_text())["server"]["model"] == "tiny-hybrid"
+    assert fake.asked_for == {"tiny-hybrid"}
 
 
 def test_unknown_preset_is_one_line_and_starts_nothing(capsys, tmp_path):
