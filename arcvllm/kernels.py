@@ -28,7 +28,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -199,13 +199,15 @@ class Request:
     name: str
     model_config: Mapping[str, Any]
     tensor_parallel_size: int = 1
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
 
 def select(
-    release: Release, requests: Sequence[Request], timeout: float = 600
+    release: Release,
+    requests: Sequence[Request],
+    timeout: float = 600,
+    env: Mapping[str, str] | None = None,
 ) -> dict[str, Selection]:
-    """Run the release's selection code for every request in one subprocess."""
+    """Run the release's selection code for every request in one subprocess (ENV added)."""
     payload = json.dumps(
         [
             {"name": r.name, "model_config": r.model_config, "tp": r.tensor_parallel_size}
@@ -214,14 +216,14 @@ def select(
     )
     if not release.python.exists():
         raise EnvironmentMissing(f"no Python at {release.python} for vLLM {release.version}")
-    code = "import sys; from arcvllm.kernels import _probe_main; _probe_main()"
+    code = "from arcvllm.kernels import _probe_main; _probe_main()"
     try:
         done = subprocess.run(
             [str(release.python), "-c", code],
             input=payload,
             capture_output=True,
             text=True,
-            env=release.env(),
+            env={**release.env(), **(env or {})},
             timeout=timeout,
         )
     except subprocess.TimeoutExpired as exc:

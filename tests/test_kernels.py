@@ -78,13 +78,15 @@ def release(version: str) -> K.Release:
     return K.Release(version, env.python, env.site)
 
 
-def run(version: str, **configs: dict) -> dict[str, K.Selection]:
-    return K.select(release(version), [K.Request(n, c) for n, c in configs.items()])
+def run(tmp_path: Path, version: str, **configs: dict) -> dict[str, K.Selection]:
+    requests = [K.Request(n, c) for n, c in configs.items()]
+    scratch = {"TMPDIR": str(tmp_path), "VLLM_CACHE_ROOT": str(tmp_path / "cache")}
+    return K.select(release(version), requests, env=scratch)
 
 
 @pytest.mark.vllm
-def test_vllm_0_20_2_sends_w4a16_moe_to_marlin_on_xpu():
-    got = run("0.20.2", w4a16=excerpt())["w4a16"]
+def test_vllm_0_20_2_sends_w4a16_moe_to_marlin_on_xpu(tmp_path):
+    got = run(tmp_path, "0.20.2", w4a16=excerpt())["w4a16"]
     assert got.vllm.startswith("0.20.2"), got
     assert got.moe_method == "CompressedTensorsWNA16MarlinMoEMethod", got
     assert got.backend == "Marlin", got
@@ -93,8 +95,9 @@ def test_vllm_0_20_2_sends_w4a16_moe_to_marlin_on_xpu():
 
 
 @pytest.mark.vllm
-def test_vllm_0_23_0_picks_its_xpu_wna16_experts_and_refuses_other_int4_schemes():
+def test_vllm_0_23_0_picks_its_xpu_wna16_experts_and_refuses_other_int4_schemes(tmp_path):
     got = run(
+        tmp_path,
         "0.23.0",
         w4a16=excerpt(),
         asymmetric=excerpt(symmetric=False),
@@ -116,9 +119,9 @@ def test_vllm_0_23_0_picks_its_xpu_wna16_experts_and_refuses_other_int4_schemes(
 
 
 @pytest.mark.vllm
-def test_vllm_0_20_2_has_xpu_paths_for_the_bf16_hybrid_moe():
+def test_vllm_0_20_2_has_xpu_paths_for_the_bf16_hybrid_moe(tmp_path):
     preset = P.get_preset("granite-4.0-h-tiny-1xb70")
-    got = run("0.20.2", granite=dict(preset.model_config))["granite"]
+    got = run(tmp_path, "0.20.2", granite=dict(preset.model_config))["granite"]
     assert got.backend == "UnquantizedMoeBackend.XPU" and got.experts == "XPUExperts", got
     assert [kind for kind, _, ok in got.layers if ok] == ["mamba2"], got
     assert K.verdict(got).ok, got
