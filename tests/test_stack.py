@@ -154,3 +154,12 @@ def test_ci_stand_in_of_a_cpu_stack_is_refused(stacks):
     by_name, _ = stacks
     with pytest.raises(ArcvllmError, match="the CI stand-in is for xpu"):
         stack.ci_build_args(by_name["cpu"], by_name["cpu"])
+
+
+def test_each_stack_defaults_to_a_preset_that_lists_it(stacks):
+    """The image's default preset must be one its own release can load (presets --check)."""
+    by_name, _ = stacks
+    presets_dir = ROOT / "configs" / "presets"
+    for s in by_name.values():
+        preset = yaml.safe_load((presets_dir / f"{s.build_args()['PRESET']}.yaml").read_text())
+        assert s.name in preset.get("stacks", [s.name]), f"{s.name}: {preset['name']}"
