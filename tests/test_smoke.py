@@ -31,7 +31,9 @@ class Fake:
         faults: set[str] = frozenset(),
         block_in_metrics: bool = True,
         models: tuple[str, ...] = ("tiny-hybrid",),
+        retention: str = "None",
     ) -> None:
+        self.retention = retention  # prefix_cache_retention_interval: "None" keeps every block
         self.faults = set(faults)
         self.block_in_metrics = block_in_metrics
         self.models = models
@@ -39,6 +41,7 @@ class Fake:
         self.hits = 0
         self.queries = 0
         self.seen: set[tuple[int, ...]] = set()
+        self.cached: set[tuple[int, ...]] = set()  # token prefixes of whole cached blocks
         self.completions = 0
         self.lock = threading.Lock()
 
@@ -52,29 +55,46 @@ class Fake:
         if self.block_in_metrics:
             lines += [
                 "# TYPE vllm:cache_config_info gauge",
-                f'vllm:cache_config_info{{effective_attention_block_size="{BLOCK}"}} 1.0',
+                "vllm:cache_config_info{"
+                f'effective_attention_block_size="{BLOCK}",'
+                f'prefix_cache_retention_interval="{self.retention}"}} 1.0',
             ]
         return "\n".join(lines) + "\n"
 
     def complete(self, prompt: list[int], max_tokens: int) -> list[int] | None:
+        """Like vLLM with prefix caching: whole blocks of a sequence are cached once
+        computed, prompt and decode alike, and a prompt hits its longest cached prefix of
+        whole blocks (never its last token)."""
         key = tuple(prompt)
         with self.lock:
             self.completions += 1
             again = key in self.seen
             self.seen.add(key)
             self.queries += len(prompt)
-            if again and "no_hits" not in self.faults:
-                self.hits += (len(prompt) - 1) // BLOCK * BLOCK
+            hit = 0
+            while (hit + 1) * BLOCK <= len(prompt) - 1 and key[: (hit + 1) * BLOCK] in self.cached:
+                hit += 1
+            if "no_hits" not in self.faults:
+                self.hits += hit * BLOCK
         if "stream_error" in self.faults and BLOCK - 16 < len(prompt) < BLOCK - 8:
             return None
         # "short": a decode that crosses a block boundary stops one token early.
         crosses = len(prompt) // BLOCK != (len(prompt) + max_tokens - 1) // BLOCK
         n = max_tokens - 1 if "short" in self.faults and crosses else max_tokens
         salt = 7 if again and "differs" in self.faults else 0
-        return [(sum(prompt) + i * 31 + salt) % 500 for i in range(n)]
+        ids = [(sum(prompt) + i * 31 + salt) % 500 for i in range(n)]
+        # The blocks a decode fills are kept only with dense retention, and not at all
+        # under "lost_state" (their state was not copied across the boundary).
+        sequence = key + tuple(ids)
+        dense = self.retention == "None" and "lost_state" not in self.faults
+        computed = len(sequence) - 1 if dense else len(prompt)
+        with self.lock:
+            self.cached.update(sequence[: k * BLOCK] for k in range(1, computed // BLOCK + 1))
+        return ids
 
     def healthy(self) -> bool:
-        return not ("dies" in self.faults and self.completions > 0)
+        # "dies": after the boundary decode and its re-send, the first two requests.
+        return not ("dies" in self.faults and self.completions > 1)
 
 
 def handler(fake: Fake):
@@ -168,10 +188,15 @@ def test_a_healthy_server_passes(serve, capsys, tmp_path):
     report = tmp_path / "r.json"
     code, out, _ = run_cli(capsys, "--base-url", url, "--report", str(report))
     assert code == 0, out
-    assert "smoke: PASS" in out
+    # The block size is what the checks are planned from: shown, not counted as passed.
+    assert "smoke: PASS (5 checks)" in out
+    assert next(line for line in out.splitlines() if line.startswith("block size")).endswith("INFO")
     data = json.loads(report.read_text())
     assert data["verdict"] == "pass"
     assert data["server"]["block_size"] == BLOCK
+    assert data["checks"][0]["ok"] is None
+    # The server's evidence of the crossing: both blocks the decode filled are cached.
+    assert data["measurements"]["boundary_resend_hit_tokens"] == 2 * BLOCK
     assert [c["name"] for c in data["checks"]] == [
         "block size",
         "boundary decode",
@@ -190,6 +215,8 @@ def test_a_healthy_server_passes(serve, capsys, tmp_path):
     [
         # Every decode that crosses a boundary: the boundary decode and the 8 streams.
         ("short", ["boundary decode", "concurrent streams"]),
+        # The decode completes but the blocks it filled are not kept: only the re-send shows.
+        ("lost_state", ["boundary decode"]),
         # Dead after the boundary decode: everything after it.
         (
             "dies",
@@ -201,7 +228,8 @@ def test_a_healthy_server_passes(serve, capsys, tmp_path):
                 "healthy at the end",
             ],
         ),
-        ("no_hits", ["prefix cache hits"]),
+        # No prefix-cache hit at all: nor for the re-sent decode.
+        ("no_hits", ["boundary decode", "prefix cache hits"]),
         ("differs", ["prefix cache text"]),
         ("stream_error", ["concurrent streams"]),
     ],
@@ -219,6 +247,28 @@ def test_each_check_fails_on_a_server_broken_that_way(serve, capsys, tmp_path, f
     assert f"smoke: FAIL: {', '.join(failing)}\n" in out
     assert "--- last 50 lines of the server log ---" in out
     assert "line 79" in out and "line 29\n" not in out and "line 30" in out
+
+
+def test_without_decode_checkpoints_the_boundary_decode_says_it_has_no_server_evidence(
+    serve, capsys, tmp_path
+):
+    # vLLM's default retention (0) keeps no decode checkpoints: a lost state cannot show.
+    report = tmp_path / "r.json"
+    url = serve(Fake({"lost_state"}, retention="0"))
+    code, out, _ = run_cli(capsys, "--base-url", url, "--report", str(report))
+    assert code == 0, out
+    data = json.loads(report.read_text())
+    decode = next(c for c in data["checks"] if c["name"] == "boundary decode")
+    assert decode["seen"].endswith("no server evidence (it keeps no decode checkpoints)")
+    assert "boundary_resend_hit_tokens" not in data["measurements"]
+
+
+@pytest.mark.parametrize(
+    ("interval", "tokens"), [("None", 256), ("0", 0), ("128", 256), ("384", 0), (None, 0)]
+)
+def test_decode_checkpoint_tokens(interval, tokens):
+    labels = {} if interval is None else {"prefix_cache_retention_interval": interval}
+    assert S.decode_checkpoint_tokens(labels, 128) == tokens
 
 
 def test_a_crash_in_the_log_is_named(serve, capsys, tmp_path):
