@@ -1,16 +1,28 @@
 """docker/compose.scale.yaml: N replicas behind vLLM's router, and Prometheus.
 
-The profiles are validated by docker-compose itself (no engine needed)."""
+The profiles are validated by docker-compose itself (no engine needed); the `cpu-scale` and
+`monitoring` profiles then run for real (two CPU replicas, the router, Prometheus)."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import random
 import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
-from conftest import ROOT
+from conftest import ROOT, free_port
 from test_compose import compose_binary
+from test_image import cpu_image, docker, docker_client, engine  # noqa: F401 (fixtures)
+
+from arcvllm.metrics import Metrics, PrefixCache, block_size, prefix_cache
 
 BASE = ROOT / "docker" / "compose.yaml"
 SCALE = ROOT / "docker" / "compose.scale.yaml"
@@ -131,3 +143,336 @@ def test_prometheus_mounts_the_targets_of_its_n():
     assert [t["labels"]["replica"] for t in yaml.safe_load(source.read_text())] == [
         f"vllm-{i}" for i in range(4)
     ]
+
+
+# ---- the CI deployment: two CPU replicas + router + Prometheus, for real ----------------
+# One deployment for the tests below, in their order: prefix affinity (cache_aware),
+# Prometheus against direct scrapes, a round_robin control (the router recreated, then
+# back to cache_aware), and last the fail-over of a killed replica (its restart is slow).
+
+PROJECT = "arcvllm-scale-ci"
+HEALTH_TIMEOUT = 600
+ROUTER_IMAGE = "arcvllm-router:0.1.17"
+PROMETHEUS_IMAGE = "arcvllm-prometheus:2.42"
+CHECK_INTERVAL, FAILURE_THRESHOLD = 2, 2  # the router's health checking in this test
+MEASURED: dict[str, object] = {}  # printed at the end (docs/scale.md quotes it)
+
+
+@dataclass
+class Deployment:
+    compose: list[str]
+    env: dict[str, str]
+    router: str
+    prometheus: str
+
+    def run(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        result = subprocess.run(
+            [*self.compose, *args], capture_output=True, text=True, timeout=timeout, env=self.env
+        )
+        assert result.returncode == 0, f"compose {' '.join(args)}: {result.stderr[-3000:]}"
+        return result
+
+    def container(self, service: str) -> str:
+        return self.run("ps", "-q", service).stdout.strip()
+
+    def scrape(self, service: str, port: int = 8000) -> Metrics:
+        """/metrics from inside the container (replicas publish no port)."""
+        code = (
+            "import urllib.request; print(urllib.request.urlopen("
+            f"'http://127.0.0.1:{port}/metrics', timeout=10).read().decode())"
+        )
+        out = docker("exec", self.container(service), "python3", "-c", code, timeout=60)
+        return Metrics.parse(out.stdout)
+
+    def logs(self) -> str:
+        return subprocess.run(
+            [*self.compose, "logs", "--no-color", "--tail=40"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=self.env,
+        ).stdout[-6000:]
+
+
+def build_target(target: str, tag: str) -> None:
+    ca = Path("/etc/ssl/certs/ca-certificates.crt")
+    secret = ["--secret", f"id=ca,src={ca}"] if ca.exists() else []
+    result = subprocess.run(
+        [
+            docker_client(),
+            "build",
+            "-q",
+            "-f",
+            "docker/Dockerfile",
+            "--target",
+            target,
+            "-t",
+            tag,
+            *secret,
+            ".",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        env={**os.environ, "DOCKER_BUILDKIT": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def router_ready(url: str, workers: int) -> bool:
+    with contextlib.suppress(httpx.HTTPError, ValueError):
+        r = httpx.get(f"{url}/readiness", timeout=5)
+        return r.status_code == 200 and r.json().get("healthy_workers") == workers
+    return False
+
+
+def replicas_healthy(dep: Deployment) -> bool:
+    for service in ("vllm-cpu-0", "vllm-cpu-1"):
+        state = docker("inspect", "-f", "{{.State.Health.Status}}", dep.container(service))
+        if state.stdout.strip() != "healthy":
+            return False
+    return True
+
+
+def wait_for(condition, timeout: float, what: str, deployment: Deployment | None = None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(1)
+    logs = deployment.logs() if deployment else ""
+    pytest.fail(f"{what} not within {timeout:.0f} s\n{logs}")
+
+
+@pytest.fixture(scope="module")
+def deployment(request):
+    image = request.getfixturevalue("cpu_image")  # tests/test_image.py: make build's image
+    start = t0 = time.monotonic()
+    build_target("router", ROUTER_IMAGE)
+    build_target("prometheus", PROMETHEUS_IMAGE)
+    MEASURED["image_builds_s"] = round(time.monotonic() - t0, 1)
+    port, prom_port = free_port(), free_port()
+    env = {
+        **os.environ,
+        "CPU_IMAGE": image,
+        "BIND_ADDRESS": "127.0.0.1",
+        "PORT": str(port),
+        "PROMETHEUS_PORT": str(prom_port),
+        "ROUTER_POLICY": "cache_aware",
+        "ROUTER_HEALTH_CHECK_INTERVAL_SECS": str(CHECK_INTERVAL),
+        "ROUTER_HEALTH_FAILURE_THRESHOLD": str(FAILURE_THRESHOLD),
+    }
+    compose = [
+        *compose_binary(),
+        "-p",
+        PROJECT,
+        "--env-file",
+        str(ENV_FILE),
+        "-f",
+        str(BASE),
+        "-f",
+        str(SCALE),
+        "--profile",
+        "cpu-scale",
+        "--profile",
+        "monitoring",
+    ]
+    dep = Deployment(compose, env, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{prom_port}")
+    dep.run("down", "-v", "--remove-orphans", timeout=180)  # a previous run's leftovers
+    t0 = time.monotonic()
+    try:
+        dep.run("up", "-d", "router-cpu", "prometheus", timeout=300)
+        wait_for(lambda: router_ready(dep.router, 2), HEALTH_TIMEOUT, "2 healthy workers", dep)
+        wait_for(lambda: replicas_healthy(dep), 120, "both replicas healthy (Docker)", dep)
+        MEASURED["healthy_s"] = round(time.monotonic() - t0, 1)
+        yield dep
+    finally:
+        subprocess.run(
+            [*compose, "down", "-v", "--remove-orphans", "-t", "20"],
+            capture_output=True,
+            timeout=300,
+            env=env,
+        )
+        MEASURED["total_s"] = round(time.monotonic() - start, 1)
+        print(f"\nscale-out measurements: {json.dumps(MEASURED)}")
+
+
+def complete(url: str, prompt: str, max_tokens: int = 4) -> dict:
+    r = httpx.post(
+        f"{url}/v1/completions",
+        json={"model": "tiny-hybrid", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0},
+        timeout=120,
+    )
+    assert r.status_code == 200, r.text[:500]
+    return r.json()
+
+
+def prefixes(seed: int, count: int = 3, words: int = 300) -> list[str]:
+    """COUNT prompts that share nothing: seeded random words, a distinct head each."""
+    rng = random.Random(seed)
+    vocab = [f"{a}{b}" for a in "bcdfghklmnprstvz" for b in ("ar", "en", "il", "or", "us")]
+    return [
+        f"Document {seed}-{i}: " + " ".join(rng.choice(vocab) for _ in range(words))
+        for i in range(count)
+    ]
+
+
+def replica_caches(dep: Deployment) -> dict[str, PrefixCache]:
+    return {r: prefix_cache(dep.scrape(f"vllm-cpu-{i}")) for i, r in enumerate(REPLICAS_CPU)}
+
+
+def router_metrics(dep: Deployment) -> Metrics:
+    return dep.scrape("router-cpu", port=29000)
+
+
+def affinity_run(dep: Deployment, seed: int, repeats: int) -> dict[str, object]:
+    """First sends concurrent, then REPEATS sequential rounds: per repeat, who served, hit?"""
+    block = block_size(dep.scrape("vllm-cpu-0"))
+    assert block, "no block size on /metrics"
+    prompts = prefixes(seed)
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        first = list(pool.map(lambda p: complete(dep.router, p), prompts))
+    tokens = [f["usage"]["prompt_tokens"] for f in first]
+    assert min(tokens) >= 3 * block + 1, (tokens, block)
+    rounds: list[list[tuple[str, bool]]] = []
+    hit_tokens = query_tokens = 0.0
+    for _ in range(repeats):
+        served_by = []
+        for i, prompt in enumerate(prompts):
+            before = replica_caches(dep)
+            complete(dep.router, prompt)
+            after = replica_caches(dep)
+            delta = {r: after[r] - before[r] for r in after}
+            served = [r for r in delta if delta[r].queries > 0]
+            assert len(served) == 1, delta  # the other replica's counters stay flat
+            owner = served[0]
+            served_by.append((owner, delta[owner].hits >= (tokens[i] - 1) // block * block))
+            hit_tokens += delta[owner].hits
+            query_tokens += delta[owner].queries
+        rounds.append(served_by)
+    owners = [{rnd[i][0] for rnd in rounds} for i in range(len(prompts))]
+    return {
+        "block": block,
+        "tokens": tokens,
+        "rounds": rounds,
+        "owners": owners,
+        "token_hit_rate": round(hit_tokens / query_tokens, 3),
+        "repeat_hit_rate": round(
+            sum(hit for rnd in rounds for _, hit in rnd) / (repeats * len(prompts)), 3
+        ),
+    }
+
+
+REPLICAS_CPU = ("vllm-0", "vllm-1")
+
+
+@pytest.mark.docker
+@pytest.mark.server
+def test_cache_aware_keeps_each_prefix_on_its_replica(deployment):
+    """vLLM's align mode may checkpoint a prompt's mamba state only on its second pass, so
+    an early repeat can miss on the right replica: affinity is asserted on every repeat,
+    the hit on the last one."""
+    decisions = router_metrics(deployment)
+    missing_before = decisions.total(
+        "vllm_router_prefix_routing_decisions", outcome="missing_tokens"
+    )
+    run = affinity_run(deployment, seed=1, repeats=3)
+    MEASURED["block_size"] = run["block"]
+    MEASURED["prompt_tokens"] = run["tokens"]
+    MEASURED["cache_aware"] = {k: run[k] for k in ("token_hit_rate", "repeat_hit_rate")}
+    assert all(len(o) == 1 for o in run["owners"]), run
+    # Three prefixes on two replicas: both replicas own at least one.
+    assert set().union(*run["owners"]) == set(REPLICAS_CPU), run
+    assert all(hit for _, hit in run["rounds"][-1]), run
+    missing = router_metrics(deployment).total(
+        "vllm_router_prefix_routing_decisions", outcome="missing_tokens"
+    )
+    assert missing == missing_before, "the router routed without tokens (render endpoint?)"
+
+
+def prom_query(dep: Deployment, expr: str) -> list[dict]:
+    r = httpx.get(f"{dep.prometheus}/api/v1/query", params={"query": expr}, timeout=10)
+    assert r.status_code == 200, r.text
+    return r.json()["data"]["result"]
+
+
+@pytest.mark.docker
+@pytest.mark.server
+def test_prometheus_scrapes_all_and_agrees_with_direct_scrapes(deployment):
+    from test_prometheus import console_exprs, dashboard_exprs, rules
+
+    def targets_up() -> bool:
+        r = httpx.get(f"{deployment.prometheus}/api/v1/targets", timeout=10).json()
+        active = r["data"]["activeTargets"]
+        return len(active) == 3 and all(t["health"] == "up" for t in active)
+
+    wait_for(targets_up, 60, "all Prometheus targets up", deployment)
+    time.sleep(12)  # no traffic now: let two scrapes pass
+    direct = replica_caches(deployment)
+    for replica, cache in direct.items():
+        (q,) = prom_query(
+            deployment, f'sum(vllm:prefix_cache_queries_total{{replica="{replica}"}})'
+        )
+        (h,) = prom_query(deployment, f'sum(vllm:prefix_cache_hits_total{{replica="{replica}"}})')
+        assert (float(h["value"][1]), float(q["value"][1])) == (cache.hits, cache.queries)
+    exprs = [r["record"] for r in rules() if "record" in r] + console_exprs() + dashboard_exprs()
+    empty = [e for e in exprs if not prom_query(deployment, e)]
+    assert not empty, f"no data: {empty}"
+    page = httpx.get(f"{deployment.prometheus}/consoles/arcvllm.html", timeout=10)
+    assert page.status_code == 200
+    for replica in REPLICAS_CPU:
+        assert f"<tr><th>{replica}</th>" in page.text
+
+
+@pytest.mark.docker
+@pytest.mark.server
+def test_round_robin_control_run_misses(deployment):
+    """The same measurement with policy round_robin: repeats land on the other replica."""
+    deployment.env["ROUTER_POLICY"] = "round_robin"
+    deployment.run("up", "-d", "--no-deps", "router-cpu", timeout=300)
+    wait_for(lambda: router_ready(deployment.router, 2), 120, "round_robin router", deployment)
+    run = affinity_run(deployment, seed=3, repeats=3)
+    MEASURED["round_robin"] = {k: run[k] for k in ("token_hit_rate", "repeat_hit_rate")}
+    # An odd number of prefixes: every repeat lands on the other replica, the first cold.
+    assert all(len(o) == 2 for o in run["owners"]), run
+    assert not all(hit for _, hit in run["rounds"][0]), run
+    deployment.env["ROUTER_POLICY"] = "cache_aware"  # back, for the tests after this one
+    deployment.run("up", "-d", "--no-deps", "router-cpu", timeout=300)
+    wait_for(lambda: router_ready(deployment.router, 2), 120, "cache_aware router", deployment)
+
+
+@pytest.mark.docker
+@pytest.mark.server
+def test_a_killed_replica_is_routed_around_and_used_again_after_restart(deployment):
+    def health(replica: str) -> float:
+        return router_metrics(deployment).total(
+            "vllm_router_worker_health", worker=f"http://{replica}:8000"
+        )
+
+    victim = deployment.container("vllm-cpu-1")
+    docker("kill", victim)
+    killed = time.monotonic()
+    prompts = prefixes(seed=7, count=12, words=40)
+    for prompt in prompts:  # every request succeeds (complete asserts 200)
+        complete(deployment.router, prompt)
+    wait_for(lambda: health("vllm-1") == 0, 60, "vllm-1 marked unhealthy", deployment)
+    gap = time.monotonic() - killed
+    MEASURED["failover_marked_unhealthy_s"] = round(gap, 1)
+    budget = CHECK_INTERVAL * FAILURE_THRESHOLD + 5 + 5  # + check timeout + scrape slack
+    assert gap <= budget, gap
+    # `docker kill` counts as a manual stop (no automatic restart): start it again.
+    t0 = time.monotonic()
+    docker("start", victim)
+    wait_for(lambda: router_ready(deployment.router, 2), HEALTH_TIMEOUT, "vllm-1 back", deployment)
+    MEASURED["restart_to_healthy_s"] = round(time.monotonic() - t0, 1)
+    before = router_metrics(deployment).total(
+        "vllm_router_processed_requests", worker="http://vllm-1:8000"
+    )
+    fresh = prefixes(seed=11, count=6, words=60)
+    with ThreadPoolExecutor(len(fresh)) as pool:
+        list(pool.map(lambda p: complete(deployment.router, p), fresh))
+    after = router_metrics(deployment).total(
+        "vllm_router_processed_requests", worker="http://vllm-1:8000"
+    )
+    assert after > before, "the restarted replica gets no requests"
