@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -215,7 +216,11 @@ def _summary(run: Run) -> str:
 def test_stock_server_passes_the_smoke_test(stock):
     assert stock.smoke.returncode == 0, _summary(stock)
     assert stock.report["verdict"] == "pass"
-    assert stock.report["server"]["block_size"] == 128
+    # The block size is the server's choice (it depends on the CPU's attention kernels: 128
+    # on one machine, 256 on another): the smoke test must report what the server logged.
+    logged = re.findall(r"Setting attention block size to (\d+) tokens", stock.log)
+    assert logged, "the server logged no attention block size"
+    assert stock.report["server"]["block_size"] == int(logged[-1])
     assert "smoke: PASS" in stock.smoke.stdout
 
 
