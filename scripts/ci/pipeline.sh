@@ -17,4 +17,6 @@ step make build-xpu-ci STACK=xpu-0.20
 step make build-xpu-ci STACK=xpu-0.23
 step make build-xpu-ci STACK=xpu-0.33
 step make test
+# The preset x stack table from each release's own kernel selection (also asserted in tests).
+step .venv/bin/arcvllm presets --check
 echo "==> CI total: $SECONDS s"
