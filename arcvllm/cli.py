@@ -26,6 +26,7 @@ COMMANDS = (
     "bench",
     "doctor",
     "fieldreport",
+    "scale",
     "tinymodel",
 )
 

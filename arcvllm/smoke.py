@@ -259,6 +259,9 @@ class Server:
     base_url: str
     api_key: str | None
     timeout: float
+    # Behind a router, /metrics is one replica's: the replicas' own URLs, summed, say what
+    # the whole deployment did (counters add up; info gauges are read from the first).
+    metrics_urls: tuple[str, ...] = ()
 
     @property
     def root(self) -> str:
@@ -296,7 +299,9 @@ class Server:
         return list(response.json()["tokens"])
 
     def metrics(self) -> m.Metrics:
-        return m.fetch(self.root, timeout=self.timeout, api_key=self.api_key)
+        urls = self.metrics_urls or (self.root,)
+        scrapes = [m.fetch(url, timeout=self.timeout, api_key=self.api_key) for url in urls]
+        return m.Metrics(tuple(sample for one in scrapes for sample in one.samples))
 
     def client(self):
         from openai import OpenAI
@@ -377,6 +382,7 @@ class Options:
     stop_cmd: str | None = None
     health_timeout: float = 300.0
     request_timeout: float = 300.0
+    metrics_urls: tuple[str, ...] = ()
 
 
 @dataclass
@@ -650,7 +656,7 @@ def run(opts: Options) -> Report:
     """Start the server if asked, run the checks, stop what was started."""
     t0 = time.perf_counter()
     report = Report()
-    server = Server(opts.base_url, opts.api_key, opts.request_timeout)
+    server = Server(opts.base_url, opts.api_key, opts.request_timeout, opts.metrics_urls)
     model = model_name(opts.model, opts.preset)  # a bad preset stops here, nothing started
     started = False
     try:
@@ -738,6 +744,7 @@ def _cmd(args: argparse.Namespace) -> int:
         stop_cmd=args.stop_cmd,
         health_timeout=args.health_timeout,
         request_timeout=args.request_timeout,
+        metrics_urls=tuple(args.metrics_url or ()),
     )
     report = run(opts)
     print(render(report))
@@ -767,4 +774,11 @@ def register(subparsers) -> None:
     parser.add_argument("--stop-cmd", help="shell command that stops it again (after --start-cmd)")
     parser.add_argument("--health-timeout", type=float, default=300.0, help="seconds (300)")
     parser.add_argument("--request-timeout", type=float, default=300.0, help="seconds (300)")
+    parser.add_argument(
+        "--metrics-url",
+        action="append",
+        metavar="URL",
+        help="a replica's root URL whose /metrics to read (repeat for each replica behind a "
+        "router; their counters are summed); default: --base-url",
+    )
     parser.set_defaults(func=_cmd)

@@ -473,3 +473,22 @@ def test_failing_start_cmd_is_one_line_and_still_stopped(capsys, tmp_path):
     )
     assert code != 0 and err == "arcvllm: --start-cmd failed with exit code 3\n"
     assert stopped.exists()
+
+
+def test_behind_a_router_the_replicas_metrics_are_summed(monkeypatch):
+    """The router's /metrics is one replica's; --metrics-url reads every replica's."""
+    from arcvllm import metrics as m
+    from arcvllm import smoke
+
+    text = "vllm:prefix_cache_hits_total {}\nvllm:prefix_cache_queries_total {}\n"
+    per_url = {
+        "http://vllm-0:8000": text.format(100, 300),
+        "http://vllm-1:8000": text.format(20, 50),
+    }
+    asked = []
+    monkeypatch.setattr(
+        m, "fetch", lambda url, **kw: asked.append(url) or m.Metrics.parse(per_url[url])
+    )
+    server = smoke.Server("http://router:8000", None, 5.0, tuple(per_url))
+    assert m.prefix_cache(server.metrics()) == m.PrefixCache(120.0, 350.0)
+    assert asked == list(per_url)

@@ -1,0 +1,230 @@
+"""N replicas behind vLLM's router, started so that a failure is one line and leaves nothing.
+
+`arcvllm scale up` runs docker/compose.scale.yaml's profiles: refuses more replicas than
+the host has B70 render nodes before anything starts, waits for every replica's own
+healthcheck and then for the router's /readiness, and on any failure names it in one line
+and takes the whole project down again. `arcvllm scale down` stops it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from arcvllm.errors import ArcvllmError
+
+PROJECT = "arcvllm-scale"
+REPLICA_COUNTS = (2, 4)  # the profiles compose.scale.yaml has: scale, scale + scale-4
+
+
+class NotEnoughGpus(ArcvllmError):
+    exit_code = 3
+
+
+class BadScale(ArcvllmError):
+    """A replica count compose.scale.yaml has no profile for: the command was used wrongly."""
+
+    exit_code = 2
+
+
+def docker_dir() -> Path:
+    """The checkout's docker/ (compose files are not part of the wheel)."""
+    here = Path(__file__).resolve().parent.parent / "docker"
+    if not (here / "compose.scale.yaml").is_file():
+        raise ArcvllmError(f"no {here / 'compose.scale.yaml'}: run arcvllm scale from a checkout")
+    return here
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What `up` starts: compose profiles, the services to name, the replicas to wait for."""
+
+    profiles: tuple[str, ...]
+    services: tuple[str, ...]
+    replicas: tuple[str, ...]
+
+
+def plan(replicas: int, cpu: bool, monitoring: bool) -> Plan:
+    if cpu and replicas != 2:
+        raise BadScale("the CPU scale-out profile has 2 replicas (cpu-scale)")
+    if replicas not in REPLICA_COUNTS:
+        raise BadScale(f"--replicas must be one of {REPLICA_COUNTS} (compose.scale.yaml)")
+    if cpu:
+        profiles, services = ("cpu-scale",), ("router-cpu",)
+        names = ("vllm-cpu-0", "vllm-cpu-1")
+    else:
+        profiles = ("scale",) if replicas == 2 else ("scale", "scale-4")
+        names = tuple(f"vllm-{i}" for i in range(replicas))
+        services = ("router", *names[2:])
+    if monitoring:
+        profiles, services = (*profiles, "monitoring"), (*services, "prometheus")
+    return Plan(profiles, services, names)
+
+
+def render_nodes(dev_root: Path = Path("/")) -> list[Path]:
+    return sorted((dev_root / "dev" / "dri").glob("renderD*"))
+
+
+def check_gpus(replicas: int, dev_root: Path = Path("/")) -> None:
+    """One B70 per replica: refuse before anything starts."""
+    nodes = render_nodes(dev_root)
+    if replicas > len(nodes):
+        raise NotEnoughGpus(
+            f"{replicas} replicas need {replicas} GPUs; this host has {len(nodes)} "
+            f"render node{'s' * (len(nodes) != 1)} ({dev_root / 'dev/dri/renderD*'})"
+        )
+
+
+def compose_command() -> list[str]:
+    """`docker compose` when the plugin answers, docker-compose (1.29) otherwise."""
+    if override := os.environ.get("COMPOSE"):
+        return shlex.split(override)
+    docker = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else "docker"
+    try:
+        probe = subprocess.run([docker, "compose", "version"], capture_output=True, timeout=30)
+        if probe.returncode == 0:
+            return [docker, "compose"]
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return ["docker-compose"]
+
+
+@dataclass
+class Deployment:
+    """One compose project of compose.yaml + compose.scale.yaml."""
+
+    env_file: Path
+    project: str = PROJECT
+
+    def command(self, profiles: tuple[str, ...] = ()) -> list[str]:
+        files = docker_dir()
+        cmd = [*compose_command(), "-p", self.project, "--env-file", str(self.env_file)]
+        cmd += ["-f", str(files / "compose.yaml"), "-f", str(files / "compose.scale.yaml")]
+        for profile in profiles:
+            cmd += ["--profile", profile]
+        return cmd
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "ENV_FILE": str(self.env_file)}
+
+    def run(self, *args: str, profiles: tuple[str, ...] = (), timeout: float = 600):
+        return subprocess.run(
+            [*self.command(profiles), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=self.env(),
+        )
+
+    def down(self, profiles: tuple[str, ...]) -> None:
+        self.run("down", "-v", "--remove-orphans", "-t", "20", profiles=profiles)
+
+    def state(self, service: str, profiles: tuple[str, ...]) -> dict:
+        """Docker's State of SERVICE's container ({} when it has none)."""
+        cid = self.run("ps", "-q", service, profiles=profiles, timeout=60).stdout.strip()
+        if not cid:
+            return {}
+        out = subprocess.run(
+            ["docker", "inspect", "--format", "{{json .State}}", cid],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        return json.loads(out.stdout) if out.returncode == 0 else {}
+
+
+def wait_replicas(dep: Deployment, p: Plan, timeout: float, interval: float = 3.0) -> None:
+    """Every replica healthy by its own healthcheck, or the first one that is not, named."""
+    deadline = time.monotonic() + timeout
+    waiting = list(p.replicas)
+    while waiting:
+        for name in list(waiting):
+            state = dep.state(name, p.profiles)
+            health = (state.get("Health") or {}).get("Status")
+            if health == "healthy":
+                waiting.remove(name)
+            elif state and (state.get("Restarting") or not state.get("Running", False)):
+                # (restart: unless-stopped brings an exited replica back: a restart is an exit)
+                raise ArcvllmError(
+                    f"replica {name} never became healthy: it exited "
+                    f"(code {state.get('ExitCode')}); see `docker logs` of it"
+                )
+        if waiting and time.monotonic() > deadline:
+            raise ArcvllmError(f"replica {waiting[0]} never became healthy within {timeout:.0f} s")
+        if waiting:
+            time.sleep(interval)
+
+
+def wait_router(url: str, timeout: float, interval: float = 2.0) -> None:
+    """The router's /readiness answers 200 once it has a healthy worker."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    status = "no answer"
+    while True:
+        try:
+            response = httpx.get(f"{url.rstrip('/')}/readiness", timeout=5)
+            if response.status_code == 200:
+                return
+            status = f"HTTP {response.status_code}"
+        except httpx.HTTPError:
+            status = "no answer"
+        if time.monotonic() > deadline:
+            raise ArcvllmError(
+                f"the router at {url} has no healthy worker after {timeout:.0f} s "
+                f"(/readiness: {status})"
+            )
+        time.sleep(interval)
+
+
+def up(args: argparse.Namespace) -> int:
+    p = plan(args.replicas, args.cpu, args.monitoring)
+    if not args.cpu:
+        check_gpus(args.replicas, Path(args.dev_root))
+    dep = Deployment(Path(args.env_file).resolve())
+    port = os.environ.get("PORT", "8000")
+    result = dep.run("up", "-d", *p.services, profiles=p.profiles, timeout=1800)
+    try:
+        if result.returncode != 0:
+            lines = result.stderr.strip().splitlines() or ["(no output)"]
+            raise ArcvllmError(f"compose up failed: {lines[-1]}")
+        wait_replicas(dep, p, args.timeout)
+        wait_router(f"http://127.0.0.1:{port}", args.router_timeout)
+    except BaseException:
+        dep.down(p.profiles)  # nothing left half-started
+        raise
+    print(f"{len(p.replicas)} replicas healthy behind the router on port {port}")
+    return 0
+
+
+def down(args: argparse.Namespace) -> int:
+    dep = Deployment(Path(args.env_file).resolve())
+    dep.down(("scale", "scale-4", "cpu-scale", "monitoring"))
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "scale",
+        help="N replicas behind vLLM's router (docker/compose.scale.yaml), started or stopped",
+        description=__doc__.splitlines()[0],
+    )
+    sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    start = sub.add_parser("up", help="start N replicas + the router; wait until they serve")
+    start.add_argument("--replicas", type=int, default=2, help="2 or 4 (one B70 each)")
+    start.add_argument("--cpu", action="store_true", help="two CPU replicas of the tiny model")
+    start.add_argument("--monitoring", action="store_true", help="Prometheus too")
+    start.add_argument("--timeout", type=float, default=1800.0, help="replica health, s (1800)")
+    start.add_argument("--router-timeout", type=float, default=60.0, help="router ready, s (60)")
+    start.add_argument("--dev-root", default="/", help=argparse.SUPPRESS)
+    stop = sub.add_parser("down", help="stop and remove the scale-out project")
+    for each in (start, stop):
+        each.add_argument("--env-file", default="docker/arcvllm.env", help="the settings file")
+    start.set_defaults(func=up)
+    stop.set_defaults(func=down)

@@ -1,0 +1,97 @@
+"""`arcvllm scale`: bad input is one line, and a failed start leaves nothing running."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, free_port
+from test_image import docker, engine  # noqa: F401 (fixture)
+from test_scale import ROUTER_IMAGE, build_target
+
+from arcvllm import scale
+from arcvllm.errors import ArcvllmError
+
+
+def arcvllm(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "arcvllm", *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_more_replicas_than_gpus_is_one_line_and_starts_nothing(tmp_path):
+    (tmp_path / "dev" / "dri").mkdir(parents=True)
+    (tmp_path / "dev" / "dri" / "renderD128").touch()
+    called = tmp_path / "compose-was-called"
+    result = arcvllm(
+        "scale", "up", "--replicas", "2", "--dev-root", str(tmp_path),
+        env={"COMPOSE": f"touch {called}"},
+    )  # fmt: skip
+    assert result.returncode == 3
+    assert result.stderr.strip() == (
+        f"arcvllm: 2 replicas need 2 GPUs; this host has 1 render node "
+        f"({tmp_path}/dev/dri/renderD*)"
+    )
+    assert not called.exists()
+
+
+def test_a_replica_count_without_a_profile_is_a_usage_error():
+    result = arcvllm("scale", "up", "--replicas", "3")
+    assert result.returncode == 2
+    assert result.stderr.strip() == "arcvllm: --replicas must be one of (2, 4) (compose.scale.yaml)"
+
+
+def test_plan_names_the_services_of_each_profile():
+    assert scale.plan(4, cpu=False, monitoring=True) == scale.Plan(
+        ("scale", "scale-4", "monitoring"),
+        ("router", "vllm-2", "vllm-3", "prometheus"),
+        ("vllm-0", "vllm-1", "vllm-2", "vllm-3"),
+    )
+    assert scale.plan(2, cpu=True, monitoring=False).replicas == ("vllm-cpu-0", "vllm-cpu-1")
+
+
+@pytest.mark.docker
+@pytest.mark.usefixtures("engine")
+def test_a_replica_that_never_becomes_healthy_is_named_and_nothing_is_left():
+    """Replicas given an image that is no vLLM server exit at once: named, all taken down."""
+    build_target("router", ROUTER_IMAGE)
+    env = {
+        "CPU_IMAGE": ROUTER_IMAGE,  # its entrypoint rejects the replicas' arguments
+        "PORT": str(free_port()),
+        "BIND_ADDRESS": "127.0.0.1",
+    }
+    result = arcvllm("scale", "up", "--cpu", "--timeout", "120", env=env)
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "never became healthy" in lines[0], result.stderr
+    assert lines[0].startswith("arcvllm: replica vllm-cpu-")
+    dep = scale.Deployment((ROOT / "docker" / "arcvllm.env").resolve())
+    left = dep.run("ps", "-q", profiles=("cpu-scale",), timeout=60).stdout.strip()
+    assert left == "", left
+
+
+@pytest.mark.docker
+@pytest.mark.usefixtures("engine")
+def test_a_router_with_no_healthy_worker_is_one_line():
+    build_target("router", ROUTER_IMAGE)
+    port = free_port()
+    cid = docker(
+        "run", "-d", "--rm", "-p", f"127.0.0.1:{port}:8000",
+        "-e", "ROUTER_WORKER_STARTUP_TIMEOUT_SECS=5", "-e", "ROUTER_HEALTH_CHECK_INTERVAL_SECS=1",
+        ROUTER_IMAGE, "--worker-urls", "http://127.0.0.1:9",
+    ).stdout.strip()  # fmt: skip
+    try:
+        with pytest.raises(ArcvllmError) as failure:
+            scale.wait_router(f"http://127.0.0.1:{port}", timeout=15, interval=1)
+        assert str(failure.value).startswith(
+            f"the router at http://127.0.0.1:{port} has no healthy worker after 15 s"
+        )
+    finally:
+        docker("rm", "-f", cid, check=False)
