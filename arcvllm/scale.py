@@ -14,7 +14,7 @@ import os
 import shlex
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from arcvllm.errors import ArcvllmError
@@ -48,6 +48,15 @@ class Plan:
     profiles: tuple[str, ...]
     services: tuple[str, ...]
     replicas: tuple[str, ...]
+
+    def settings(self) -> dict[str, str]:
+        """What the router and Prometheus must be told for N = 4 (compose's defaults are 2)."""
+        if len(self.replicas) != 4:
+            return {}
+        return {
+            "ROUTER_WORKER_URLS": " ".join(f"http://{r}:8000" for r in self.replicas),
+            "PROMETHEUS_TARGETS": "replicas-4.yml",
+        }
 
 
 def plan(replicas: int, cpu: bool, monitoring: bool) -> Plan:
@@ -101,6 +110,7 @@ class Deployment:
 
     env_file: Path
     project: str = PROJECT
+    settings: dict[str, str] = field(default_factory=dict)  # the operator's values win
 
     def command(self, profiles: tuple[str, ...] = ()) -> list[str]:
         files = docker_dir()
@@ -111,7 +121,7 @@ class Deployment:
         return cmd
 
     def env(self) -> dict[str, str]:
-        return {**os.environ, "ENV_FILE": str(self.env_file)}
+        return {**self.settings, **os.environ, "ENV_FILE": str(self.env_file)}
 
     def run(self, *args: str, profiles: tuple[str, ...] = (), timeout: float = 600):
         return subprocess.run(
@@ -187,7 +197,7 @@ def up(args: argparse.Namespace) -> int:
     p = plan(args.replicas, args.cpu, args.monitoring)
     if not args.cpu:
         check_gpus(args.replicas, Path(args.dev_root))
-    dep = Deployment(Path(args.env_file).resolve())
+    dep = Deployment(Path(args.env_file).resolve(), settings=p.settings())
     port = os.environ.get("PORT", "8000")
     result = dep.run("up", "-d", *p.services, profiles=p.profiles, timeout=1800)
     try:

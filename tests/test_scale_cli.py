@@ -57,6 +57,18 @@ def test_plan_names_the_services_of_each_profile():
     assert scale.plan(2, cpu=True, monitoring=False).replicas == ("vllm-cpu-0", "vllm-cpu-1")
 
 
+def test_four_replicas_tell_the_router_and_prometheus(tmp_path):
+    settings = scale.plan(4, cpu=False, monitoring=True).settings()
+    assert settings["ROUTER_WORKER_URLS"].split() == [f"http://vllm-{i}:8000" for i in range(4)]
+    assert settings["PROMETHEUS_TARGETS"] == "replicas-4.yml"
+    assert (ROOT / "deploy" / "prometheus" / "targets" / "replicas-4.yml").is_file()
+    rendered = scale.Deployment(ROOT / "docker" / "arcvllm.env", settings=settings).run(
+        "config", profiles=("scale", "scale-4", "monitoring"), timeout=120
+    )
+    assert rendered.returncode == 0, rendered.stderr
+    assert "http://vllm-3:8000" in rendered.stdout
+
+
 @pytest.mark.docker
 @pytest.mark.usefixtures("engine")
 def test_a_replica_that_never_becomes_healthy_is_named_and_nothing_is_left():
