@@ -397,6 +397,9 @@ def test_root_hides_the_tools_and_files_of_the_machine_doctor_runs_on(tmp_path):
 
 def test_json_is_one_report_with_every_row(tmp_path):
     host = build(tmp_path, tools={"sycl-ls": SYCL_OK, "xpu-smi": XPU_SMI_OK})
+    # The model is local, so the disk row needs only compile-cache room (2 GiB) on the
+    # real filesystem under tmp_path, not the preset's download size: hardware-neutral.
+    (host.root / XPU1.model.lstrip("/")).mkdir(parents=True)
     done = run_cli("--root", str(host.root), "--json", "--preset", XPU1.name)
     report = json.loads(done.stdout)
     assert done.returncode == 0 and report["ok"] is True and report["where"] == "container"
