@@ -444,6 +444,22 @@ def test_round_robin_control_run_misses(deployment):
 
 @pytest.mark.docker
 @pytest.mark.server
+def test_the_smoke_test_passes_through_the_router(deployment):
+    """`arcvllm smoke` against the router, with the replicas' own /metrics summed
+    (--metrics-url: the router's /metrics is one replica's). It runs in a replica's container,
+    on the deployment's network, because the replicas publish no port."""
+    result = docker(
+        "exec", deployment.container("vllm-cpu-0"),
+        "arcvllm", "smoke", "--base-url", "http://router-cpu:8000", "--model", "tiny-hybrid",
+        "--metrics-url", "http://vllm-0:8000", "--metrics-url", "http://vllm-1:8000",
+        timeout=900, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "smoke: PASS" in result.stdout
+
+
+@pytest.mark.docker
+@pytest.mark.server
 def test_a_killed_replica_is_routed_around_and_used_again_after_restart(deployment):
     def health(replica: str) -> float:
         return router_metrics(deployment).total(
