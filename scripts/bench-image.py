@@ -161,7 +161,7 @@ def main() -> int:
         print(f"container / host = {ratio:.3f}")
     finally:
         if cid:
-            subprocess.run([DOCKER, "rm", "-f", cid], capture_output=True)
+            subprocess.run([DOCKER, "rm", "-f", "-v", cid], capture_output=True)
         if host is not None:
             host.terminate()
             try:

@@ -287,7 +287,7 @@ def test_container_turns_healthy_and_serves_completions(cpu_image):
         assert reply["usage"]["completion_tokens"] > 0
         assert reply["choices"][0]["text"]
     finally:
-        docker("rm", "-f", cid, check=False)
+        docker("rm", "-f", "-v", cid, check=False)  # -v: its anonymous cache volume too
 
 
 XPU_CI_STACKS = [("xpu-0.20", "0.20.2"), ("xpu-0.23", "0.23.0"), ("xpu-0.33", "0.33.0")]

@@ -106,4 +106,4 @@ def test_a_router_with_no_healthy_worker_is_one_line():
             f"the router at http://127.0.0.1:{port} has no healthy worker after 15 s"
         )
     finally:
-        docker("rm", "-f", cid, check=False)
+        docker("rm", "-f", "-v", cid, check=False)  # -v: its anonymous cache volume too
