@@ -45,26 +45,37 @@ def index_url() -> str:
     return PyPI.simple_url
 
 
-def file_url(project: str, filename: str, sha256: str, index: str | None = None) -> str:
-    """The download URL of FILENAME in PROJECT's index page; its listed sha256 must match."""
+def _packages(project: str, index: str) -> list:
+    """The files PROJECT's page on INDEX lists (pypi-simple's DistributionPackage)."""
     from pypi_simple import PyPISimple
 
-    index = index or index_url()
     try:
         with PyPISimple(endpoint=index.rstrip("/") + "/") as client:
-            page = client.get_project_page(project)
+            return list(client.get_project_page(project).packages)
     except Exception as exc:
         raise IndexUnavailable(f"index {index}: cannot read project {project}: {exc}") from None
-    for package in page.packages:
-        if package.filename != filename:
-            continue
-        listed = (package.digests or {}).get("sha256")
-        if listed and listed != sha256:
-            raise ArcvllmError(
-                f"index {index}: {filename} has sha256 {listed}, the pin says {sha256}"
-            )
-        return package.url.split("#", 1)[0]
-    raise IndexUnavailable(f"index {index} has no {filename} for project {project}")
+
+
+def find_file(project: str, wanted, index: str | None = None) -> tuple[str, str, str | None]:
+    """(filename, URL, listed sha256) of the first file of PROJECT for which WANTED(name)."""
+    index = index or index_url()
+    for package in _packages(project, index):
+        if wanted(package.filename):
+            listed = (package.digests or {}).get("sha256")
+            return package.filename, package.url.split("#", 1)[0], listed
+    raise IndexUnavailable(f"index {index} has no such file for project {project}")
+
+
+def file_url(project: str, filename: str, sha256: str, index: str | None = None) -> str:
+    """The download URL of FILENAME in PROJECT's index page; its listed sha256 must match."""
+    index = index or index_url()
+    try:
+        _, url, listed = find_file(project, lambda name: name == filename, index)
+    except IndexUnavailable:
+        raise IndexUnavailable(f"index {index} has no {filename} for project {project}") from None
+    if listed and listed != sha256:
+        raise ArcvllmError(f"index {index}: {filename} has sha256 {listed}, the pin says {sha256}")
+    return url
 
 
 def fetch(url: str, sha256: str, dest: Path) -> Path:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
-from arcvllm import index
+from arcvllm import index, lock
 from arcvllm.errors import ArcvllmError
 from arcvllm.stack import Stack
 
@@ -58,19 +58,14 @@ def _wheel_name(project: str, version: str) -> str:
 
 def _fetch_wheel(project: str, version: str, sha256: str | None, dest: Path) -> Path:
     """The manylinux x86_64 wheel of PROJECT==VERSION from the configured index."""
-    from pypi_simple import PyPISimple
-
-    with PyPISimple(endpoint=index.index_url().rstrip("/") + "/") as client:
-        page = client.get_project_page(project)
     prefix = _wheel_name(project, version) + "-"
-    for package in page.packages:
-        name = package.filename
-        if name.startswith(prefix) and name.endswith("x86_64.whl"):
-            digest = sha256 or (package.digests or {}).get("sha256")
-            if not digest:
-                raise ArcvllmError(f"{name}: no sha256 pinned and none listed by the index")
-            return index.fetch(package.url.split("#", 1)[0], digest, dest)
-    raise index.IndexUnavailable(f"no x86_64 wheel of {project}=={version} in the index")
+    name, url, listed = index.find_file(
+        project, lambda n: n.startswith(prefix) and n.endswith("x86_64.whl")
+    )
+    digest = sha256 or listed
+    if not digest:
+        raise ArcvllmError(f"{name}: no sha256 pinned and none listed by the index")
+    return index.fetch(url, digest, dest)
 
 
 def _needed(wheel: Path, pattern: str) -> set[str]:
@@ -97,13 +92,13 @@ def _provides(wheel: Path, pattern: str) -> set[str]:
 def _sycl_runtime(stack: Stack, root: Path) -> str:
     """The intel-sycl-rt pin the stack ends with: the ONEAPI_PIP override, else its lock."""
     args = stack.build_args()
-    for spec in args.get("ONEAPI_PIP", "").split():
-        if spec.startswith("intel-sycl-rt=="):
-            return spec
-    lock = root / args.get("XPU_LOCK", "")
-    for line in lock.read_text().splitlines() if lock.is_file() else []:
-        if line.startswith("intel-sycl-rt=="):
-            return line.split()[0]
+    lock_file = root / args.get("XPU_LOCK", "")
+    for text in (
+        "\n".join(args.get("ONEAPI_PIP", "").split()),
+        lock_file.read_text() if lock_file.is_file() else "",
+    ):
+        if version := lock.requirement_pins(text).get("intel-sycl-rt"):
+            return f"intel-sycl-rt=={version}"
     raise ArcvllmError(f"stack {stack.name}: no intel-sycl-rt pin in ONEAPI_PIP or its lock")
 
 

@@ -16,16 +16,14 @@ ENV_FILE = ROOT / "docker" / "arcvllm.env"
 
 
 def compose_binary() -> list[str]:
-    """Debian's docker-compose 1.29, or the v2 plugin where that is what the host has."""
-    if shutil.which("docker-compose"):
-        return ["docker-compose"]
-    for docker in ("/usr/bin/docker", shutil.which("docker")):
-        if (
-            docker
-            and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0
-        ):
-            return [docker, "compose"]
-    pytest.skip("no docker-compose and no compose plugin: scripts/ci/engine.sh up installs one")
+    """The compose the project uses (arcvllm.scale: the v2 plugin first, docker-compose 1.29
+    otherwise); a failure when neither exists (scripts/ci/engine.sh up installs one)."""
+    from arcvllm.scale import compose_command
+
+    command = compose_command()
+    if not shutil.which(command[0]):
+        pytest.fail("no docker-compose and no compose plugin: scripts/ci/engine.sh up installs one")
+    return command
 
 
 def config(
