@@ -43,14 +43,16 @@ lint: $(VENV)/.stamp ## ruff, shellcheck, hadolint
 
 .PHONY: test-fast
 test-fast: $(VENV)/.stamp ## unit tests only (no vLLM, no Docker)
-	$(VENV)/bin/pytest -m 'not vllm and not docker and not server'
+	$(VENV)/bin/pytest -m 'not vllm and not docker and not server and not compose'
 
 # Debian tools the tests run: promtool and prometheus (deploy/prometheus), kubectl for
-# `kubectl kustomize` (deploy/kubernetes; Debian's kubernetes-client where none is there).
-TOOLS_DEBS = $(if $(shell command -v promtool),,prometheus) $(if $(shell command -v kubectl),,kubernetes-client)
+# `kubectl kustomize` (deploy/kubernetes; Debian's kubernetes-client where none is there),
+# docker-compose where neither it nor the compose plugin is there (tests marked compose).
+TOOLS_DEBS = $(if $(shell command -v promtool),,prometheus) $(if $(shell command -v kubectl),,kubernetes-client) \
+	$(if $(shell command -v docker-compose || $(DOCKER) compose version 2>/dev/null),,docker-compose)
 
 .PHONY: tools
-tools: ## install the Debian tools the tests need (prometheus, promtool, kubectl) when run as root
+tools: ## install the Debian tools the tests need (prometheus, promtool, kubectl, docker-compose) when run as root
 	@missing='$(strip $(TOOLS_DEBS))'; [ -z "$$missing" ] && exit 0; \
 	if [ "$$(id -u)" != 0 ]; then echo "make tools: missing Debian packages: $$missing (apt-get install them as root)" >&2; exit 3; fi; \
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing

@@ -1,4 +1,7 @@
-"""docker/compose.yaml: validated by docker-compose itself (no engine needed)."""
+"""docker/compose.yaml: validated by docker-compose itself (no engine needed).
+
+Tests that run the compose tool are marked `compose`: `make tools` (and
+scripts/ci/engine.sh up) install Debian's docker-compose where the host has no compose."""
 
 from __future__ import annotations
 
@@ -48,11 +51,13 @@ def rendered() -> dict:
     return yaml.safe_load(result.stdout)
 
 
+@pytest.mark.compose
 def test_compose_file_validates():
     result = config(COMPOSE_FILE)
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.compose
 def test_a_broken_compose_file_fails_validation(tmp_path):
     broken = tmp_path / "compose.yaml"
     broken.write_text(COMPOSE_FILE.read_text().replace("restart: unless-stopped", "restart: [1]"))
@@ -61,6 +66,7 @@ def test_a_broken_compose_file_fails_validation(tmp_path):
     assert result.returncode != 0
 
 
+@pytest.mark.compose
 def test_xpu_service_has_the_gpu_and_the_render_group(rendered):
     vllm = rendered["services"]["vllm"]
     assert any(str(d).startswith("/dev/dri") for d in vllm["devices"])
@@ -69,6 +75,7 @@ def test_xpu_service_has_the_gpu_and_the_render_group(rendered):
     assert "ALL" in vllm["cap_drop"]
 
 
+@pytest.mark.compose
 def test_render_gid_comes_from_the_env_file():
     result = config(COMPOSE_FILE)
     vllm = yaml.safe_load(result.stdout)["services"]["vllm"]
@@ -80,6 +87,7 @@ def test_render_gid_comes_from_the_env_file():
     assert [str(g) for g in vllm["group_add"]] == [env_gid]
 
 
+@pytest.mark.compose
 def test_ports_bind_to_localhost_by_default(rendered):
     for name in ("vllm", "vllm-cpu"):
         (port,) = rendered["services"][name]["ports"]
@@ -87,6 +95,7 @@ def test_ports_bind_to_localhost_by_default(rendered):
         assert host_ip == "127.0.0.1"
 
 
+@pytest.mark.compose
 def test_production_settings(rendered):
     vllm = rendered["services"]["vllm"]
     assert vllm["restart"] == "unless-stopped"
@@ -117,6 +126,7 @@ def _read_only(volume) -> bool:
     return volume.split(":")[2:3] == ["ro"]
 
 
+@pytest.mark.compose
 def test_cpu_profile_runs_the_tiny_model_without_a_gpu(rendered):
     cpu = rendered["services"]["vllm-cpu"]
     assert cpu["environment"]["ARCVLLM_PRESET"] == "tiny-hybrid-cpu"
@@ -124,6 +134,7 @@ def test_cpu_profile_runs_the_tiny_model_without_a_gpu(rendered):
     assert cpu["image"] == "arcvllm:cpu"
 
 
+@pytest.mark.compose
 def test_cpu_service_is_behind_its_profile(rendered):
     assert rendered["services"]["vllm-cpu"]["profiles"] == ["cpu"]
     assert "profiles" not in rendered["services"]["vllm"]
@@ -132,6 +143,7 @@ def test_cpu_service_is_behind_its_profile(rendered):
 # ---- one settings file for both uses (ENV_FILE) ----
 
 
+@pytest.mark.compose
 def test_the_settings_file_named_by_env_file_is_the_containers_environment(tmp_path):
     mine = tmp_path / "mine.env"
     mine.write_text("VLLM_API_KEY=k-123\nPORT=8123\n")
@@ -144,6 +156,7 @@ def test_the_settings_file_named_by_env_file_is_the_containers_environment(tmp_p
         assert str(port["published"] if isinstance(port, dict) else port.split(":")[1]) == "8123"
 
 
+@pytest.mark.compose
 def test_without_env_file_the_container_gets_the_shipped_file_not_the_other_one(tmp_path):
     """The bug this guards: --env-file mine.env fed ${...} while env_file stayed fixed."""
     mine = tmp_path / "mine.env"
