@@ -21,8 +21,15 @@ import yaml
 from arcvllm.errors import ArcvllmError
 from arcvllm.presets import presets_dir
 
-# Read by compose for the ${...} in docker/compose.yaml.
-HOST_KEYS = ("RENDER_GID", "BIND_ADDRESS", "PORT", "MODELS_DIR", "SHM_SIZE", "IPC_MODE", "IMAGE")
+# Read by compose for the ${...} in docker/compose.yaml and docker/compose.scale.yaml.
+HOST_KEYS = (
+    *("RENDER_GID", "BIND_ADDRESS", "PORT", "MODELS_DIR", "SHM_SIZE", "IPC_MODE", "IMAGE"),
+    *("CPU_IMAGE", "CPUSET_0", "CPUSET_1", "SCALE_OUT_ARGS"),
+    *("PROMETHEUS_IMAGE", "PROMETHEUS_PORT", "PROMETHEUS_TARGETS"),
+    *("ROUTER_IMAGE", "ROUTER_POLICY", "ROUTER_WORKER_URLS", "ROUTER_CACHE_THRESHOLD"),
+    *("ROUTER_BALANCE_ABS_THRESHOLD", "ROUTER_BALANCE_REL_THRESHOLD"),
+    *("ROUTER_HEALTH_CHECK_INTERVAL_SECS", "ROUTER_HEALTH_FAILURE_THRESHOLD"),
+)
 # Read inside the container: the entrypoint and `arcvllm serve`, vLLM, Level Zero, oneCCL,
 # the Hugging Face hub. Every preset's `env:` key is known too (the operator may override
 # it on purpose).
