@@ -3,13 +3,22 @@
 Each domain module exposes `register(subparsers)`, which adds its sub-command and sets
 `func`; the modules import their heavy dependencies lazily so that `arcvllm patches`
 runs in any environment that has a vLLM, and nothing more.
+
+The helpers below give every command the same conventions: `--json`, `--base-url` and
+`--api-key`, URL validation, one line for a missing optional extra, and the exit status
+table in every `--help`.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+from urllib.parse import urlsplit
 
 from arcvllm import __version__
 from arcvllm.errors import ArcvllmError
@@ -30,11 +39,115 @@ COMMANDS = (
     "tinymodel",
 )
 
+EXIT_STATUS = """\
+exit status:
+  0  success
+  1  a check failed (smoke check, patch verify, audit difference, preset check, doctor FAIL)
+  2  usage: bad arguments, unknown preset/stack/file given on the command line, bad URL
+  3  environment: no server answers, no vLLM installed, no Docker, missing optional extra,
+     missing /dev/dri, network/index unreachable"""
+
+# The command being run ("arcvllm bench"), for messages raised deep inside it.
+_running = "arcvllm"
+
+
+class _Formatter(argparse.HelpFormatter):
+    """Fills descriptions as argparse does, but prints the exit status table as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        head, sep, _ = text.partition(EXIT_STATUS)
+        filled = super()._fill_text(head, width, indent) if head.strip() else ""
+        if not sep:
+            return filled
+        raw = "\n".join(indent + line for line in EXIT_STATUS.splitlines())
+        return f"{filled}\n\n{raw}" if filled else raw
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose --help ends with the exit status table and whose usage errors
+    are one line and exit 2. Sub-parsers inherit the class (add_subparsers uses it)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        epilog = kwargs.get("epilog")
+        kwargs["epilog"] = f"{epilog}\n\n{EXIT_STATUS}" if epilog else EXIT_STATUS
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):  # type: ignore[override]
+        where = self.prog.removeprefix("arcvllm").strip()
+        where = f"{where}: " if where else ""
+        self.exit(2, f"arcvllm: {where}{message} (see {self.prog} --help)\n")
+
+
+def add_json(parser: argparse.ArgumentParser, help: str | None = None) -> None:
+    """`--json`: the command's result as one JSON document on stdout instead of the table."""
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help=help or "print the result as one JSON document on stdout (same data as the table)",
+    )
+
+
+def url(value: str) -> str:
+    """argparse type for a server URL: http(s) with a host; returned without a trailing /."""
+    try:
+        parts = urlsplit(value)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+        parts.port  # noqa: B018  (raises on a port that is not a number)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise argparse.ArgumentTypeError(f"not an http(s) URL with a host: {value!r}")
+    return value.rstrip("/")
+
+
+def add_server(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    """`--base-url URL` (validated) and `--api-key KEY` (default: $VLLM_API_KEY)."""
+    parser.add_argument(
+        "--base-url",
+        type=url,
+        required=required,
+        metavar="URL",
+        help="the server, e.g. http://127.0.0.1:8000",
+    )
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("VLLM_API_KEY") or None,
+        metavar="KEY",
+        help="the server's API key (default: $VLLM_API_KEY)",
+    )
+
+
+def existing_file(value: str) -> Path:
+    """argparse type for a `--<noun>-file` override: the file must exist (else exit 2)."""
+    path = Path(value)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"no such file: {value}")
+    return path
+
+
+def existing_dir(value: str) -> Path:
+    """argparse type for a `--<noun>-dir` override: the folder must exist (else exit 2)."""
+    path = Path(value)
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"no such directory: {value}")
+    return path
+
+
+def require(module: str, extra: str, command: str | None = None) -> ModuleType:
+    """Import an optional dependency, or fail with one line naming the extra (exit 3)."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        raise ArcvllmError(
+            f"{command or _running} needs the '{extra}' extra: "
+            f"pip install 'arcvllm[{extra}]' (no module named {exc.name or module})",
+            3,
+        ) from exc
+
 
 def build_parser() -> argparse.ArgumentParser:
-    import importlib
-
-    parser = argparse.ArgumentParser(prog="arcvllm", description=__doc__.splitlines()[0])
+    parser = Parser(prog="arcvllm", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"arcvllm {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
@@ -43,8 +156,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    global _running
     parser = build_parser()
     args = parser.parse_args(argv)
+    _running = f"arcvllm {args.command}"
     try:
         return int(args.func(args) or 0)
     except ArcvllmError as exc:

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from arcvllm import cli
 from arcvllm.errors import ArcvllmError
 
 SECRET_KEYS = ("VLLM_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
@@ -285,7 +286,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--compose", required=True, help="compose command prefix of the deployment")
     p.add_argument("--service", required=True, help="compose service (vllm, vllm-cpu)")
     p.add_argument("--image", required=True, help="the service's image")
-    p.add_argument("--base-url", required=True, help="the API as the host reaches it")
+    p.add_argument("--base-url", required=True, type=cli.url, help="the API as the host reaches it")
     p.add_argument("--preset", help="default: the container's $ARCVLLM_PRESET")
     p.add_argument("--env-file", help="the settings file: its secrets are redacted")
     p.add_argument("--out", default="reports/field-report.tar.gz", help="the tarball")

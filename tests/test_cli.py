@@ -1,0 +1,132 @@
+"""The CLI's shared conventions: exit status table, --json, URL and extra checks, one line."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from arcvllm import cli
+from arcvllm.errors import ArcvllmError
+
+
+def _walk(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    """Every (command path, parser) under `parser`, and whether it is a leaf."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    yield path, parser, not subs
+    for action in subs:
+        for name, child in action.choices.items():
+            yield from _walk(child, (*path, name))
+
+
+TREE = [(path, leaf) for path, _, leaf in _walk(cli.build_parser())]
+EVERY = [path for path, _ in TREE]
+LEAVES = [path for path, leaf in TREE if leaf]
+
+
+def _parser(path: tuple[str, ...]) -> argparse.ArgumentParser:
+    return next(p for q, p, _ in _walk(cli.build_parser()) if q == path)
+
+
+def test_every_command_module_is_in_the_tree():
+    assert len([path for path in EVERY if len(path) == 1]) == len(cli.COMMANDS)
+
+
+@pytest.mark.parametrize("path", EVERY, ids=lambda p: " ".join(("arcvllm", *p)))
+def test_help_shows_the_exit_status_table(path, capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main([*path, "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert cli.EXIT_STATUS in out, out[-600:]
+
+
+@pytest.mark.parametrize("path", LEAVES, ids=lambda p: " ".join(("arcvllm", *p)))
+def test_every_command_accepts_json(path):
+    options = {s for a in _parser(path)._actions for s in a.option_strings}
+    assert "--json" in options, f"arcvllm {' '.join(path)} has no --json"
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["127.0.0.1:8000", "ftp://host/", "http://", "http:///v1", "localhost", "http://h:port/"],
+)
+def test_url_refuses_what_is_not_http_with_a_host(value):
+    with pytest.raises(argparse.ArgumentTypeError, match="not an http"):
+        cli.url(value)
+
+
+def test_url_keeps_a_good_one_without_its_trailing_slash():
+    assert cli.url("http://127.0.0.1:8000/") == "http://127.0.0.1:8000"
+    assert cli.url("https://vllm.example/v1/") == "https://vllm.example/v1"
+
+
+def test_a_bad_url_is_one_line_and_exit_2():
+    """Through the installed entry point, as an operator runs it: no usage block."""
+    done = subprocess.run(
+        [sys.executable, "-m", "arcvllm", "field-report", "--base-url", "localhost:8000"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("arcvllm: field-report: ") and "not an http(s) URL" in lines[0]
+
+
+def test_add_server_takes_the_api_key_from_the_environment(monkeypatch):
+    monkeypatch.setenv("VLLM_API_KEY", "sk-env")
+    parser = cli.Parser(prog="arcvllm x")
+    cli.add_server(parser)
+    args = parser.parse_args(["--base-url", "http://127.0.0.1:1/"])
+    assert (args.base_url, args.api_key) == ("http://127.0.0.1:1", "sk-env")
+    assert parser.parse_args(["--base-url", "http://h", "--api-key", "k"]).api_key == "k"
+    assert "sk-env" not in parser.format_help()
+    monkeypatch.delenv("VLLM_API_KEY")
+    parser = cli.Parser(prog="arcvllm x")
+    cli.add_server(parser, required=False)
+    assert parser.parse_args([]).api_key is None
+
+
+def test_a_missing_extra_names_it():
+    with pytest.raises(ArcvllmError) as raised:
+        cli.require("arcvllm_no_such_module", "bench", "arcvllm bench")
+    assert raised.value.exit_code == 3
+    assert str(raised.value) == (
+        "arcvllm bench needs the 'bench' extra: pip install 'arcvllm[bench]' "
+        "(no module named arcvllm_no_such_module)"
+    )
+    assert cli.require("json", "none").dumps([]) == "[]"
+
+
+def test_a_missing_extra_is_one_line_and_exit_3(monkeypatch, capsys):
+    """A command that needs an absent module: main prints one line, no traceback."""
+    from arcvllm import toolchain
+
+    monkeypatch.setattr(toolchain, "_cmd", lambda args: cli.require("arcvllm_no_such", "bench"))
+    assert cli.main(["toolchain"]) == 3
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        "arcvllm: arcvllm toolchain needs the 'bench' extra: pip install 'arcvllm[bench]' "
+        "(no module named arcvllm_no_such)\n"
+    )
+
+
+def test_an_error_carries_its_exit_status():
+    assert ArcvllmError("x").exit_code == 1
+    assert ArcvllmError("x", 3).exit_code == 3
+
+
+def test_a_missing_override_file_or_dir_is_a_usage_error(tmp_path):
+    (tmp_path / "f").write_text("")
+    assert cli.existing_file(str(tmp_path / "f")) == tmp_path / "f"
+    assert cli.existing_dir(str(tmp_path)) == tmp_path
+    with pytest.raises(argparse.ArgumentTypeError, match="no such file"):
+        cli.existing_file(str(tmp_path / "nope"))
+    with pytest.raises(argparse.ArgumentTypeError, match="no such directory"):
+        cli.existing_dir(str(tmp_path / "f"))
