@@ -1,0 +1,291 @@
+"""Talking to a running vLLM (OpenAI-compatible) server: the one client every tool uses.
+
+Root URL and auth, health, models, tokenize, metrics, streamed completions timed token
+by token, and `wait_until`, the one polling loop of the package and its tests (health
+waits included). HTTP goes through httpx, completions through the official openai client;
+both are imported lazily, so importing this module costs nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, TypeVar
+
+from arcvllm import metrics as m
+from arcvllm.errors import ArcvllmError
+
+T = TypeVar("T")
+
+
+class WaitTimeout(ArcvllmError):
+    """What was waited for did not happen in time (the environment's fault: exit 3)."""
+
+    exit_code = 3
+
+
+def wait_until(
+    condition: Callable[[], T], timeout: float, interval: float = 1.0, what: str = "condition"
+) -> T:
+    """Call CONDITION until it returns something true, and return that.
+
+    It is called at least once, and once more at the deadline; an exception it raises
+    ends the wait at once (e.g. "the server process exited"). After TIMEOUT seconds:
+    WaitTimeout("WHAT not within TIMEOUT s").
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise WaitTimeout(f"{what} not within {timeout:g} s")
+        time.sleep(min(interval, left))
+
+
+def root_url(base_url: str) -> str:
+    """The server's root (where /health and /metrics are): BASE_URL without /v1."""
+    url = base_url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One streamed chunk that carried tokens: how many, and when (s after the request)."""
+
+    tokens: int
+    at: float
+
+
+@dataclass
+class Stream:
+    """One streamed completion: its text, token ids, usage, and when each token came.
+
+    `prompt_len` is the length of a token-id prompt as sent (0 for a text prompt);
+    `prompt_tokens` and `completion_tokens` are what the server counted (its usage).
+    """
+
+    prompt_len: int = 0
+    chunks: list[Chunk] = field(default_factory=list)
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def tokens(self) -> int:
+        """Tokens that arrived (counted per chunk)."""
+        return sum(c.tokens for c in self.chunks)
+
+    @property
+    def ttft(self) -> float:
+        """Seconds from the request to the first token; 0.0 if none came."""
+        return self.chunks[0].at if self.chunks else 0.0
+
+    def token_gaps(self) -> list[float]:
+        """Inter-token latency (s) of every token after the first chunk's.
+
+        A chunk of N tokens (the detokenizer may hold tokens back) spreads the time since
+        the previous chunk evenly over its N tokens.
+        """
+        gaps: list[float] = []
+        for before, chunk in zip(self.chunks, self.chunks[1:], strict=False):
+            gaps.extend([(chunk.at - before.at) / chunk.tokens] * chunk.tokens)
+        return gaps
+
+    def decode_tok_s(self) -> float | None:
+        """Tokens per second after the first chunk; None with fewer than two chunks."""
+        if len(self.chunks) < 2:
+            return None
+        span = self.chunks[-1].at - self.chunks[0].at
+        return (self.tokens - self.chunks[0].tokens) / span if span > 0 else None
+
+    def output(self) -> dict[str, Any]:
+        """What two greedy runs must agree on: the text and the token ids (if served)."""
+        return {"text": self.text, "token_ids": self.token_ids}
+
+
+@dataclass
+class Client:
+    """One vLLM server. BASE_URL may end in /v1; METRICS_URLS are the replicas behind a
+    router, whose /metrics are summed (the router's own is one replica's)."""
+
+    base_url: str
+    api_key: str | None = None
+    timeout: float = 300.0
+    metrics_urls: tuple[str, ...] = ()
+
+    @property
+    def root(self) -> str:
+        return root_url(self.base_url)
+
+    def headers(self) -> dict[str, str]:
+        return auth_headers(self.api_key)
+
+    # ---- plain HTTP
+
+    def get(self, path: str, timeout: float | None = None):
+        """GET ROOT/PATH (the httpx response; raises httpx.HTTPError on no answer)."""
+        import httpx
+
+        return httpx.get(
+            f"{self.root}{path}", headers=self.headers(), timeout=timeout or self.timeout
+        )
+
+    def get_json(self, path: str) -> Any:
+        response = self.get(path)
+        response.raise_for_status()
+        return response.json()
+
+    def healthy(self, timeout: float = 5.0) -> bool:
+        """/health answers 200 (any other answer, or none, is False)."""
+        import httpx
+
+        try:
+            return self.get("/health", timeout=timeout).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def wait_healthy(
+        self, timeout: float, interval: float = 1.0, alive: Callable[[], object] | None = None
+    ) -> float:
+        """Seconds until /health answered 200. ALIVE, if given, is called before each try
+        and may raise to stop the wait (e.g. the server's process exited)."""
+        start = time.monotonic()
+
+        def ready() -> bool:
+            if alive is not None:
+                alive()
+            return self.healthy(timeout=min(5.0, max(interval, 1.0)))
+
+        wait_until(ready, timeout, interval, f"{self.root}/health 200")
+        return time.monotonic() - start
+
+    def models(self) -> list[dict[str, Any]]:
+        """The entries of /v1/models (id, max_model_len, ...)."""
+        return list(self.get_json("/v1/models")["data"])
+
+    def max_model_len(self, model: str) -> int:
+        """MODEL's context length as the server says; ArcvllmError if it does not serve it."""
+        entries = self.models()
+        for entry in entries:
+            if entry["id"] == model:
+                return int(entry.get("max_model_len") or 0)
+        names = ", ".join(e["id"] for e in entries)
+        raise ArcvllmError(f"the server does not serve {model!r}; it serves: {names}")
+
+    def tokenize(self, model: str, text: str) -> list[int]:
+        """The token ids of TEXT in MODEL's tokenizer, without special tokens."""
+        import httpx
+
+        response = httpx.post(
+            f"{self.root}/tokenize",
+            json={"model": model, "prompt": text, "add_special_tokens": False},
+            headers=self.headers(),
+            timeout=self.timeout,
+        )
+        response.raise_for_status()
+        return list(response.json()["tokens"])
+
+    def metrics(self) -> m.Metrics:
+        """One scrape of /metrics (of every replica in METRICS_URLS, samples concatenated)."""
+        scrapes = []
+        for url in self.metrics_urls or (self.root,):
+            response = Client(url, self.api_key, self.timeout).get("/metrics")
+            response.raise_for_status()
+            scrapes.append(m.Metrics.parse(response.text))
+        return m.Metrics(tuple(sample for one in scrapes for sample in one.samples))
+
+    def prefix_cache_after(
+        self, before: m.PrefixCache, model: str | None = None, timeout: float = 5.0
+    ) -> m.PrefixCache:
+        """Prefix-cache counters once they moved past BEFORE: the engine publishes its
+        stats a moment after the response. The last read if they never move."""
+        last = before
+
+        def moved() -> bool:
+            nonlocal last
+            last = m.prefix_cache(self.metrics(), model)
+            return last.queries > before.queries
+
+        with contextlib.suppress(WaitTimeout):
+            wait_until(moved, timeout, 0.1, "prefix-cache counters")
+        return last
+
+    # ---- completions
+
+    @cached_property
+    def openai(self):
+        """The official openai client for ROOT/v1 (no retries: a fault must show)."""
+        from openai import OpenAI
+
+        return OpenAI(
+            base_url=f"{self.root}/v1",
+            api_key=self.api_key or "EMPTY",
+            timeout=self.timeout,
+            max_retries=0,
+        )
+
+    def stream(
+        self,
+        model: str,
+        prompt: Sequence[int] | str,
+        max_tokens: int,
+        salt: str | None = None,
+    ) -> Stream:
+        """A greedy, ignore_eos completion, streamed and timed chunk by chunk.
+
+        vLLM's `continuous_usage_stats` puts the running completion_tokens in every chunk,
+        so a chunk that carries several tokens is counted right (else its token ids, else
+        one per chunk with text); `return_token_ids` gives the ids two runs must agree on.
+        SALT is a prefix-cache namespace (vLLM's cache_salt).
+        """
+        extra: dict[str, Any] = {"ignore_eos": True, "return_token_ids": True}
+        if salt:
+            extra["cache_salt"] = salt
+        out = Stream(prompt_len=0 if isinstance(prompt, str) else len(prompt))
+        parts: list[str] = []
+        start = time.perf_counter()
+        response = self.openai.completions.create(
+            model=model,
+            prompt=prompt if isinstance(prompt, str) else list(prompt),
+            max_tokens=max_tokens,
+            temperature=0.0,
+            stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},
+            extra_body=extra,
+        )
+        counted = 0
+        for chunk in response:
+            at = time.perf_counter() - start
+            usage = getattr(chunk, "usage", None)
+            if usage is not None:
+                out.prompt_tokens = usage.prompt_tokens
+                out.completion_tokens = usage.completion_tokens
+            if not chunk.choices:
+                continue
+            choice = chunk.choices[0]
+            parts.append(choice.text or "")
+            ids = getattr(choice, "token_ids", None)
+            out.token_ids.extend(ids or [])
+            out.finish_reason = choice.finish_reason or out.finish_reason
+            if usage is not None:
+                n = usage.completion_tokens - counted
+            elif ids is not None:
+                n = len(ids)
+            else:
+                n = 1 if choice.text else 0
+            if n > 0:
+                counted += n
+                out.chunks.append(Chunk(n, at))
+        out.text = "".join(parts)
+        return out
