@@ -186,7 +186,7 @@ smoke-check: $(VENV)/.stamp ## the smoke test against the image as built (no bui
 	$(ARCVLLM) smoke --base-url http://127.0.0.1:$(SMOKE_PORT) --preset $(PRESET) \
 		--start-cmd '$(SMOKE_COMPOSE) up -d $(SERVICE)' --stop-cmd '$(SMOKE_STOP)' \
 		--log-cmd '$(SMOKE_COMPOSE) logs --no-color $(SERVICE)' \
-		--health-timeout $(SMOKE_HEALTH_TIMEOUT) --report $(SMOKE_REPORT) $(SMOKE_ARGS) \
+		--health-timeout $(SMOKE_HEALTH_TIMEOUT) --out $(SMOKE_REPORT) $(SMOKE_ARGS) \
 		$(if $(call setting,VLLM_API_KEY),--api-key "$$(sed -n 's/^VLLM_API_KEY=//p' $(ENV_PATH) | tail -n 1)")
 
 # The same smoke test with ARCVLLM_EMULATE_HIGH_ADDRESSES=1 in the container (the settings
@@ -241,7 +241,7 @@ ifeq ($(BENCH_PYTHON),)
 	@mkdir -p $(BENCH_OUT)
 	$(DOCKER) cp "$$($(ARCVLLM_COMPOSE) ps -q $(SERVICE))":/tmp/arcvllm-bench/. $(BENCH_OUT)/
 	@# the image may carry no matplotlib: draw the plot from the JSON on this side
-	@test -f $(BENCH_OUT)/bench.png || $(ARCVLLM) bench --replot $(BENCH_OUT)/bench.json
+	@test -f $(BENCH_OUT)/bench.png || $(ARCVLLM) bench replot $(BENCH_OUT)/bench.json
 	@echo "bench results in $(BENCH_OUT)"
 else
 	$(ARCVLLM) bench --base-url http://127.0.0.1:$(PORT) --preset $(PRESET) \

@@ -175,13 +175,14 @@ class Client:
         return list(self.get_json("/v1/models")["data"])
 
     def max_model_len(self, model: str) -> int:
-        """MODEL's context length as the server says; ArcvllmError if it does not serve it."""
+        """MODEL's context length as the server says; one that is not served is a usage
+        error (the caller named it)."""
         entries = self.models()
         for entry in entries:
             if entry["id"] == model:
                 return int(entry.get("max_model_len") or 0)
         names = ", ".join(e["id"] for e in entries)
-        raise ArcvllmError(f"the server does not serve {model!r}; it serves: {names}")
+        raise ArcvllmError(f"the server does not serve {model!r}; it serves: {names}", 2)
 
     def tokenize(self, model: str, text: str) -> list[int]:
         """The token ids of TEXT in MODEL's tokenizer, without special tokens."""

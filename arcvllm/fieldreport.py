@@ -176,7 +176,7 @@ def collect(opts: argparse.Namespace, settings: Mapping[str, str]) -> Collector:
             step = c.shell(
                 "smoke/smoke.txt",
                 f"{me} smoke --base-url {shlex.quote(opts.base_url)} "
-                f"--preset {shlex.quote(preset)} --report {shlex.quote(str(report))} "
+                f"--preset {shlex.quote(preset)} --out {shlex.quote(str(report))} "
                 f"--log-cmd {shlex.quote(f'{opts.compose} logs --no-color {opts.service}')}"
                 + (' --api-key "$ARCVLLM_FIELD_KEY"' if key else ""),
                 env={"ARCVLLM_FIELD_KEY": key} if key else None,

@@ -1,14 +1,32 @@
-"""Plain-text output shared by the commands."""
+"""Plain-text output shared by the commands: the one table renderer."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 
-def columns(rows: Sequence[Sequence[str]]) -> str:
-    """ROWS as left-aligned columns two spaces apart, no trailing blanks."""
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
+
+
+def columns(rows: Sequence[Sequence[str]], width: int | None = None, rule: bool = False) -> str:
+    """ROWS as left-aligned columns two spaces apart, no trailing blanks.
+
+    WIDTH: lines fit in it, the middle columns (never the first or the last) cut with "…",
+    the widest first. RULE: a line of dashes under the first row (the header).
+    """
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+    if width is not None and len(widths) > 2:
+        room = width - widths[0] - widths[-1] - 2 * (len(widths) - 1)
+        middle = widths[1:-1]
+        while sum(middle) > max(room, len(middle)) and max(middle) > 1:
+            widest = middle.index(max(middle))
+            middle[widest] -= 1
+        widths[1:-1] = middle
+    lines = [
+        "  ".join(_cut(cell, w).ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
         for row in rows
-    )
+    ]
+    if rule:
+        lines.insert(1, "-" * max(len(line) for line in lines))
+    return "\n".join(lines)

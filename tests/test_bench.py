@@ -11,24 +11,26 @@ import pytest
 from conftest import ROOT, vllm_env
 from test_serve import SERVED, preset_server, tiny_model  # noqa: F401  (module fixtures)
 
-from arcvllm import bench as B
+from arcvllm.bench import command, measurements, plot, reference, runner
+from arcvllm.bench.measurements import TokenStep, token_steps
+from arcvllm.client import Chunk, Stream
 from arcvllm.errors import ArcvllmError
 
 
-def stream(prompt_len: int, sizes: list[int], gap: float = 0.01) -> B.Stream:
-    return B.Stream(prompt_len, 0.1, tuple((n, i * gap) for i, n in enumerate(sizes)))
+def stream(prompt_len: int, sizes: list[int], gap: float = 0.01) -> Stream:
+    return Stream(prompt_len, [Chunk(n, 0.1 + i * gap) for i, n in enumerate(sizes)])
 
 
 def test_steps_are_placed_at_the_positions_the_engine_computed():
     # Prompt of 6 tokens, block 8: output token k is computed from position 6 + k - 1.
-    ss = B.steps(stream(6, [1, 1, 1, 1, 1]), block=8)
+    ss = token_steps(stream(6, [1, 1, 1, 1, 1]), block=8)
     assert [s.position for s in ss] == [6, 7, 8, 9]
     assert [s.crosses for s in ss] == [False, False, True, False]
     assert all(abs(s.itl_ms - 10) < 1e-9 for s in ss)
 
 
 def test_a_chunk_of_several_tokens_crosses_if_any_of_them_does():
-    ss = B.steps(stream(6, [1, 1, 3, 1]), block=8)
+    ss = token_steps(stream(6, [1, 1, 3, 1]), block=8)
     assert [(s.position, s.tokens, s.crosses) for s in ss] == [
         (6, 1, False),
         (7, 3, True),
@@ -38,35 +40,28 @@ def test_a_chunk_of_several_tokens_crosses_if_any_of_them_does():
 
 
 def test_boundary_summary_separates_crossing_steps_and_would_see_a_slow_copy():
-    steps = [B.Step(p, 1, 50.0 if p % 8 == 0 else 5.0, p % 8 == 0) for p in range(4, 40)]
-    summary = B.boundary_summary(steps)
+    steps = [TokenStep(p, 1, 50.0 if p % 8 == 0 else 5.0, p % 8 == 0) for p in range(4, 40)]
+    summary = measurements.boundary_summary(steps)
     assert summary["boundary_steps"] == 4 and summary["boundary_positions"] == [8, 16, 24, 32]
     assert summary["itl_ms_boundary_p50"] == 50.0 and summary["itl_ms_other_p50"] == 5.0
     assert summary["boundary_over_other_p50"] == 10.0
 
 
-def test_percentiles():
-    assert B.pct([], 50) is None
-    assert B.pct([3.0], 99) == 3.0
-    assert B.pct([1.0, 2.0, 3.0, 4.0], 50) == 2.5
-    assert 98.0 <= B.pct([float(i) for i in range(1, 101)], 99) <= 100.0
-
-
 def test_plans_cross_the_boundaries_and_fit_the_context():
-    assert B.boundary_plan(128, 2048, 3) == (64, 322)
-    prompt, decode = B.boundary_plan(2112, 32768, 3)
+    assert measurements.boundary_lengths(128, 2048, 3) == (64, 322)
+    prompt, decode = measurements.boundary_lengths(2112, 32768, 3)
     assert prompt + decode - 1 >= 3 * 2112
-    assert B.boundary_plan(128, 300, 3) == (64, 235)  # capped by max-model-len
+    assert measurements.boundary_lengths(128, 300, 3) == (64, 235)  # capped by max-model-len
     with pytest.raises(ArcvllmError, match="no room"):
-        B.boundary_plan(2112, 2048, 3)
-    assert B.prefix_plan(128, 2048) == 12 * 128 + 1
-    assert B.prefix_plan(2112, 32768) == 11 * 2112 + 1
+        measurements.boundary_lengths(2112, 2048, 3)
+    assert measurements.prefix_length(128, 2048) == 12 * 128 + 1
+    assert measurements.prefix_length(2112, 32768) == 11 * 2112 + 1
     with pytest.raises(ArcvllmError, match="no full block"):
-        B.prefix_plan(2112, 2048)
+        measurements.prefix_length(2112, 2048)
 
 
 def test_ratios_against_scalar_and_range_references():
-    rows = B.ratio_rows(
+    rows = reference.ratio_rows(
         {"decode_tok_s": 31.5, "prefill_tok_s": 2900.0, "itl_ms_p50": None},
         {"decode_tok_s": 63, "prefill_tok_s": [5800, 7600], "itl_ms_p50": 6, "nope": 1},
     )
@@ -82,28 +77,23 @@ def test_ratios_against_scalar_and_range_references():
 
 
 def test_the_b70_reference_carries_the_reports_figures():
-    ref = B.load_reference("qwen3.6-35b-a3b-w4a16-1xb70")
+    ref = reference.load_reference("qwen3.6-35b-a3b-w4a16-1xb70")
     assert ref["metrics"]["decode_tok_s"] == 63
     assert ref["metrics"]["prefill_tok_s"] == [5800, 7600]
-    assert B.load_reference("no-such-reference") is None
-
-
-def test_server_root_accepts_the_v1_url():
-    assert B.server_root("http://h:8000/v1/") == "http://h:8000"
-    assert B.server_root("http://h:8000") == "http://h:8000"
+    assert reference.load_reference("no-such-reference") is None
 
 
 def test_tokenizer_must_exist_locally(tmp_path):
-    assert B.resolve_tokenizer(None, str(tmp_path), "tiny") == str(tmp_path)
+    assert command.resolve_tokenizer(None, str(tmp_path), "tiny") == str(tmp_path)
     with pytest.raises(ArcvllmError, match="--tokenizer"):
-        B.resolve_tokenizer(None, str(tmp_path / "absent"), "tiny")
+        command.resolve_tokenizer(None, str(tmp_path / "absent"), "tiny")
 
 
 def test_plot_writes_a_png_with_boundaries(tmp_path):
     pytest.importorskip("matplotlib")
     path = tmp_path / "p.png"
-    runs = [B.steps(stream(60, [1] * 200), 64), B.steps(stream(60, [1] * 150), 64)]
-    B.plot(runs, 64, "t", path)
+    runs = [token_steps(stream(60, [1] * 200), 64), token_steps(stream(60, [1] * 150), 64)]
+    plot.plot(runs, 64, "t", path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -114,27 +104,62 @@ def test_replot_draws_the_png_of_a_bench_json_elsewhere(tmp_path, capsys):
 
     from arcvllm import cli
 
-    runs = [[asdict(s) for s in B.steps(stream(60, [1] * 100), 64)]]
-    source = tmp_path / B.REPORT_JSON
+    runs = [[asdict(s) for s in token_steps(stream(60, [1] * 100), 64)]]
+    source = tmp_path / command.REPORT_JSON
     source.write_text(json.dumps({"model": "m", "block_size": 64, "runs": runs}))
-    assert cli.main(["bench", "--replot", str(source)]) == 0
-    assert (tmp_path / B.REPORT_PNG).read_bytes()[:4] == b"\x89PNG"
-    assert cli.main(["bench", "--replot", str(tmp_path / "absent.json")]) == 1
-    assert "cannot read" in capsys.readouterr().err
+    assert cli.main(["bench", "replot", str(source)]) == 0
+    assert (tmp_path / command.REPORT_PNG).read_bytes()[:4] == b"\x89PNG"
+    assert capsys.readouterr().out == f"wrote {tmp_path / command.REPORT_PNG}\n"
+    assert cli.main(["bench", "replot", "--json", str(source)]) == 0
+    assert json.loads(capsys.readouterr().out) == {"png": str(tmp_path / command.REPORT_PNG)}
+    # A file that is not there, or not a bench.json: one line, usage.
+    assert cli.main(["bench", "replot", str(tmp_path / "absent.json")]) == 2
+    assert capsys.readouterr().err.startswith("arcvllm: cannot read")
+    (tmp_path / "other.json").write_text("{}")
+    assert cli.main(["bench", "replot", str(tmp_path / "other.json")]) == 2
+    err = capsys.readouterr().err
+    assert "no runs, model, block_size" in err and err.count("\n") == 1
+
+
+def test_replot_without_matplotlib_is_one_line_and_exit_3(tmp_path):
+    """An environment without the 'bench' extra (matplotlib cannot be imported)."""
+    source = tmp_path / command.REPORT_JSON
+    source.write_text(json.dumps({"model": "m", "block_size": 64, "runs": [[]]}))
+    code = (
+        "import sys; sys.modules['matplotlib'] = None\n"
+        "from arcvllm import cli\n"
+        f"raise SystemExit(cli.main(['bench', 'replot', {str(source)!r}]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
+    assert done.returncode == 3, done.stderr
+    assert done.stderr.splitlines() == [
+        "arcvllm: arcvllm bench needs the 'bench' extra: pip install 'arcvllm[bench]' "
+        "(no module named matplotlib)"
+    ]
+    assert not (tmp_path / command.REPORT_PNG).exists()
+
+
+def test_bench_without_a_server_is_a_usage_error(capsys):
+    from arcvllm import cli
+
+    assert cli.main(["bench"]) == 2
+    assert capsys.readouterr().err == "arcvllm: name the server: --base-url URL\n"
 
 
 def test_vllm_bench_args_name_the_random_dataset_and_the_result_file(tmp_path):
-    args = B.vllm_bench_args("http://h:1", "m", "/tok", tmp_path, 256, 64, 4, 1)
+    args = runner.vllm_bench_args("http://h:1", "m", "/tok", tmp_path, 256, 64, 4, 1)
     pairs = dict(itertools.pairwise(args))
     assert pairs["--dataset-name"] == "random" and pairs["--tokenizer"] == "/tok"
-    assert pairs["--result-filename"] == B.VLLM_BENCH_JSON and "--ignore-eos" in args
+    assert pairs["--result-filename"] == runner.VLLM_BENCH_JSON and "--ignore-eos" in args
 
 
 @pytest.mark.vllm
 def test_vllm_bench_args_parse_with_vllms_own_bench_parser(tmp_path):
     """vLLM's own `bench serve` parser accepts them; a misspelt flag is rejected."""
     env = vllm_env("0.32.0")
-    args = B.vllm_bench_args("http://h:1", "m", "/tok", tmp_path, 256, 64, 4, 1)
+    args = runner.vllm_bench_args("http://h:1", "m", "/tok", tmp_path, 256, 64, 4, 1)
     code = (
         "import sys\n"
         "from vllm.entrypoints.cli.benchmark.serve import BenchmarkServingSubcommand as S\n"
@@ -145,7 +170,7 @@ def test_vllm_bench_args_parse_with_vllms_own_bench_parser(tmp_path):
     extra = {"TMPDIR": str(tmp_path), "VLLM_CACHE_ROOT": str(tmp_path / "c")}
     good = env.run("-c", code, *args, env=extra, timeout=300)
     assert good.returncode == 0, good.stderr[-2000:]
-    assert good.stdout.split()[-3:] == ["random", "256", B.VLLM_BENCH_JSON]
+    assert good.stdout.split()[-3:] == ["random", "256", runner.VLLM_BENCH_JSON]
     bad = env.run("-c", code, *args, "--random-inptu-len", "3", env=extra, timeout=300)
     assert bad.returncode != 0 and "--random-inptu-len" in bad.stderr
 
@@ -199,8 +224,8 @@ def test_bench_against_a_real_server_writes_json_and_plot(preset_server, tmp_pat
     out = tmp_path / "bench"
     done = run_bench(url, SERVED, out, model_dir, "--preset", "tiny-hybrid-cpu")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    report = json.loads((out / B.REPORT_JSON).read_text())
-    assert (out / B.REPORT_PNG).read_bytes()[:4] == b"\x89PNG"
+    report = json.loads((out / command.REPORT_JSON).read_text())
+    assert (out / command.REPORT_PNG).read_bytes()[:4] == b"\x89PNG"
     assert report["block_size"] >= 16
     assert report["vllm_bench"]["completed"] == 2 and report["vllm_bench"]["failed"] == 0
     boundary = report["boundary"]
@@ -231,7 +256,7 @@ def test_bench_against_a_real_server_writes_json_and_plot(preset_server, tmp_pat
 def test_bench_names_a_wrong_model_in_one_line(preset_server, tmp_path):  # noqa: F811
     url, model_dir, _ = preset_server
     done = run_bench(url, "not-served", tmp_path / "bench", model_dir)
-    assert done.returncode == 1
+    assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         f"arcvllm: the server does not serve 'not-served'; it serves: {SERVED}"
     ]

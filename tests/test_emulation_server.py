@@ -120,7 +120,7 @@ def smoke(url: str, log: Path, report: Path, *extra: str) -> subprocess.Complete
         [
             sys.executable,
             *("-m", "arcvllm", "smoke", "--base-url", url),
-            *("--log-file", str(log), "--report", str(report)),
+            *("--log-file", str(log), "--out", str(report)),
             *extra,
         ],
         capture_output=True,

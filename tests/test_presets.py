@@ -272,7 +272,7 @@ def test_vllm_0_23_0_engine_parser_takes_the_xpu_presets_flags_and_language_mode
 
 
 def test_a_presets_reference_exists_and_names_it():
-    from arcvllm.bench import load_reference
+    from arcvllm.bench.reference import load_reference
 
     named = [p for p in P.load_all().values() if p.reference]
     assert {p.name for p in named} >= {"qwen3.6-35b-a3b-w4a16-1xb70", "tiny-hybrid-cpu"}

@@ -16,8 +16,10 @@ import pytest
 from conftest import free_port
 
 from arcvllm import cli
-from arcvllm import smoke as S
 from arcvllm.errors import ArcvllmError
+from arcvllm.smoke import checks as S
+from arcvllm.smoke import serverlog
+from arcvllm.smoke.report import Check, render_checks
 
 BLOCK = 64
 MAX_LEN = 1024
@@ -45,10 +47,11 @@ class Fake:
         self.completions = 0
         self.lock = threading.Lock()
 
-    def metrics(self) -> str:
+    def metrics(self, hits: bool = True) -> str:
         lines = [
             "# TYPE vllm:prefix_cache_hits_total counter",
-            f'vllm:prefix_cache_hits_total{{engine="0",model_name="tiny-hybrid"}} {self.hits}',
+            'vllm:prefix_cache_hits_total{engine="0",model_name="tiny-hybrid"} '
+            f"{self.hits if hits else 0}",
             "# TYPE vllm:prefix_cache_queries_total counter",
             f'vllm:prefix_cache_queries_total{{model_name="tiny-hybrid"}} {self.queries}',
         ]
@@ -97,7 +100,7 @@ class Fake:
         return not ("dies" in self.faults and self.completions > 1)
 
 
-def handler(fake: Fake):
+def handler(fake: Fake, hits_in_metrics: bool = True):
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args):  # quiet
             pass
@@ -120,7 +123,7 @@ def handler(fake: Fake):
                 ]
                 self.send(200, json.dumps({"object": "list", "data": models}))
             elif self.path == "/metrics":
-                self.send(200, fake.metrics(), "text/plain; version=0.0.4")
+                self.send(200, fake.metrics(hits_in_metrics), "text/plain; version=0.0.4")
             else:
                 self.send(404, "{}")
 
@@ -162,8 +165,8 @@ def handler(fake: Fake):
 def serve():
     servers = []
 
-    def start(fake: Fake) -> str:
-        server = ThreadingHTTPServer(("127.0.0.1", 0), handler(fake))
+    def start(fake: Fake, hits_in_metrics: bool = True) -> str:
+        server = ThreadingHTTPServer(("127.0.0.1", 0), handler(fake, hits_in_metrics))
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
         return f"http://127.0.0.1:{server.server_address[1]}"
@@ -186,7 +189,7 @@ def run_cli(capsys, *args: str) -> tuple[int, str, str]:
 def test_a_healthy_server_passes(serve, capsys, tmp_path):
     url = serve(Fake())
     report = tmp_path / "r.json"
-    code, out, _ = run_cli(capsys, "--base-url", url, "--report", str(report))
+    code, out, _ = run_cli(capsys, "--base-url", url, "--out", str(report))
     assert code == 0, out
     # The block size is what the checks are planned from: shown, not counted as passed.
     assert "smoke: PASS (5 checks)" in out
@@ -239,9 +242,7 @@ def test_each_check_fails_on_a_server_broken_that_way(serve, capsys, tmp_path, f
     log.write_text("\n".join(f"line {i}" for i in range(80)) + "\n")
     report = tmp_path / "r.json"
     url = serve(Fake({fault}))
-    code, out, _ = run_cli(
-        capsys, "--base-url", url, "--log-file", str(log), "--report", str(report)
-    )
+    code, out, _ = run_cli(capsys, "--base-url", url, "--log-file", str(log), "--out", str(report))
     assert code == 1
     assert json.loads(report.read_text())["failed"] == failing
     assert f"smoke: FAIL: {', '.join(failing)}\n" in out
@@ -255,7 +256,7 @@ def test_without_decode_checkpoints_the_boundary_decode_says_it_has_no_server_ev
     # vLLM's default retention (0) keeps no decode checkpoints: a lost state cannot show.
     report = tmp_path / "r.json"
     url = serve(Fake({"lost_state"}, retention="0"))
-    code, out, _ = run_cli(capsys, "--base-url", url, "--report", str(report))
+    code, out, _ = run_cli(capsys, "--base-url", url, "--out", str(report))
     assert code == 0, out
     data = json.loads(report.read_text())
     decode = next(c for c in data["checks"] if c["name"] == "boundary decode")
@@ -345,23 +346,23 @@ def test_start_cmd_is_run_and_stopped(serve, capsys, tmp_path):
 
 
 def test_plan_for_the_tiny_model():
-    p = S.plan(128, 2048)
+    p = S.plan_checks(128, 2048)
     assert (p.decode_prompt, p.decode_tokens) == (120, 152)
-    assert S.boundary_steps(p.decode_prompt, p.decode_tokens, 128) == [9, 137]
+    assert S.boundary_tokens(p.decode_prompt, p.decode_tokens, 128) == [9, 137]
     assert (p.prefix_blocks, p.prefix_prompt, p.prefix_expected_hits) == (12, 1537, 1382)
 
 
 def test_plan_for_the_production_block_on_xpu():
-    p = S.plan(2112, 262144)
+    p = S.plan_checks(2112, 262144)
     assert p.decode_prompt + p.decode_tokens > 2 * 2112
-    assert len(S.boundary_steps(p.decode_prompt, p.decode_tokens, 2112)) == 2
+    assert len(S.boundary_tokens(p.decode_prompt, p.decode_tokens, 2112)) == 2
     assert p.prefix_blocks == 7 and p.prefix_prompt == 7 * 2112 + 1
 
 
 @pytest.mark.parametrize(("block", "max_len"), [(128, 200), (1024, 2048), (8, 4096)])
 def test_plan_refuses_what_cannot_cross_two_boundaries(block, max_len):
     with pytest.raises(ArcvllmError):
-        S.plan(block, max_len)
+        S.plan_checks(block, max_len)
 
 
 def test_tokens_of_tiles_to_the_exact_length():
@@ -386,7 +387,7 @@ def test_tokens_of_tiles_to_the_exact_length():
     ],
 )
 def test_block_size_from_log(lines, expected):
-    assert S.block_size_from_log(lines) == expected
+    assert serverlog.block_size_from_log(lines) == expected
 
 
 _CORE = "(EngineCore pid=10) ERROR 11-30 16:30:01 [core.py:1131] "
@@ -409,23 +410,23 @@ CRASH_LOG = "\n".join(
 
 
 def test_find_crash_names_the_root_cause_not_the_echo():
-    assert S.find_crash(CRASH_LOG.splitlines()) == (
+    assert serverlog.find_crash(CRASH_LOG.splitlines()) == (
         "OverflowError: Python int too large to convert to C long"
     )
 
 
 def test_find_crash_plain_traceback():
     lines = ["Traceback (most recent call last):", '  File "x.py"', "ValueError: bad"]
-    assert S.find_crash(lines) == "ValueError: bad"
+    assert serverlog.find_crash(lines) == "ValueError: bad"
 
 
 def test_find_crash_none_in_a_clean_log():
-    assert S.find_crash(["INFO ok", "ERROR: not an exception line"]) is None
+    assert serverlog.find_crash(["INFO ok", "ERROR: not an exception line"]) is None
 
 
 def test_table_fits_one_screen():
-    checks = [S.Check("boundary decode", "x" * 200, "y" * 200, False), S.Check("b", "e", "s", True)]
-    table = S.render_table(checks, width=100)
+    checks = [Check("boundary decode", "x" * 200, "y" * 200, False), Check("b", "e", "s", True)]
+    table = render_checks(checks, width=100)
     assert all(len(line) <= 100 for line in table.splitlines())
     assert table.splitlines()[2].endswith("FAIL") and table.splitlines()[3].endswith("PASS")
 
@@ -438,7 +439,7 @@ def test_preset_names_the_model(serve, capsys, tmp_path):
     assert code != 0 and "choose one with --model" in err
     report = tmp_path / "r.json"
     code, out, _ = run_cli(
-        capsys, "--base-url", url, "--preset", "tiny-hybrid-cpu", "--report", str(report)
+        capsys, "--base-url", url, "--preset", "tiny-hybrid-cpu", "--out", str(report)
     )
     assert code == 0, out
     assert json.loads(report.read_text())["server"]["model"] == "tiny-hybrid"
@@ -475,20 +476,32 @@ def test_failing_start_cmd_is_one_line_and_still_stopped(capsys, tmp_path):
     assert stopped.exists()
 
 
-def test_behind_a_router_the_replicas_metrics_are_summed(monkeypatch):
-    """The router's /metrics is one replica's; --metrics-url reads every replica's."""
-    from arcvllm import metrics as m
-    from arcvllm import smoke
+def test_behind_a_router_the_replicas_metrics_are_summed(serve, capsys, tmp_path):
+    """The router's /metrics is one replica's; --metrics-url reads every replica's.
 
-    text = "vllm:prefix_cache_hits_total {}\nvllm:prefix_cache_queries_total {}\n"
-    per_url = {
-        "http://vllm-0:8000": text.format(100, 300),
-        "http://vllm-1:8000": text.format(20, 50),
-    }
-    asked = []
-    monkeypatch.setattr(
-        m, "fetch", lambda url, **kw: asked.append(url) or m.Metrics.parse(per_url[url])
+    The "router" serves the completions, but its /metrics shows no prefix-cache hit; the
+    replica behind it (the same engine, served again) does. Only the summed metrics make
+    the prefix-cache checks pass.
+    """
+    fake = Fake()
+    router_url, replica_url = serve(fake, hits_in_metrics=False), serve(fake)
+    code, out, _ = run_cli(capsys, "--base-url", router_url)
+    assert code == 1 and "smoke: FAIL: boundary decode, prefix cache hits\n" in out
+    code, out, _ = run_cli(
+        capsys, "--base-url", router_url, "--metrics-url", router_url, "--metrics-url", replica_url
     )
-    server = smoke.Server("http://router:8000", None, 5.0, tuple(per_url))
-    assert m.prefix_cache(server.metrics()) == m.PrefixCache(120.0, 350.0)
-    assert asked == list(per_url)
+    assert code == 0, out
+
+
+def test_json_prints_the_report_and_the_exit_status_is_the_verdict(serve, capsys):
+    code, out, _ = run_cli(capsys, "--base-url", serve(Fake({"differs"})), "--json")
+    data = json.loads(out)
+    assert code == 1 and data["verdict"] == "fail" and data["failed"] == ["prefix cache text"]
+
+
+@pytest.mark.parametrize("url", ["localhost:8000", "ftp://h/", "http://"])
+def test_a_bad_url_is_a_usage_error(capsys, url):
+    with pytest.raises(SystemExit) as done:
+        cli.main(["smoke", "--base-url", url])
+    assert done.value.code == 2
+    assert "not an http(s) URL" in capsys.readouterr().err

@@ -1,0 +1,449 @@
+"""The smoke test's checks, and the plan of token positions they are made of.
+
+Planning and judging are pure functions; the server is reached through arcvllm.client,
+subprocesses and the log stay at the edges.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+
+from arcvllm import metrics as m
+from arcvllm.client import Client, Stream, WaitTimeout
+from arcvllm.errors import ArcvllmError
+from arcvllm.smoke.report import Check, SmokeReport
+from arcvllm.smoke.serverlog import LOG_TAIL_LINES, LogSource, block_size_from_log, find_crash
+from arcvllm.stats import percentile
+
+CONCURRENT_STREAMS = 8
+PREFIX_HIT_FRACTION = 0.9
+# Text the prompts are made of; its token ids are tiled to exact lengths.
+PROMPT_TEXT = (
+    "The mamba state of each request is copied when its length crosses a block boundary. "
+    "A block holds the attention keys and values of a fixed number of tokens, and the "
+    "recurrent state of the linear attention layers at the end of that block. "
+    "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 alpha beta gamma delta epsilon. "
+)
+
+
+# ---------------------------------------------------------------- pure parts
+
+
+@dataclass(frozen=True)
+class CheckPlan:
+    """Request shapes derived from the server's block size and context length."""
+
+    block_size: int
+    max_model_len: int
+    decode_prompt: int  # tokens: ends just before the first boundary
+    decode_tokens: int  # crosses two boundaries
+    prefix_blocks: int  # full blocks in the long prompt
+    prefix_prompt: int  # prefix_blocks * block_size + 1
+    prefix_tokens: int
+    streams: int = CONCURRENT_STREAMS
+
+    @property
+    def prefix_expected_hits(self) -> int:
+        return int(PREFIX_HIT_FRACTION * self.prefix_blocks * self.block_size)
+
+
+def plan_checks(block_size: int, max_model_len: int, max_prefix_tokens: int = 16384) -> CheckPlan:
+    """Shapes that cross boundaries in decode and fill the prompt with full blocks.
+
+    Decode starts 8 tokens before the first boundary and stops 16 after the second, so
+    the decode crosses exactly two boundaries at minimal cost (on XPU a block is ~2k
+    tokens). The long prompt has up to 12 full blocks (capped by MAX_PREFIX_TOKENS and the
+    context) plus one token, which is where align mode keeps its checkpoints.
+    """
+    if block_size <= 16:
+        raise ArcvllmError(f"block size {block_size} is too small for a hybrid model")
+    decode_prompt = block_size - 8
+    decode_tokens = block_size + 24
+    if decode_prompt + decode_tokens > max_model_len:
+        raise ArcvllmError(
+            f"max_model_len {max_model_len} is too short to cross two blocks of "
+            f"{block_size} tokens (needs {decode_prompt + decode_tokens})"
+        )
+    prefix_tokens = 32
+    room = (max_model_len - prefix_tokens - 1) // block_size
+    blocks = min(12, max_prefix_tokens // block_size, room)
+    if blocks < 2:
+        raise ArcvllmError(
+            f"max_model_len {max_model_len} is too short for a prompt of 2 blocks of {block_size}"
+        )
+    return CheckPlan(
+        block_size=block_size,
+        max_model_len=max_model_len,
+        decode_prompt=decode_prompt,
+        decode_tokens=decode_tokens,
+        prefix_blocks=blocks,
+        prefix_prompt=blocks * block_size + 1,
+        prefix_tokens=prefix_tokens,
+    )
+
+
+def boundary_tokens(prompt_len: int, completion_tokens: int, block_size: int) -> list[int]:
+    """Indices of the output tokens whose decode step copies the mamba state.
+
+    Output token i (i >= 1) is computed in the step that schedules position
+    prompt_len + i - 1; align mode moves the running state to a new block when that
+    position is the first one of a block.
+    """
+    return [i for i in range(1, completion_tokens) if (prompt_len + i - 1) % block_size == 0]
+
+
+def decode_checkpoint_tokens(cache_config: dict[str, str], block_size: int) -> int:
+    """Tokens a re-send of the boundary decode's sequence (2 blocks + 16) must hit.
+
+    vLLM emits no counter or log line for the mamba state copy at a block boundary (0.32:
+    none in its metrics or worker code). What shows the copy from the server's side is
+    the prefix cache: in align mode a block is a hit only if the recurrent state at its
+    end was kept, and the state at a boundary reached in decode is the one copied there.
+    The server keeps such decode checkpoints only if `prefix_cache_retention_interval`
+    asks for them (its label on vllm:cache_config_info): "None" keeps every boundary, N
+    every N tokens; 0 (vLLM's default) keeps none, and then there is no evidence to read.
+    """
+    interval = cache_config.get("prefix_cache_retention_interval", "0")
+    if interval == "None":
+        return 2 * block_size
+    if not interval.isdigit() or int(interval) == 0:
+        return 0
+    return 2 * block_size // int(interval) * int(interval)
+
+
+def tokens_of(base: list[int], length: int, shift: int = 0) -> list[int]:
+    """LENGTH token ids: BASE tiled, rotated by SHIFT (distinct prompts, same vocabulary)."""
+    if not base:
+        raise ArcvllmError("the server's tokenizer returned no tokens for the prompt text")
+    n = len(base)
+    return [base[(i + shift) % n] for i in range(length)]
+
+
+def _err(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}"[:300]
+
+
+# ---------------------------------------------------------------- the edges
+
+
+@dataclass
+class SmokeOptions:
+    base_url: str
+    model: str | None = None
+    preset: str | None = None
+    api_key: str | None = None
+    log: LogSource = field(default_factory=LogSource)
+    start_cmd: str | None = None
+    stop_cmd: str | None = None
+    health_timeout: float = 300.0
+    request_timeout: float = 300.0
+    metrics_urls: tuple[str, ...] = ()
+
+
+def model_name(model: str | None, preset: str | None) -> str | None:
+    """The served model name: given, or the preset's (None: the server's only one)."""
+    if preset is None:
+        return model
+    from arcvllm.presets import get_preset
+
+    served = get_preset(preset).served_model_name
+    if model is not None and model != served:
+        raise ArcvllmError(
+            f"--model {model!r} is not the model of preset {preset!r} ({served!r})", 2
+        )
+    return served
+
+
+def discover(client: Client, model: str | None, log: LogSource) -> tuple[str, int, str, int]:
+    """Model name, block size, where the block size came from, max_model_len.
+
+    Operator mistakes (wrong URL, wrong model, a server that does not tell its block
+    size) become one-line errors here, before any check runs.
+    """
+    import httpx
+
+    try:
+        models = client.models()
+    except httpx.HTTPStatusError as exc:
+        raise ArcvllmError(
+            f"{client.root}/v1/models answered {exc.response.status_code} (wrong --api-key?)", 2
+        ) from exc
+    except (httpx.HTTPError, ValueError, KeyError) as exc:
+        raise ArcvllmError(f"cannot reach a vLLM server at {client.root}: {_err(exc)}", 3) from exc
+    names = [entry["id"] for entry in models]
+    if model is None:
+        if len(names) != 1:
+            raise ArcvllmError(f"the server serves {names}; choose one with --model", 2)
+        model = names[0]
+    elif model not in names:
+        raise ArcvllmError(f"model {model!r} is not served at {client.root}; it serves {names}", 2)
+    max_len = next(int(e.get("max_model_len") or 0) for e in models if e["id"] == model)
+    if max_len <= 0:
+        raise ArcvllmError(f"{client.root}/v1/models does not say max_model_len of {model!r}")
+    block, source = None, ""
+    try:
+        block = m.block_size(client.metrics())
+        source = "/metrics"
+    except httpx.HTTPError:
+        block = None
+    if block is None:
+        block = block_size_from_log(log.lines())
+        source = "server log"
+    if block is None:
+        raise ArcvllmError(
+            "cannot determine the server's block size: /metrics has no "
+            "vllm:cache_config_info effective_attention_block_size and no server log "
+            "(--log-file/--log-cmd) says 'Setting attention block size to N tokens'",
+            3,
+        )
+    return model, block, source, max_len
+
+
+class Smoke:
+    """One run of the checks against one server."""
+
+    def __init__(self, client: Client, model: str, p: CheckPlan, report: SmokeReport) -> None:
+        self.client = client
+        self.model = model
+        self.plan = p
+        self.report = report
+        self.salt = uuid.uuid4().hex  # a fresh prefix-cache namespace per run
+        self.base = client.tokenize(model, PROMPT_TEXT * 4)
+
+    def add(self, name: str, expected: str, seen: str, ok: bool) -> bool:
+        self.report.checks.append(Check(name, expected, seen, ok))
+        return ok
+
+    def complete(self, prompt: list[int], max_tokens: int) -> Stream:
+        return self.client.stream(self.model, prompt, max_tokens, salt=self.salt)
+
+    def boundary_decode(self) -> None:
+        p = self.plan
+        prompt = tokens_of(self.base, p.decode_prompt)
+        at_boundary = boundary_tokens(p.decode_prompt, p.decode_tokens, p.block_size)
+        expected = (
+            f"{p.decode_prompt} + {p.decode_tokens} tok, crossing "
+            f"{p.block_size}, {2 * p.block_size}"
+        )
+        try:
+            out = self.complete(prompt, p.decode_tokens)
+        except Exception as exc:
+            self.add("boundary decode", expected, _err(exc), False)
+            return
+        total = out.prompt_tokens + out.completion_tokens
+        crossed = sum(1 for k in (1, 2) if total > k * p.block_size)
+        self.report.outputs["decode"] = out.output()
+        kept, must_hit = self._states_kept(prompt, out)
+        gaps = out.token_gaps()
+        if gaps:
+            median = statistics.median(gaps)
+            boundary_gaps = [gaps[i - 1] for i in at_boundary if i - 1 < len(gaps)]
+            self.report.measurements.update(
+                itl_median_ms=round(median * 1e3, 2),
+                itl_p99_ms=round(percentile(gaps, 99) * 1e3, 2),
+                itl_boundary_ms=[round(g * 1e3, 2) for g in boundary_gaps],
+                itl_boundary_max_over_median=(
+                    round(max(boundary_gaps) / median, 2) if boundary_gaps and median else None
+                ),
+                decode_tok_per_s=round(len(gaps) / max(sum(gaps), 1e-9), 1),
+            )
+        ok = (
+            out.completion_tokens == p.decode_tokens
+            and out.prompt_tokens == p.decode_prompt
+            and crossed == 2
+            and (must_hit == 0 or (kept is not None and kept >= must_hit))
+        )
+        seen = f"{out.prompt_tokens} + {out.completion_tokens} = {total} tok, {crossed} crossed"
+        if must_hit:
+            expected += f"; re-sent: {must_hit} tok hit"
+            seen += f"; re-sent: {kept} tok hit" if kept is not None else "; re-send failed"
+        else:
+            seen += "; no server evidence (it keeps no decode checkpoints)"
+        self.add("boundary decode", expected, seen, ok)
+
+    def _states_kept(self, prompt: list[int], out: Stream) -> tuple[int | None, int]:
+        """(hit tokens, tokens that must hit) when the decoded sequence is sent again.
+
+        The server's own evidence that the decode crossed the boundaries, where it keeps
+        decode checkpoints (see decode_checkpoint_tokens); (None, 0) where it keeps none.
+        """
+        try:
+            metrics = self.client.metrics()
+        except Exception:
+            return None, 0
+        must_hit = decode_checkpoint_tokens(
+            metrics.info(m.CACHE_CONFIG) or {}, self.plan.block_size
+        )
+        if must_hit == 0:
+            return None, 0
+        if len(out.token_ids) != out.completion_tokens:
+            return None, must_hit  # the server did not return the token ids
+        try:
+            before = m.prefix_cache(metrics, self.model)
+            self.complete(prompt + out.token_ids, 1)
+            after = self.client.prefix_cache_after(before, self.model)
+        except Exception:
+            return None, must_hit
+        hits = int((after - before).hits)
+        self.report.measurements["boundary_resend_hit_tokens"] = hits
+        return hits, must_hit
+
+    def still_healthy(self) -> None:
+        expected = "/health 200, +8 tok"
+        if not self.client.healthy():
+            self.add("healthy after crossing", expected, "/health does not answer 200", False)
+            return
+        try:
+            out = self.complete(tokens_of(self.base, 16, 3), 8)
+        except Exception as exc:
+            self.add("healthy after crossing", expected, _err(exc), False)
+            return
+        ok = out.completion_tokens == 8
+        self.add("healthy after crossing", expected, f"200, {out.completion_tokens} tokens", ok)
+
+    def prefix_cache(self) -> None:
+        p = self.plan
+        prompt = tokens_of(self.base, p.prefix_prompt, 11)
+        exp_hits = f">= {p.prefix_expected_hits} of {p.prefix_blocks * p.block_size} tok hit"
+        exp_equal = "cached == uncached"
+        try:
+            before = m.prefix_cache(self.client.metrics(), self.model)
+            cold = self.complete(prompt, p.prefix_tokens)
+            middle = self.client.prefix_cache_after(before, self.model)
+            warm = self.complete(prompt, p.prefix_tokens)
+            after = self.client.prefix_cache_after(middle, self.model)
+        except Exception as exc:
+            self.add("prefix cache hits", exp_hits, _err(exc), False)
+            self.add("prefix cache text", exp_equal, "not reached", False)
+            return
+        hits = after - middle
+        self.report.outputs["prefix_cold"] = cold.output()
+        self.report.outputs["prefix_warm"] = warm.output()
+        self.report.measurements.update(
+            prefix_prompt_tokens=p.prefix_prompt,
+            ttft_cold_ms=round(cold.ttft * 1e3, 1),
+            ttft_warm_ms=round(warm.ttft * 1e3, 1),
+            ttft_warm_over_cold=round(warm.ttft / cold.ttft, 3) if cold.ttft else None,
+        )
+        self.add(
+            "prefix cache hits",
+            exp_hits,
+            f"{hits.hits:.0f} of {hits.queries:.0f} tok hit (1st send: "
+            f"{(after - before).hits - hits.hits:.0f})",
+            hits.hits >= p.prefix_expected_hits,
+        )
+        same = cold.output() == warm.output()
+        self.add(
+            "prefix cache text",
+            exp_equal,
+            "equal" if same else f"differ: {cold.text[:30]!r} vs {warm.text[:30]!r}",
+            same and cold.completion_tokens == p.prefix_tokens,
+        )
+
+    def concurrency(self) -> None:
+        p = self.plan
+        n = p.streams
+        expected = f"{n} streams x {p.decode_tokens} tok, 0 errors"
+        errors: list[str] = []
+        lock = threading.Lock()
+
+        def one(i: int) -> int:
+            prompt = tokens_of(self.base, p.decode_prompt - i, 17 * (i + 1))
+            try:
+                out = self.complete(prompt, p.decode_tokens)
+            except Exception as exc:
+                with lock:
+                    errors.append(f"stream {i}: {_err(exc)}")
+                return 0
+            if out.completion_tokens != p.decode_tokens:
+                with lock:
+                    errors.append(f"stream {i}: {out.completion_tokens} tokens")
+            return out.completion_tokens
+
+        start = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=n) as pool:
+            done = sum(pool.map(one, range(n)))
+        elapsed = time.perf_counter() - start
+        self.report.measurements["concurrent_tok_per_s"] = round(done / elapsed, 1)
+        seen = f"{len(errors)} errors" + (f"; {errors[0]}" if errors else "")
+        self.add("concurrent streams", expected, seen, not errors)
+
+    def run(self) -> None:
+        self.boundary_decode()
+        self.still_healthy()
+        self.prefix_cache()
+        self.concurrency()
+        # The last word: a dead engine after the concurrency run is a failure too.
+        if not self.client.healthy():
+            self.add("healthy at the end", "/health 200", "no answer", False)
+
+
+def run(opts: SmokeOptions) -> SmokeReport:
+    """Start the server if asked, run the checks, stop what was started."""
+    t0 = time.perf_counter()
+    report = SmokeReport()
+    client = Client(opts.base_url, opts.api_key, opts.request_timeout, opts.metrics_urls)
+    model = model_name(opts.model, opts.preset)  # a bad preset stops here, nothing started
+    started = False
+    try:
+        if opts.start_cmd:
+            started = True  # a start command that fails half-way still gets its stop command
+            subprocess.run(opts.start_cmd, shell=True, check=True)
+            try:
+                client.wait_healthy(opts.health_timeout)
+                ok = True
+            except WaitTimeout:
+                ok = False
+            took = time.perf_counter() - t0
+            report.measurements["startup_to_healthy_s"] = round(took, 1) if ok else None
+            report.checks.append(
+                Check(
+                    "server start",
+                    f"/health 200 within {opts.health_timeout:.0f} s",
+                    f"healthy after {took:.1f} s" if ok else "no /health 200 in time",
+                    ok,
+                )
+            )
+            if not ok:
+                return _finish(report, opts, t0)
+        elif not client.healthy():
+            raise ArcvllmError(f"no vLLM server answers {client.root}/health", 3)
+        model, block, source, max_len = discover(client, model, opts.log)
+        p = plan_checks(block, max_len)
+        report.server = {
+            "base_url": client.root,
+            "model": model,
+            "block_size": block,
+            "block_size_source": source,
+            "max_model_len": max_len,
+            "plan": asdict(p),
+        }
+        # Information the checks are planned from, not a check: it cannot fail.
+        report.checks.append(
+            Check("block size", "read from the server", f"{block} (from {source})", None)
+        )
+        Smoke(client, model, p, report).run()
+        return _finish(report, opts, t0)
+    except subprocess.CalledProcessError as exc:
+        raise ArcvllmError(f"--start-cmd failed with exit code {exc.returncode}", 3) from exc
+    finally:
+        if started and opts.stop_cmd:
+            subprocess.run(opts.stop_cmd, shell=True, check=False)
+
+
+def _finish(report: SmokeReport, opts: SmokeOptions, t0: float) -> SmokeReport:
+    report.failed = [c.name for c in report.checks if c.ok is False]
+    report.verdict = "fail" if report.failed else "pass"
+    if report.failed:
+        lines = opts.log.lines()
+        report.crash = find_crash(lines)
+        report.log_tail = lines[-LOG_TAIL_LINES:]
+    report.measurements["time_to_verdict_s"] = round(time.perf_counter() - t0, 1)
+    return report

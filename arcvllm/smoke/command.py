@@ -1,0 +1,73 @@
+"""`arcvllm smoke`: arguments in, SmokeReport out (table or JSON), exit 1 on a failed check."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from arcvllm.cli import add_json, add_server, url
+from arcvllm.smoke.checks import SmokeOptions, run
+from arcvllm.smoke.report import render
+from arcvllm.smoke.serverlog import LogSource
+
+DESCRIPTION = """\
+Proves a running vLLM server decodes a hybrid model across mamba blocks: reads the block
+size from the server, decodes across two boundaries, checks the server survives, that a
+long prompt sent twice hits the prefix cache and gives the same greedy text, and that 8
+concurrent streams crossing boundaries all complete. Optionally starts and stops the
+server itself (--start-cmd / --stop-cmd), e.g. a container."""
+
+
+def _cmd(args: argparse.Namespace) -> int:
+    opts = SmokeOptions(
+        base_url=args.base_url,
+        model=args.model,
+        preset=args.preset,
+        api_key=args.api_key,
+        log=LogSource(file=args.log_file, cmd=args.log_cmd),
+        start_cmd=args.start_cmd,
+        stop_cmd=args.stop_cmd,
+        health_timeout=args.health_timeout,
+        request_timeout=args.request_timeout,
+        metrics_urls=tuple(args.metrics_url or ()),
+    )
+    report = run(opts)
+    if args.json:
+        sys.stdout.write(report.to_json())
+    else:
+        print(render(report))
+    if args.out:
+        path = Path(args.out)
+        report.write(path)
+        print(f"report: {path}", file=sys.stderr)
+    return 0 if report.verdict == "pass" else 1
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "smoke",
+        help="check a vLLM server: decode across mamba blocks, prefix cache, concurrency",
+        description=DESCRIPTION,
+    )
+    add_server(parser)
+    parser.add_argument("--model", help="served model name (default: the only one served)")
+    parser.add_argument("--preset", help="take the served model name from this preset")
+    parser.add_argument("--out", metavar="PATH", help="write the JSON report to this file")
+    add_json(parser)
+    logs = parser.add_mutually_exclusive_group()
+    logs.add_argument("--log-file", help="the server's log file (tail shown on failure)")
+    logs.add_argument("--log-cmd", help="command printing the server log, e.g. 'docker logs X'")
+    parser.add_argument("--start-cmd", help="shell command that starts the server (detached)")
+    parser.add_argument("--stop-cmd", help="shell command that stops it again (after --start-cmd)")
+    parser.add_argument("--health-timeout", type=float, default=300.0, help="seconds (300)")
+    parser.add_argument("--request-timeout", type=float, default=300.0, help="seconds (300)")
+    parser.add_argument(
+        "--metrics-url",
+        action="append",
+        type=url,
+        metavar="URL",
+        help="a replica's root URL whose /metrics to read (repeat for each replica behind a "
+        "router; their counters are summed); default: --base-url",
+    )
+    parser.set_defaults(func=_cmd)

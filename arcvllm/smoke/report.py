@@ -1,0 +1,72 @@
+"""The smoke test's result: Check rows, the one screen an operator reads, the JSON."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from arcvllm.text import columns
+
+
+@dataclass
+class Check:
+    name: str
+    expected: str
+    seen: str
+    ok: bool | None  # None: information (e.g. the block size read), neither PASS nor FAIL
+
+    @property
+    def result(self) -> str:
+        return "INFO" if self.ok is None else "PASS" if self.ok else "FAIL"
+
+
+@dataclass
+class SmokeReport:
+    verdict: str = "fail"
+    failed: list[str] = field(default_factory=list)
+    server: dict[str, Any] = field(default_factory=dict)
+    checks: list[Check] = field(default_factory=list)
+    measurements: dict[str, Any] = field(default_factory=dict)
+    outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    crash: str | None = None
+    log_tail: list[str] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2) + "\n"
+
+    def write(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.to_json())
+
+
+def render_checks(checks: list[Check], width: int | None = None) -> str:
+    """One screen: check, expected, seen, PASS/FAIL/INFO."""
+    if width is None:
+        import shutil
+
+        width = max(100, shutil.get_terminal_size((120, 24)).columns)
+    rows = [("check", "expected", "seen", "result")]
+    rows += [(c.name, c.expected, c.seen, c.result) for c in checks]
+    return columns(rows, width=width, rule=True)
+
+
+def render(report: SmokeReport) -> str:
+    """The one screen an operator reads."""
+    out = [render_checks(report.checks), ""]
+    meas = ", ".join(f"{k}={v}" for k, v in report.measurements.items())
+    out.append(f"measured (not asserted): {meas}")
+    if report.verdict == "pass":
+        passed = sum(1 for c in report.checks if c.ok)
+        out.append(f"smoke: PASS ({passed} checks)")
+        return "\n".join(out)
+    out.append(f"smoke: FAIL: {', '.join(report.failed)}")
+    if report.crash:
+        out.append(f"server crashed: {report.crash}")
+    if report.log_tail:
+        out.append(f"--- last {len(report.log_tail)} lines of the server log ---")
+        out.extend(report.log_tail)
+    else:
+        out.append("(no server log: pass --log-file or --log-cmd to see it here)")
+    return "\n".join(out)
