@@ -13,10 +13,10 @@ import json
 import os
 import shlex
 import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from arcvllm.client import Client, WaitTimeout, wait_until
 from arcvllm.errors import ArcvllmError
 
 PROJECT = "arcvllm-scale"
@@ -151,9 +151,9 @@ class Deployment:
 
 def wait_replicas(dep: Deployment, p: Plan, timeout: float, interval: float = 3.0) -> None:
     """Every replica healthy by its own healthcheck, or the first one that is not, named."""
-    deadline = time.monotonic() + timeout
     waiting = list(p.replicas)
-    while waiting:
+
+    def all_healthy() -> bool:
         for name in list(waiting):
             state = dep.state(name, p.profiles)
             health = (state.get("Health") or {}).get("Status")
@@ -165,32 +165,40 @@ def wait_replicas(dep: Deployment, p: Plan, timeout: float, interval: float = 3.
                     f"replica {name} never became healthy: it exited "
                     f"(code {state.get('ExitCode')}); see `docker logs` of it"
                 )
-        if waiting and time.monotonic() > deadline:
-            raise ArcvllmError(f"replica {waiting[0]} never became healthy within {timeout:.0f} s")
-        if waiting:
-            time.sleep(interval)
+        return not waiting
+
+    try:
+        wait_until(all_healthy, timeout, interval, "every replica healthy")
+    except WaitTimeout as exc:
+        raise ArcvllmError(
+            f"replica {waiting[0]} never became healthy within {timeout:.0f} s"
+        ) from exc
 
 
 def wait_router(url: str, timeout: float, interval: float = 2.0) -> None:
     """The router's /readiness answers 200 once it has a healthy worker."""
     import httpx
 
-    deadline = time.monotonic() + timeout
+    router = Client(url, timeout=5)
     status = "no answer"
-    while True:
+
+    def ready() -> bool:
+        nonlocal status
         try:
-            response = httpx.get(f"{url.rstrip('/')}/readiness", timeout=5)
-            if response.status_code == 200:
-                return
-            status = f"HTTP {response.status_code}"
+            response = router.get("/readiness")
         except httpx.HTTPError:
             status = "no answer"
-        if time.monotonic() > deadline:
-            raise ArcvllmError(
-                f"the router at {url} has no healthy worker after {timeout:.0f} s "
-                f"(/readiness: {status})"
-            )
-        time.sleep(interval)
+            return False
+        status = f"HTTP {response.status_code}"
+        return response.status_code == 200
+
+    try:
+        wait_until(ready, timeout, interval, "a healthy worker behind the router")
+    except WaitTimeout as exc:
+        raise ArcvllmError(
+            f"the router at {url} has no healthy worker after {timeout:.0f} s "
+            f"(/readiness: {status})"
+        ) from exc
 
 
 def up(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from arcvllm.errors import ArcvllmError
 from arcvllm.paths import configs_dir
+from arcvllm.text import columns
 
 FLAVORS = ("cpu", "xpu")
 
@@ -152,8 +153,7 @@ def render_table(stacks: Mapping[str, Stack], defaults: Mapping[str, str]) -> st
     for s in stacks.values():
         mark = " (default)" if defaults.get(s.flavor) == s.name else ""
         rows.append((s.name + mark, s.flavor, s.vllm_version, s.description))
-    width = [max(len(r[i]) for r in rows) for i in range(3)]
-    return "\n".join("  ".join(r[i].ljust(width[i]) for i in range(3)) + "  " + r[3] for r in rows)
+    return columns(rows)
 
 
 def render_stack(stack: Stack) -> str:

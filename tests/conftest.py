@@ -8,7 +8,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,17 +105,16 @@ def wait_healthy(
     proc: subprocess.Popen, url: str, log: Path, timeout: float = SERVER_START_TIMEOUT
 ) -> None:
     """Wait for URL/health; fail with the log's tail if the server exits or never answers."""
-    import httpx
+    from arcvllm.client import Client, WaitTimeout
 
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def alive() -> None:
         if proc.poll() is not None:
             pytest.fail(f"server exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        time.sleep(1)
-    pytest.fail(f"server not healthy in {timeout} s:\n{log.read_text()[-4000:]}")
+
+    try:
+        Client(url).wait_healthy(timeout, alive=alive)
+    except WaitTimeout as exc:
+        pytest.fail(f"{exc}:\n{log.read_text()[-4000:]}")
 
 
 def stop_server(proc: subprocess.Popen) -> None:

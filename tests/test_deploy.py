@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -74,21 +73,17 @@ def keyed_service(cpu_image, tmp_path_factory):  # noqa: F811
 
 
 def wait_healthy(url: str, cid: str, timeout: float = 600) -> None:
-    import httpx
+    from arcvllm.client import Client, WaitTimeout
 
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        state = json.loads(docker("inspect", cid).stdout)[0]["State"]
-        if not state["Running"]:
-            break
-        time.sleep(2)
-    logs = docker("logs", "--tail", "40", cid, check=False)
-    pytest.fail(f"service not healthy in {timeout} s:\n{logs.stdout[-3000:]}{logs.stderr[-3000:]}")
+    def running() -> None:
+        if not json.loads(docker("inspect", cid).stdout)[0]["State"]["Running"]:
+            raise WaitTimeout("the service's container exited")
+
+    try:
+        Client(url).wait_healthy(timeout, interval=2, alive=running)
+    except WaitTimeout as exc:
+        logs = docker("logs", "--tail", "40", cid, check=False)
+        pytest.fail(f"service not healthy: {exc}\n{logs.stdout[-3000:]}{logs.stderr[-3000:]}")
 
 
 @pytest.mark.docker

@@ -7,16 +7,18 @@ when CI built it just before).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 from conftest import free_port
+
+from arcvllm.client import WaitTimeout, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
@@ -265,13 +267,16 @@ def test_container_turns_healthy_and_serves_completions(cpu_image):
         cpu_image,
     ).stdout.strip()
     try:
-        status, deadline = "starting", time.monotonic() + 600
-        while time.monotonic() < deadline:
+        status = "starting"
+
+        def settled() -> bool:
+            nonlocal status
             state = json.loads(docker("inspect", cid).stdout)[0]["State"]
             status = state.get("Health", {}).get("Status", "")
-            if status == "healthy" or not state["Running"]:
-                break
-            time.sleep(2)
+            return status == "healthy" or not state["Running"]
+
+        with contextlib.suppress(WaitTimeout):
+            wait_until(settled, 600, 2, "the container's healthcheck")
         logs = docker("logs", "--tail", "40", cid, check=False).stderr
         assert status == "healthy", logs
         body = json.dumps(

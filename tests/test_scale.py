@@ -22,6 +22,7 @@ from conftest import ROOT, free_port
 from test_compose import compose_binary
 from test_image import cpu_image, docker, docker_client, engine  # noqa: F401 (fixtures)
 
+from arcvllm.client import WaitTimeout, wait_until
 from arcvllm.metrics import Metrics, PrefixCache, block_size, prefix_cache
 
 BASE = ROOT / "docker" / "compose.yaml"
@@ -236,13 +237,11 @@ def replicas_healthy(dep: Deployment) -> bool:
 
 
 def wait_for(condition, timeout: float, what: str, deployment: Deployment | None = None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(1)
-    logs = deployment.logs() if deployment else ""
-    pytest.fail(f"{what} not within {timeout:.0f} s\n{logs}")
+    """wait_until, failing the test with the deployment's logs."""
+    try:
+        wait_until(condition, timeout, 1, what)
+    except WaitTimeout as exc:
+        pytest.fail(f"{exc}\n{deployment.logs() if deployment else ''}")
 
 
 @pytest.fixture(scope="module")
