@@ -20,7 +20,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from arcvllm import __version__, probe, series
+from arcvllm import __version__, cli, probe, series
 from arcvllm.errors import ArcvllmError
 from arcvllm.target import Target, find
 from arcvllm.text import columns
@@ -187,7 +187,8 @@ def _check_supported(target: Target, the_series: series.Series, allow_unsupporte
     if not the_series.supports(target.version) and not allow_unsupported:
         raise PatchError(
             f"vLLM {target.version} is outside the supported range {the_series.supported} "
-            "(--allow-unsupported to try anyway)"
+            "(--allow-unsupported to try anyway)",
+            3,
         )
 
 
@@ -334,7 +335,11 @@ def register(sub: argparse._SubParsersAction) -> None:
             default=sys.executable,
             help="interpreter that runs the probes (default: this one)",
         )
-        p.add_argument("--series", type=Path, help="series file (default: the bundled one)")
+        p.add_argument(
+            "--series-file",
+            type=cli.existing_file,
+            help="series file (default: the bundled one)",
+        )
         p.add_argument(
             "--allow-unsupported",
             action="store_true",
@@ -344,10 +349,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = actions.add_parser("apply", help="apply what the target needs, verified by probes")
     common(p)
     p.add_argument(
-        "--manifest",
+        "--out",
         type=Path,
         help=f"where to write the JSON manifest (default: TARGET/{MANIFEST_NAME})",
     )
+    # The image's build still says --manifest; the same option under its old name.
+    p.add_argument("--manifest", dest="out", type=Path, help=argparse.SUPPRESS)
+    cli.add_json(p, help="print the manifest instead of the table")
     p.add_argument(
         "--expect",
         help="fail unless the result equals this summary line "
@@ -357,21 +365,25 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = actions.add_parser("status", help="show each patch's state on the target")
     common(p)
-    p.add_argument("--json", action="store_true", help="print the manifest form")
+    cli.add_json(p, help="print the manifest instead of the table")
     p.set_defaults(func=_cmd_status)
 
-    p = actions.add_parser("verify", help="exit non-zero unless every fix is in place")
+    p = actions.add_parser("verify", help="exit 1 unless every fix is in place")
     common(p)
+    cli.add_json(p, help="print the manifest and the verdict instead of the table")
     p.set_defaults(func=_cmd_verify)
 
     p = actions.add_parser("plan", help="the summary the series expects for a vLLM version")
     p.add_argument("--vllm-version", required=True)
-    p.add_argument("--series", type=Path)
+    p.add_argument(
+        "--series-file", type=cli.existing_file, help="series file (default: the bundled one)"
+    )
+    cli.add_json(p, help="print the version, the summary and each patch's state as JSON")
     p.set_defaults(func=_cmd_plan)
 
 
 def _load(args) -> tuple[Target, series.Series]:
-    return find(args.target), series.load(args.series)
+    return find(args.target), series.load(args.series_file)
 
 
 def _cmd_apply(args) -> int:
@@ -383,9 +395,12 @@ def _cmd_apply(args) -> int:
         allow_unsupported=args.allow_unsupported,
         expect=args.expect,
     )
-    write_manifest(report, args.manifest or target.root / MANIFEST_NAME)
-    print(table(report))
+    write_manifest(report, args.out or target.root / MANIFEST_NAME)
     changed = [row.name for row in report.rows if row.action == "patched"]
+    if args.json:
+        print(json.dumps(report.manifest(), indent=2))
+        return 0
+    print(table(report))
     print(f"patched: {', '.join(changed) if changed else 'nothing (already up to date)'}")
     if unpatched := [row.name for row in report.rows if row.state == UNPATCHED]:
         print(f"unpatched (the bug stays): {', '.join(unpatched)}")
@@ -404,32 +419,47 @@ def _cmd_verify(args) -> int:
     target, the_series = _load(args)
     _check_supported(target, the_series, args.allow_unsupported)
     report = inspect_target(target, the_series, args.python)
-    print(table(report))
     bad = [
         row
         for row in report.rows
         if row.state in (PENDING, DRIFT, UNPATCHED)
         or (row.state != NOT_APPLICABLE and row.probe != "pass")
     ]
+    if args.json:
+        verdict = {"verified": not bad, "not_verified": [row.name for row in bad]}
+        print(json.dumps({**report.manifest(), **verdict}, indent=2))
+    else:
+        print(table(report))
     if bad:
         raise PatchError(
             "not verified: "
             + ", ".join(f"{row.name} is {row.state} (probe {row.probe})" for row in bad)
         )
-    print(f"verified: vLLM {target.version}: {report.summary()}")
+    if not args.json:
+        print(f"verified: vLLM {target.version}: {report.summary()}")
     return 0
 
 
 def _cmd_plan(args) -> int:
-    the_series = series.load(args.series)
-    version = series.parse_version(args.vllm_version)
+    the_series = series.load(args.series_file)
+    try:
+        version = series.parse_version(args.vllm_version)
+    except ArcvllmError as exc:
+        raise ArcvllmError(f"--vllm-version: {exc}", 2) from None
     if not the_series.supports(version):
-        raise PatchError(f"vLLM {version} is outside the supported range {the_series.supported}")
+        raise ArcvllmError(
+            f"vLLM {version} is outside the supported range {the_series.supported}", 2
+        )
     names = {
         series.APPLY: APPLIED,
         series.UPSTREAM: UPSTREAM,
         series.UNPATCHED: UNPATCHED,
         series.NOT_APPLICABLE: NOT_APPLICABLE,
     }
-    print(series.summary({s.patch.name: names[s.expect] for s in series.plan(the_series, version)}))
+    states = {s.patch.name: names[s.expect] for s in series.plan(the_series, version)}
+    if args.json:
+        doc = {"vllm": str(version), "summary": series.summary(states), "patches": states}
+        print(json.dumps(doc, indent=2))
+    else:
+        print(series.summary(states))
     return 0

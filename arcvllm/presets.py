@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from arcvllm import cli
 from arcvllm.errors import ArcvllmError
 from arcvllm.paths import configs_dir
 from arcvllm.text import columns
@@ -151,7 +152,7 @@ def load_all(directory: Path | None = None) -> dict[str, Preset]:
 def get_preset(name: str, directory: Path | None = None) -> Preset:
     presets = load_all(directory)
     if name not in presets:
-        raise ArcvllmError(f"unknown preset {name!r}; presets: {', '.join(presets) or '(none)'}")
+        raise ArcvllmError(f"unknown preset {name!r}; presets: {', '.join(presets) or '(none)'}", 2)
     return presets[name]
 
 
@@ -603,39 +604,50 @@ def fit_rows(presets: Iterable[Preset]) -> tuple[list[tuple[str, ...]], list[str
     return rows, failures
 
 
-def _check_arguments(presets: Mapping[str, Preset]) -> int | None:
+def _check_arguments(presets: Mapping[str, Preset], doc: dict[str, Any]) -> int | None:
     """The argument check with this Python's vLLM; None when this Python has no vLLM."""
     try:
         version = installed_vllm_version()
     except ImportError:
         return None
     results = check_all(presets.values(), version, stack_vllm_versions())
-    print(f"vLLM {version}: presets parsed with its own argument parser")
-    print(columns([("PRESET", "RESULT"), *results]))
+    doc["vllm"] = version
+    doc["arguments"] = [{"preset": name, "result": result} for name, result in results]
+    if not doc["json"]:
+        print(f"vLLM {version}: presets parsed with its own argument parser")
+        print(columns([("PRESET", "RESULT"), *results]))
     if not any(r == "ok" for _, r in results):
-        print("arcvllm: no preset covers this vLLM version", file=sys.stderr)
+        doc["problems"].append("no preset covers this vLLM version")
         return 1
     return 1 if any(r.startswith("FAIL") for _, r in results) else 0
 
 
-def _check_kernels(presets: Mapping[str, Preset], given: Sequence[str]) -> int:
+def _check_kernels(presets: Mapping[str, Preset], given: Sequence[str], doc: dict) -> int:
     from arcvllm import kernels
 
     stacks = xpu_stacks()
-    overrides = {r.version: r for r in map(kernels.parse_release, given)}
+    try:
+        overrides = {r.version: r for r in map(kernels.parse_release, given)}
+    except ArcvllmError as exc:
+        raise ArcvllmError(str(exc), 2) from None
     releases = {v: overrides.get(v) or kernels.find_release(v) for v in set(stacks.values())}
     rows, failures, notes = kernel_rows(presets.values(), stacks, releases)
-    print("\nXPU kernels each stack's vLLM selects (its own code, platform = XPU)")
-    print(columns(rows))
-    for note in notes:
-        print(f"note: {note}")
     fits, too_big = fit_rows(presets.values())
-    print(f"\nMemory per GPU: gpu-memory-utilization x {GPU_GIB:.0f} GiB")
-    print(columns(fits))
-    for failure in failures:
-        print(f"arcvllm: {failure}: the release has no XPU path for it", file=sys.stderr)
-    for name in too_big:
-        print(f"arcvllm: {name} does not fit its GPUs", file=sys.stderr)
+    doc["kernels"] = [
+        dict(zip(("preset", "stack", "kernel", "verdict", "listed"), r, strict=True))
+        for r in rows[1:]
+    ]
+    doc["notes"] = notes
+    doc["fit"] = [dict(zip(("preset", "gpus", "per_gpu", "fit"), r, strict=True)) for r in fits[1:]]
+    doc["problems"] += [f"{f}: the release has no XPU path for it" for f in failures]
+    doc["problems"] += [f"{name} does not fit its GPUs" for name in too_big]
+    if not doc["json"]:
+        print("\nXPU kernels each stack's vLLM selects (its own code, platform = XPU)")
+        print(columns(rows))
+        for note in notes:
+            print(f"note: {note}")
+        print(f"\nMemory per GPU: gpu-memory-utilization x {GPU_GIB:.0f} GiB")
+        print(columns(fits))
     return 1 if failures or too_big else 0
 
 
@@ -645,20 +657,41 @@ def _check_kernels(presets: Mapping[str, Preset], given: Sequence[str]) -> int:
 def _cmd_presets(args: argparse.Namespace) -> int:
     """List the presets, or check them against the vLLM releases of their stacks."""
     presets = load_all(args.presets_dir)
-    if args.check:
-        status = _check_arguments(presets)
-        if status is None:
+    if not args.check:
+        if args.json:
+            listed = [
+                {
+                    "name": p.name,
+                    "model": p.model,
+                    "device": p.device,
+                    "gpus": p.gpus,
+                    "stacks": list(p.stacks),
+                }
+                for p in presets.values()
+            ]
+            print(json.dumps(listed, indent=2))
+            return 0
+        rows = [("NAME", "MODEL", "GPUS", "STACKS")]
+        for p in presets.values():
+            gpus = f"{p.gpus}x B70" if p.device == "xpu" else "cpu"
+            rows.append((p.name, p.model, gpus, ",".join(p.stacks)))
+        print(columns(rows))
+        return 0
+    doc: dict[str, Any] = {"json": args.json, "vllm": None, "problems": []}
+    status = _check_arguments(presets, doc)
+    if status is None:
+        if not args.json:
             print("no vLLM in this Python: argument check left to the release's Python")
-            status = 0
-        if args.kernels:
-            status = max(status, _check_kernels(presets, args.release))
-        return status
-    rows = [("NAME", "MODEL", "GPUS", "STACKS")]
-    for p in presets.values():
-        gpus = f"{p.gpus}x B70" if p.device == "xpu" else "cpu"
-        rows.append((p.name, p.model, gpus, ",".join(p.stacks)))
-    print(columns(rows))
-    return 0
+        status = 0
+    if args.kernels:
+        status = max(status, _check_kernels(presets, args.release, doc))
+    del doc["json"]
+    doc["ok"] = status == 0
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    for problem in doc["problems"]:
+        print(f"arcvllm: {problem}", file=sys.stderr)
+    return status
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -669,7 +702,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--check",
         action="store_true",
         help="parse every preset this vLLM's stacks cover with the installed vLLM's parser; "
-        "run each XPU stack's kernel selection on every preset's model; fit the memory",
+        "run each XPU stack's kernel selection on every preset's model; fit the memory "
+        "(exit 1 when a check fails)",
     )
     parser.add_argument(
         "--kernels",
@@ -686,13 +720,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "the test venvs (build/venvs, $ARCVLLM_TEST_VENVS)",
     )
     add_presets_dir(parser)
+    cli.add_json(parser)
     parser.set_defaults(func=_cmd_presets)
 
 
 def add_presets_dir(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--presets-dir",
-        type=Path,
+        type=cli.existing_dir,
         default=os.environ.get("ARCVLLM_PRESETS_DIR") or None,
         help="read presets from this folder instead of the ones arcvllm ships "
         "(default: $ARCVLLM_PRESETS_DIR)",

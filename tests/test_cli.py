@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 
@@ -130,3 +131,15 @@ def test_a_missing_override_file_or_dir_is_a_usage_error(tmp_path):
         cli.existing_file(str(tmp_path / "nope"))
     with pytest.raises(argparse.ArgumentTypeError, match="no such directory"):
         cli.existing_dir(str(tmp_path / "f"))
+
+
+def test_serve_dry_run_json_is_the_environment_and_the_argv(capsys, monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    argv = ["serve", "--preset", "tiny-hybrid-cpu", "--dry-run", "--json"]
+    assert cli.main([*argv, "--", "--max-model-len", "512"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["env"]["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert doc["argv"][1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert doc["argv"][doc["argv"].index("--max-model-len") + 1] == "512"
+    assert cli.main(["serve", "--preset", "tiny-hybrid-cpu", "--json"]) == 2
+    assert "give both" in capsys.readouterr().err

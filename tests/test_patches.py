@@ -16,8 +16,8 @@ import pytest
 from conftest import ROOT, VENVS, VllmEnv, copy_site, site_packages, upstream_test, vllm_env
 from packaging.version import Version
 
+from arcvllm import cli, series
 from arcvllm import patches as patches_module
-from arcvllm import series
 from arcvllm.target import Target
 
 pytestmark = pytest.mark.vllm
@@ -173,6 +173,11 @@ def test_verify_passes_on_the_patched_tree(v0202, v0202_applied):
     verify = patches(v0202, "verify")
     assert verify.returncode == 0, verify.stderr
     assert "verified: vLLM 0.20.2" in verify.stdout
+    verify = patches(v0202, "verify", "--json")
+    assert verify.returncode == 0, verify.stderr
+    doc = json.loads(verify.stdout)
+    assert (doc["verified"], doc["not_verified"]) == (True, [])
+    assert doc["summary"] == manifest(v0202)["summary"]
 
 
 def test_the_release_own_tests_give_the_same_results_patched(v0202, v0202_unpatched, v0202_applied):
@@ -184,6 +189,39 @@ def test_verify_fails_on_the_unpatched_release(tmp_path):
     verify = patches(env, "verify")
     assert verify.returncode == 1
     assert "not verified: mamba-copy-uint64 is pending (probe fail)" in verify.stderr
+    verify = patches(env, "verify", "--json")
+    assert verify.returncode == 1
+    assert json.loads(verify.stdout)["not_verified"] == [
+        "mamba-copy-uint64",
+        "mamba-block-size-align-warning",
+    ]
+    assert verify.stderr.count("\n") == 1
+
+
+def test_plan_prints_the_expected_states_as_json(capsys):
+    assert cli.main(["patches", "plan", "--vllm-version", "0.20.2", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["vllm"] == "0.20.2"
+    assert doc["patches"]["mamba-copy-uint64"] == "applied"
+    assert doc["summary"] == series.summary(doc["patches"])
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--vllm-version", "banana"], "not a vLLM version"),
+        (["--vllm-version", "0.1.0"], "outside the supported range"),
+        (["--vllm-version", "0.20.2", "--series-file", "/nonexistent"], "no such file"),
+    ],
+)
+def test_plan_usage_errors_are_one_line_and_exit_2(argv, message, capsys):
+    try:
+        code = cli.main(["patches", "plan", *argv])
+    except SystemExit as done:  # argparse's usage errors
+        code = done.code
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err and err.count("\n") == 1, err
 
 
 # --- refusals: drift and a patch that applies but does not fix --------------------------
@@ -312,19 +350,19 @@ def test_a_bug_without_a_variant_is_unpatched_in_status_apply_and_verify(tmp_pat
         "mamba-block-size-align-warning=unpatched,mamba-copy-uint64=applied,"
         "mamba-fused-u64=not-applicable"
     )
-    status = patches(env, "status", "--series", str(the_series))
+    status = patches(env, "status", "--series-file", str(the_series))
     assert status.returncode == 0, status.stderr
     rows = {line.split()[0]: line.split()[1:3] for line in status.stdout.splitlines()[2:5]}
     assert rows["mamba-block-size-align-warning"] == ["unpatched", "-"]
     assert rows["mamba-copy-uint64"] == ["pending", "fail"]
 
-    applied = patches(env, "apply", "--series", str(the_series), "--expect", summary)
+    applied = patches(env, "apply", "--series-file", str(the_series), "--expect", summary)
     assert applied.returncode == 0, applied.stderr
     assert "unpatched (the bug stays): mamba-block-size-align-warning" in applied.stdout
     assert manifest(env)["summary"] == summary
     assert "requested_mamba_block_size" not in (env.site / WARN_FILE).read_text()
 
-    verify = patches(env, "verify", "--series", str(the_series))
+    verify = patches(env, "verify", "--series-file", str(the_series))
     assert verify.returncode == 1
     assert "mamba-block-size-align-warning is unpatched" in verify.stderr
 

