@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import threading
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -87,6 +90,52 @@ def upstream_test(version: str) -> Path:
     if not path.exists():
         pytest.fail(f"no {path}: run `make test-venvs`")
     return path
+
+
+# --- HTTP servers in this process (fakes that speak vLLM's shapes) ----------------------
+
+
+class QuietHandler(BaseHTTPRequestHandler):
+    """A request handler that logs nothing and answers with one call."""
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def send(self, code: int, body: str, ctype: str = "application/json") -> None:
+        data = body.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def start_events(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+
+    def event(self, payload: dict | str) -> None:
+        """One server-sent event, as vLLM streams them: a JSON chunk, or "[DONE]"."""
+        data = payload if isinstance(payload, str) else json.dumps(payload)
+        self.wfile.write(f"data: {data}\n\n".encode())
+        self.wfile.flush()
+
+
+@pytest.fixture
+def http_server():
+    """start(handler class) -> its URL; every server is shut down after the test."""
+    servers = []
+
+    def start(handler: type[BaseHTTPRequestHandler]) -> str:
+        server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}"
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
 
 
 # --- real servers started by tests -------------------------------------------------------

@@ -10,11 +10,10 @@ from __future__ import annotations
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
-from conftest import free_port
+from conftest import QuietHandler, free_port
 
 from arcvllm import metrics as m
 from arcvllm.client import Chunk, Client, Stream, WaitTimeout, root_url, wait_until
@@ -44,18 +43,7 @@ class Server:
     def handler(self):
         fake = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def send(self, code: int, body: str, ctype: str = "application/json") -> None:
-                data = body.encode()
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
+        class Handler(QuietHandler):
             def authorized(self) -> bool:
                 if self.headers.get("Authorization") == f"Bearer {KEY}":
                     return True
@@ -81,9 +69,7 @@ class Server:
                     self.send(200, json.dumps({"tokens": [len(w) for w in body["prompt"].split()]}))
                     return
                 fake.queries += len(body["prompt"])
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.end_headers()
+                self.start_events()
                 base = {"id": "c", "object": "text_completion", "created": 0, "model": "m"}
                 sizes = [1, 1, 3] + [1] * (body["max_tokens"] - 5)
                 done, prompt = 0, len(body["prompt"])
@@ -104,33 +90,19 @@ class Server:
                             "completion_tokens": done,
                             "total_tokens": prompt + done,
                         }
-                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-                    self.wfile.flush()
+                    self.event(chunk)
                     time.sleep(0.02 * n)
                 usage = {"prompt_tokens": prompt, "completion_tokens": done}
                 usage["total_tokens"] = prompt + done
-                self.wfile.write(
-                    f"data: {json.dumps({**base, 'choices': [], 'usage': usage})}\n\n".encode()
-                )
-                self.wfile.write(b"data: [DONE]\n\n")
+                self.event({**base, "choices": [], "usage": usage})
+                self.event("[DONE]")
 
         return Handler
 
 
 @pytest.fixture
-def serve():
-    servers = []
-
-    def start(fake: Server) -> str:
-        server = ThreadingHTTPServer(("127.0.0.1", 0), fake.handler())
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        return f"http://127.0.0.1:{server.server_address[1]}"
-
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+def serve(http_server):
+    return lambda fake: http_server(fake.handler())
 
 
 # ---- wait_until: the one polling loop

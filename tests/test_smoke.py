@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from conftest import free_port
+from conftest import QuietHandler, free_port
 
 from arcvllm import cli
 from arcvllm.errors import ArcvllmError
@@ -101,18 +100,7 @@ class Fake:
 
 
 def handler(fake: Fake, hits_in_metrics: bool = True):
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args):  # quiet
-            pass
-
-        def send(self, code: int, body: str, ctype: str = "application/json") -> None:
-            data = body.encode()
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
+    class Handler(QuietHandler):
         def do_GET(self):
             if self.path == "/health":
                 self.send(200 if fake.healthy() else 503, "")
@@ -141,40 +129,28 @@ def handler(fake: Fake, hits_in_metrics: bool = True):
             if ids is None:
                 self.send(500, json.dumps({"error": {"message": "boom"}}))
                 return
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.end_headers()
+            self.start_events()
             base = {"id": "c", "object": "text_completion", "created": 0, "model": "tiny-hybrid"}
             for i in ids:
                 choice = {"index": 0, "text": f"t{i} ", "finish_reason": None, "token_ids": [i]}
-                self.wfile.write(f"data: {json.dumps({**base, 'choices': [choice]})}\n\n".encode())
+                self.event({**base, "choices": [choice]})
             usage = {
                 "prompt_tokens": len(body["prompt"]),
                 "completion_tokens": len(ids),
                 "total_tokens": len(body["prompt"]) + len(ids),
             }
-            self.wfile.write(
-                f"data: {json.dumps({**base, 'choices': [], 'usage': usage})}\n\n".encode()
-            )
-            self.wfile.write(b"data: [DONE]\n\n")
+            self.event({**base, "choices": [], "usage": usage})
+            self.event("[DONE]")
 
     return Handler
 
 
 @pytest.fixture
-def serve():
-    servers = []
-
+def serve(http_server):
     def start(fake: Fake, hits_in_metrics: bool = True) -> str:
-        server = ThreadingHTTPServer(("127.0.0.1", 0), handler(fake, hits_in_metrics))
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        return f"http://127.0.0.1:{server.server_address[1]}"
+        return http_server(handler(fake, hits_in_metrics))
 
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+    return start
 
 
 def run_cli(capsys, *args: str) -> tuple[int, str, str]:
