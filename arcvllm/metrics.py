@@ -2,7 +2,8 @@
 
 The Prometheus text format is parsed with prometheus_client's own parser, never with
 regular expressions. The parse is pure (text in, values out) so the smoke test and the
-bench share it and unit tests feed it recorded text; `fetch` is the only edge.
+bench share it and unit tests feed it recorded text; the scrape itself is
+arcvllm.client.Client.metrics.
 """
 
 from __future__ import annotations
@@ -87,13 +88,3 @@ def block_size(metrics: Metrics) -> int | None:
     labels = metrics.info(CACHE_CONFIG) or {}
     value = labels.get("effective_attention_block_size") or ""
     return int(value) if value.isdigit() and int(value) > 0 else None
-
-
-def fetch(base_url: str, timeout: float = 10.0, api_key: str | None = None) -> Metrics:
-    """Scrape BASE_URL/metrics (BASE_URL without the /v1 suffix)."""
-    import httpx
-
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    response = httpx.get(f"{base_url.rstrip('/')}/metrics", timeout=timeout, headers=headers)
-    response.raise_for_status()
-    return Metrics.parse(response.text)
