@@ -21,13 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from arcvllm.errors import ArcvllmError
+from arcvllm import cli
 from arcvllm.presets import Preset, get_preset
-
-
-class UsageError(ArcvllmError):
-    exit_code = 2
-
 
 INTEL = 0x8086
 # Battlemage PCI device IDs as the Linux kernel lists them for the xe driver
@@ -644,10 +639,7 @@ def report(host: Host, preset: Preset, rows: Sequence[Row]) -> dict:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    root = Path(args.root)
-    if not root.is_dir():
-        raise UsageError(f"--root {root}: no such directory")
-    host = Host(root=root)
+    host = Host(root=args.root)
     preset = get_preset(args.preset or default_preset(host.environ))
     rows = diagnose(host, preset)
     if args.json:
@@ -673,7 +665,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--root",
         default="/",
+        type=cli.existing_dir,
         help="read every file (/dev, /sys, /proc, /lib, /etc) and find every tool under this root",
     )
-    parser.add_argument("--json", action="store_true", help="the report as JSON")
+    cli.add_json(parser, help="the report as JSON")
     parser.set_defaults(func=_cmd_doctor)

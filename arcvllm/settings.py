@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from arcvllm import cli
 from arcvllm.errors import ArcvllmError
 from arcvllm.presets import presets_dir
 
@@ -130,15 +132,23 @@ def load(path: Path) -> dict[str, str]:
     try:
         text = path.read_text()
     except OSError as exc:
-        raise ArcvllmError(f"cannot read settings file {path}: {exc.strerror}") from exc
+        raise ArcvllmError(f"cannot read settings file {path}: {exc.strerror}", 2) from exc
     settings = parse(text, str(path))
     check(settings, known_keys(), str(path))
     return {s.key: s.value for s in settings}
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    values = load(Path(args.file))
-    print(f"{args.file}: {len(values)} settings ok")
+    try:
+        values = load(args.file)
+    except ArcvllmError as exc:
+        if args.json:
+            print(json.dumps({"file": str(args.file), "ok": False, "problem": str(exc)}))
+        raise
+    if args.json:  # the keys only: values may be secrets
+        print(json.dumps({"file": str(args.file), "ok": True, "keys": sorted(values)}))
+    else:
+        print(f"{args.file}: {len(values)} settings ok")
     return 0
 
 
@@ -151,5 +161,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     sub = parser.add_subparsers(dest="settings_command", required=True, metavar="ACTION")
     check_parser = sub.add_parser("check", help="refuse unknown keys and unportable lines")
-    check_parser.add_argument("file", help="the settings file, e.g. docker/arcvllm.env")
+    check_parser.add_argument(
+        "file", type=cli.existing_file, help="the settings file, e.g. docker/arcvllm.env"
+    )
+    cli.add_json(check_parser, help="the verdict and the keys (never the values) as JSON")
     check_parser.set_defaults(func=_cmd_check)

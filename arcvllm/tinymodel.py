@@ -21,6 +21,7 @@ import json
 import random
 from pathlib import Path
 
+from arcvllm import cli
 from arcvllm.errors import ArcvllmError
 
 SERVED_NAME = "tiny-hybrid"
@@ -148,7 +149,7 @@ def build(out_dir: Path, seed: int = 0) -> Path:
     """Write config, bf16 safetensors and tokenizer to OUT_DIR (created, must be empty)."""
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
-        raise ArcvllmError(f"{out_dir} exists and is not empty")
+        raise ArcvllmError(f"{out_dir} exists and is not empty", 2)
     import torch
     from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
@@ -188,10 +189,14 @@ def _cmd_build(args: argparse.Namespace) -> int:
         import transformers  # noqa: F401
     except ModuleNotFoundError as exc:
         raise ArcvllmError(
-            f"`tinymodel build` needs the vLLM environment ({exc.name} is missing)"
+            f"`tinymodel build` needs the vLLM environment ({exc.name} is missing)", 3
         ) from exc
     path = build(Path(args.dir), seed=args.seed)
-    print(f"tiny hybrid model written to {path} (serve it as {SERVED_NAME!r})")
+    if args.json:
+        summary = json.loads((path / "arcvllm-tinymodel.json").read_text())
+        print(json.dumps({"dir": str(path), **summary}, indent=2))
+    else:
+        print(f"tiny hybrid model written to {path} (serve it as {SERVED_NAME!r})")
     return 0
 
 
@@ -203,4 +208,5 @@ def register(subparsers) -> None:
     b = sub.add_parser("build", help="write the model (random bf16 weights, local tokenizer)")
     b.add_argument("dir", help="output folder (created; must be empty)")
     b.add_argument("--seed", type=int, default=0, help="seed for tokenizer text and weights")
+    cli.add_json(b, help="print the folder, seed, served name and parameter count as JSON")
     b.set_defaults(func=_cmd_build)

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
+from arcvllm import cli
 from arcvllm.errors import ArcvllmError
 
 LAUNCHER = r"""
@@ -129,7 +130,12 @@ def check(workdir: Path) -> Toolchain:
 
 def _cmd(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="arcvllm-toolchain-") as tmp:
-        tc = check(Path(tmp))
+        try:
+            tc = check(Path(tmp))
+        except ToolchainMissing as exc:
+            if args.json:
+                print(json.dumps({"ok": False, "problem": str(exc)}, indent=2))
+            raise
     if args.json:
         print(json.dumps({"ok": True, **asdict(tc)}, indent=2))
     else:
@@ -145,5 +151,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="check the compiler, headers and libraries Triton's XPU launcher needs",
         description=__doc__.splitlines()[0],
     )
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    cli.add_json(parser)
     parser.set_defaults(func=_cmd)

@@ -4,6 +4,7 @@ versions read differently."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -57,9 +58,30 @@ def test_lines_the_two_compose_versions_read_differently_are_refused(tmp_path, c
     assert rc == 1 and err.count("\n") == 1 and words in err
 
 
-def test_a_missing_file_is_one_line(tmp_path, capsys):
-    assert cli.main(["settings", "check", str(tmp_path / "absent.env")]) == 1
-    assert "cannot read settings file" in capsys.readouterr().err
+def test_a_missing_file_is_one_line_and_a_usage_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main(["settings", "check", str(tmp_path / "absent.env")])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and err.count("\n") == 1
+    assert f"no such file: {tmp_path / 'absent.env'}" in err
+    with pytest.raises(ArcvllmError, match="cannot read settings file") as raised:
+        settings.load(tmp_path / "absent.env")
+    assert raised.value.exit_code == 2
+
+
+def test_json_gives_the_verdict_and_the_keys_never_the_values(tmp_path, capsys):
+    path = tmp_path / "mine.env"
+    path.write_text("VLLM_API_KEY=sk-do-not-print\nPORT=8001\n")
+    assert cli.main(["settings", "check", str(path), "--json"]) == 0
+    out = capsys.readouterr().out
+    assert json.loads(out) == {"file": str(path), "ok": True, "keys": ["PORT", "VLLM_API_KEY"]}
+    assert "sk-do-not-print" not in out
+    path.write_text("VLLM_API_KYE=x\n")
+    assert cli.main(["settings", "check", str(path), "--json"]) == 1
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
+    assert doc["ok"] is False and "unknown setting VLLM_API_KYE" in doc["problem"]
+    assert captured.err.count("\n") == 1
 
 
 def test_every_preset_env_key_may_be_overridden_on_purpose():

@@ -41,9 +41,16 @@ def test_build_is_deterministic_and_loads_offline(tmp_path):
     offline = {"TMPDIR": str(tmp_path), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     for name, seed in (("a", "0"), ("b", "0"), ("c", "1")):
         out = env.arcvllm(
-            "tinymodel", "build", str(tmp_path / name), "--seed", seed, env=offline, timeout=300
-        )
+            "tinymodel", "build", str(tmp_path / name), "--seed", seed, "--json",
+            env=offline, timeout=300,
+        )  # fmt: skip
         assert out.returncode == 0, out.stderr[-2000:]
+        summary = json.loads(out.stdout)
+        assert (summary["dir"], summary["seed"]) == (str(tmp_path / name), int(seed))
+        assert summary == {
+            "dir": summary["dir"],
+            **json.loads((tmp_path / name / "arcvllm-tinymodel.json").read_text()),
+        }
     a, b, c = (_digests(tmp_path / n) for n in "abc")
     assert a == b
     assert a["model.safetensors"] != c["model.safetensors"]
@@ -72,5 +79,6 @@ def test_build_is_deterministic_and_loads_offline(tmp_path):
 
 def test_build_refuses_a_folder_with_files(tmp_path):
     (tmp_path / "x").write_text("keep me")
-    with pytest.raises(T.ArcvllmError, match="not empty"):
+    with pytest.raises(T.ArcvllmError, match="not empty") as raised:
         T.build(tmp_path)
+    assert raised.value.exit_code == 2
