@@ -261,14 +261,14 @@ def test_a_crash_in_the_log_is_named(serve, capsys, tmp_path):
 
 def test_unreachable_server_is_one_line(capsys):
     code, out, err = run_cli(capsys, "--base-url", f"http://127.0.0.1:{free_port()}")
-    assert code != 0
+    assert code == 3
     assert err.startswith("arcvllm: no vLLM server answers") and err.count("\n") == 1
     assert out == ""
 
 
 def test_wrong_model_is_one_line(serve, capsys):
     code, _, err = run_cli(capsys, "--base-url", serve(Fake()), "--model", "qwen")
-    assert code != 0
+    assert code == 2
     assert err.startswith("arcvllm: model 'qwen' is not served at http://127.0.0.1:")
     assert "is not served" in err and err.count("\n") == 1
 
@@ -278,7 +278,7 @@ def test_undeterminable_block_size_is_one_line(serve, capsys, tmp_path):
     log.write_text("INFO nothing about blocks\n")
     url = serve(Fake(block_in_metrics=False))
     code, _, err = run_cli(capsys, "--base-url", url, "--log-file", str(log))
-    assert code != 0
+    assert code == 3
     assert "cannot determine the server's block size" in err and err.count("\n") == 1
 
 
@@ -412,7 +412,7 @@ def test_preset_names_the_model(serve, capsys, tmp_path):
     fake = Fake(models=("decoy", "tiny-hybrid"))
     url = serve(fake)
     code, _, err = run_cli(capsys, "--base-url", url)
-    assert code != 0 and "choose one with --model" in err
+    assert code == 2 and "choose one with --model" in err
     report = tmp_path / "r.json"
     code, out, _ = run_cli(
         capsys, "--base-url", url, "--preset", "tiny-hybrid-cpu", "--out", str(report)
@@ -429,7 +429,7 @@ def test_unknown_preset_is_one_line_and_starts_nothing(capsys, tmp_path):
         *("--base-url", f"http://127.0.0.1:{free_port()}", "--preset", "nope"),
         *("--start-cmd", f"touch {started}"),
     )
-    assert code != 0 and out == ""
+    assert code == 2 and out == ""
     assert err.startswith("arcvllm: unknown preset 'nope'") and err.count("\n") == 1
     assert not started.exists()
 
@@ -438,7 +438,7 @@ def test_model_and_preset_must_agree(capsys):
     code, _, err = run_cli(
         capsys, "--base-url", "http://127.0.0.1:1", "--preset", "tiny-hybrid-cpu", "--model", "x"
     )
-    assert code != 0 and "is not the model of preset 'tiny-hybrid-cpu'" in err
+    assert code == 2 and "is not the model of preset 'tiny-hybrid-cpu'" in err
 
 
 def test_failing_start_cmd_is_one_line_and_still_stopped(capsys, tmp_path):
@@ -448,7 +448,7 @@ def test_failing_start_cmd_is_one_line_and_still_stopped(capsys, tmp_path):
         *("--base-url", f"http://127.0.0.1:{free_port()}"),
         *("--start-cmd", "exit 3", "--stop-cmd", f"touch {stopped}"),
     )
-    assert code != 0 and err == "arcvllm: --start-cmd failed with exit code 3\n"
+    assert code == 3 and err == "arcvllm: --start-cmd failed with exit code 3\n"
     assert stopped.exists()
 
 
