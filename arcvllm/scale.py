@@ -16,6 +16,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from arcvllm import cli
 from arcvllm.client import Client, WaitTimeout, wait_until
 from arcvllm.errors import ArcvllmError
 
@@ -37,7 +38,9 @@ def docker_dir() -> Path:
     """The checkout's docker/ (compose files are not part of the wheel)."""
     here = Path(__file__).resolve().parent.parent / "docker"
     if not (here / "compose.scale.yaml").is_file():
-        raise ArcvllmError(f"no {here / 'compose.scale.yaml'}: run arcvllm scale from a checkout")
+        raise ArcvllmError(
+            f"no {here / 'compose.scale.yaml'}: run arcvllm scale from a checkout", 3
+        )
     return here
 
 
@@ -124,16 +127,16 @@ class Deployment:
         return {**self.settings, **os.environ, "ENV_FILE": str(self.env_file)}
 
     def run(self, *args: str, profiles: tuple[str, ...] = (), timeout: float = 600):
-        return subprocess.run(
-            [*self.command(profiles), *args],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=self.env(),
-        )
+        command = [*self.command(profiles), *args]
+        try:
+            return subprocess.run(
+                command, capture_output=True, text=True, timeout=timeout, env=self.env()
+            )
+        except FileNotFoundError:
+            raise ArcvllmError(f"no compose tool: {command[0]} not found (make tools)", 3) from None
 
-    def down(self, profiles: tuple[str, ...]) -> None:
-        self.run("down", "-v", "--remove-orphans", "-t", "20", profiles=profiles)
+    def down(self, profiles: tuple[str, ...]) -> subprocess.CompletedProcess:
+        return self.run("down", "-v", "--remove-orphans", "-t", "20", profiles=profiles)
 
     def state(self, service: str, profiles: tuple[str, ...]) -> dict:
         """Docker's State of SERVICE's container ({} when it has none)."""
@@ -163,7 +166,8 @@ def wait_replicas(dep: Deployment, p: Plan, timeout: float, interval: float = 3.
                 # (restart: unless-stopped brings an exited replica back: a restart is an exit)
                 raise ArcvllmError(
                     f"replica {name} never became healthy: it exited "
-                    f"(code {state.get('ExitCode')}); see `docker logs` of it"
+                    f"(code {state.get('ExitCode')}); see `docker logs` of it",
+                    3,
                 )
         return not waiting
 
@@ -171,7 +175,7 @@ def wait_replicas(dep: Deployment, p: Plan, timeout: float, interval: float = 3.
         wait_until(all_healthy, timeout, interval, "every replica healthy")
     except WaitTimeout as exc:
         raise ArcvllmError(
-            f"replica {waiting[0]} never became healthy within {timeout:.0f} s"
+            f"replica {waiting[0]} never became healthy within {timeout:.0f} s", 3
         ) from exc
 
 
@@ -197,7 +201,8 @@ def wait_router(url: str, timeout: float, interval: float = 2.0) -> None:
     except WaitTimeout as exc:
         raise ArcvllmError(
             f"the router at {url} has no healthy worker after {timeout:.0f} s "
-            f"(/readiness: {status})"
+            f"(/readiness: {status})",
+            3,
         ) from exc
 
 
@@ -205,25 +210,37 @@ def up(args: argparse.Namespace) -> int:
     p = plan(args.replicas, args.cpu, args.monitoring)
     if not args.cpu:
         check_gpus(args.replicas, Path(args.dev_root))
-    dep = Deployment(Path(args.env_file).resolve(), settings=p.settings())
+    dep = Deployment(args.env_file.resolve(), settings=p.settings())
     port = os.environ.get("PORT", "8000")
     result = dep.run("up", "-d", *p.services, profiles=p.profiles, timeout=1800)
     try:
         if result.returncode != 0:
             lines = result.stderr.strip().splitlines() or ["(no output)"]
-            raise ArcvllmError(f"compose up failed: {lines[-1]}")
+            raise ArcvllmError(f"compose up failed: {lines[-1]}", 3)
         wait_replicas(dep, p, args.timeout)
         wait_router(f"http://127.0.0.1:{port}", args.router_timeout)
     except BaseException:
         dep.down(p.profiles)  # nothing left half-started
         raise
-    print(f"{len(p.replicas)} replicas healthy behind the router on port {port}")
+    if args.json:
+        router = f"http://127.0.0.1:{port}"
+        doc = {"project": PROJECT, "replicas": list(p.replicas), "router": router}
+        print(json.dumps({**doc, "profiles": list(p.profiles)}, indent=2))
+    else:
+        print(f"{len(p.replicas)} replicas healthy behind the router on port {port}")
     return 0
 
 
 def down(args: argparse.Namespace) -> int:
-    dep = Deployment(Path(args.env_file).resolve())
-    dep.down(("scale", "scale-4", "cpu-scale", "monitoring"))
+    dep = Deployment(args.env_file.resolve())
+    result = dep.down(("scale", "scale-4", "cpu-scale", "monitoring"))
+    if result.returncode != 0:
+        lines = result.stderr.strip().splitlines() or ["(no output)"]
+        raise ArcvllmError(f"compose down failed: {lines[-1]}", 3)
+    if args.json:
+        print(json.dumps({"project": PROJECT, "down": True}))
+    else:
+        print(f"{PROJECT}: down")
     return 0
 
 
@@ -243,6 +260,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     start.add_argument("--dev-root", default="/", help=argparse.SUPPRESS)
     stop = sub.add_parser("down", help="stop and remove the scale-out project")
     for each in (start, stop):
-        each.add_argument("--env-file", default="docker/arcvllm.env", help="the settings file")
+        each.add_argument(
+            "--env-file",
+            type=cli.existing_file,
+            default="docker/arcvllm.env",
+            help="the settings file (docker/arcvllm.env)",
+        )
+        cli.add_json(each)
     start.set_defaults(func=up)
     stop.set_defaults(func=down)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -48,6 +49,32 @@ def test_a_replica_count_without_a_profile_is_a_usage_error():
     assert result.stderr.strip() == "arcvllm: --replicas must be one of (2, 4) (compose.scale.yaml)"
 
 
+def test_a_settings_file_that_does_not_exist_is_a_usage_error():
+    result = arcvllm("scale", "down", "--env-file", "/nonexistent.env")
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "arcvllm: scale down: argument --env-file: no such file: /nonexistent.env "
+        "(see arcvllm scale down --help)"
+    )
+
+
+def test_no_compose_tool_is_an_environment_error_in_one_line(tmp_path):
+    missing = tmp_path / "no-compose"
+    result = arcvllm("scale", "down", "--json", env={"COMPOSE": str(missing)})
+    assert result.returncode == 3 and result.stdout == ""
+    assert result.stderr.strip() == f"arcvllm: no compose tool: {missing} not found (make tools)"
+
+
+def test_down_json_says_what_it_took_down(tmp_path):
+    called = tmp_path / "compose-args"
+    result = arcvllm(
+        "scale", "down", "--json", env={"COMPOSE": f"sh -c 'echo \"$*\" > {called}' compose"}
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"project": "arcvllm-scale", "down": True}
+    assert "down -v --remove-orphans" in called.read_text()
+
+
 def test_plan_names_the_services_of_each_profile():
     assert scale.plan(4, cpu=False, monitoring=True) == scale.Plan(
         ("scale", "scale-4", "monitoring"),
@@ -80,7 +107,7 @@ def test_a_replica_that_never_becomes_healthy_is_named_and_nothing_is_left():
         "BIND_ADDRESS": "127.0.0.1",
     }
     result = arcvllm("scale", "up", "--cpu", "--timeout", "120", env=env)
-    assert result.returncode == 1, result.stderr
+    assert result.returncode == 3, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "never became healthy" in lines[0], result.stderr
     assert lines[0].startswith("arcvllm: replica vllm-cpu-")
@@ -105,5 +132,6 @@ def test_a_router_with_no_healthy_worker_is_one_line():
         assert str(failure.value).startswith(
             f"the router at http://127.0.0.1:{port} has no healthy worker after 15 s"
         )
+        assert failure.value.exit_code == 3
     finally:
         docker("rm", "-f", "-v", cid, check=False)  # -v: its anonymous cache volume too
