@@ -144,6 +144,8 @@ def host_versions() -> str:
 
 def collect(opts: argparse.Namespace, settings: Mapping[str, str]) -> Collector:
     c = Collector(opts.compose, opts.service, secrets_from({**os.environ, **settings}))
+    key = opts.api_key or settings.get("VLLM_API_KEY", "")
+    c.secrets |= {key} if key else set()
     me = f"{shlex.quote(sys.executable)} -m arcvllm"
     preset = opts.preset or c.exec("preset.txt", "printenv ARCVLLM_PRESET").stdout.strip()
     c.shell("host/doctor.json", f"{me} doctor --json --preset {shlex.quote(preset)}")
@@ -172,7 +174,6 @@ def collect(opts: argparse.Namespace, settings: Mapping[str, str]) -> Collector:
     if not opts.no_smoke:
         with tempfile.TemporaryDirectory(dir=opts.scratch) as tmp:
             report = Path(tmp) / "smoke.json"
-            key = settings.get("VLLM_API_KEY") or os.environ.get("VLLM_API_KEY", "")
             step = c.shell(
                 "smoke/smoke.txt",
                 f"{me} smoke --base-url {shlex.quote(opts.base_url)} "
@@ -264,16 +265,21 @@ def write(path: Path, c: Collector, text_summary: str) -> list[str]:
 def _cmd(args: argparse.Namespace) -> int:
     from arcvllm.settings import load
 
-    settings = load(Path(args.env_file)) if args.env_file else {}
+    settings = load(args.env_file) if args.env_file else {}
     out = Path(args.out)
     if not out.name.endswith(".tar.gz"):
-        raise ArcvllmError(f"--out {out}: name the tarball *.tar.gz")
+        raise ArcvllmError(f"--out {out}: name the tarball *.tar.gz", 2)
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     collector = collect(args, settings)
     text = redact(summary(collector, started), collector.secrets)
     write(out, collector, text)
-    print(text, end="")
-    print(f"field report: {out}")
+    if args.json:
+        steps = [{"name": s.name, "rc": s.rc, "seconds": s.seconds} for s in collector.steps]
+        failed = [s.name for s in collector.steps if s.rc != 0]
+        print(json.dumps({"out": str(out), "steps": steps, "failed": failed}, indent=2))
+    else:
+        print(text, end="")
+        print(f"field report: {out}")
     return 0
 
 
@@ -286,13 +292,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--compose", required=True, help="compose command prefix of the deployment")
     p.add_argument("--service", required=True, help="compose service (vllm, vllm-cpu)")
     p.add_argument("--image", required=True, help="the service's image")
-    p.add_argument("--base-url", required=True, type=cli.url, help="the API as the host reaches it")
+    cli.add_server(p)  # --base-url: the API as the host reaches it
     p.add_argument("--preset", help="default: the container's $ARCVLLM_PRESET")
-    p.add_argument("--env-file", help="the settings file: its secrets are redacted")
-    p.add_argument("--out", default="reports/field-report.tar.gz", help="the tarball")
+    p.add_argument(
+        "--env-file",
+        type=cli.existing_file,
+        help="the settings file: its secrets are redacted, its VLLM_API_KEY is the default key",
+    )
+    p.add_argument("--out", default="reports/field-report.tar.gz", help="the tarball (*.tar.gz)")
+    cli.add_json(p, help="print the tarball's path and each step's exit code as JSON")
     p.add_argument("--docker", default="docker", help="docker client")
     p.add_argument("--bench-args", default=SHORT_BENCH, help=f"default: {SHORT_BENCH}")
     p.add_argument("--no-smoke", action="store_true", help="skip the smoke test")
     p.add_argument("--no-bench", action="store_true", help="skip the bench")
-    p.add_argument("--scratch", help="folder for temporary files (default: the system's)")
+    p.add_argument(
+        "--scratch",
+        type=cli.existing_dir,
+        help="folder for temporary files (default: the system's)",
+    )
     p.set_defaults(func=_cmd)

@@ -58,3 +58,41 @@ def test_the_tarball_holds_every_step_redacted_and_a_summary(tmp_path):
     assert all(KEY.encode() not in b for b in blobs.values())
     assert b"started" in blobs["field-report/server.log"]
     assert b"rc=3" in blobs["field-report/commands.txt"]
+
+
+def test_the_api_key_given_on_the_command_line_is_redacted_and_json_lists_the_steps(
+    tmp_path, monkeypatch, capsys
+):
+    """A deployment whose every exec prints the key, which only --api-key names."""
+    from arcvllm import cli
+
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    monkeypatch.setenv("ARCVLLM_TEST_LEAK", KEY)
+    out = tmp_path / "r.tar.gz"
+    argv = [
+        "field-report", "--compose", "sh -c 'echo leaked $ARCVLLM_TEST_LEAK' compose",
+        "--service", "svc", "--image", "none", "--docker", "false",
+        "--base-url", "http://127.0.0.1:9/", "--api-key", KEY, "--preset", "tiny-hybrid-cpu",
+        "--no-smoke", "--no-bench", "--scratch", str(tmp_path), "--out", str(out), "--json",
+    ]  # fmt: skip
+    assert cli.main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["out"] == str(out)
+    names = [s["name"] for s in doc["steps"]]
+    assert "container/doctor.json" in names and "image/labels.json" in doc["failed"]
+    with tarfile.open(out) as tar:
+        blobs = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+    assert b"leaked <redacted>" in blobs["r/container/doctor.json"]
+    assert all(KEY.encode() not in b for b in blobs.values())
+
+
+def test_an_out_that_is_no_tarball_is_a_usage_error(tmp_path, capsys):
+    from arcvllm import cli
+
+    argv = ["field-report", "--compose", "true", "--service", "s", "--image", "i"]
+    argv += ["--base-url", "http://127.0.0.1:9", "--out", str(tmp_path / "report.zip")]
+    assert cli.main(argv) == 2
+    assert (
+        capsys.readouterr().err
+        == f"arcvllm: --out {tmp_path / 'report.zip'}: name the tarball *.tar.gz\n"
+    )
