@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from arcvllm import index, lock
+from arcvllm import cli, index, lock
 from arcvllm.errors import ArcvllmError
 from arcvllm.paths import data_root
 from arcvllm.text import columns
@@ -771,9 +771,10 @@ def write_lock(
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    options = {"file": args.file, "cache": args.cache, "sdist": args.sdist}
+    options = {"file": args.stacks_file, "cache": args.cache_dir, "sdist": args.sdist}
     if args.action == "lock":
-        print(write_lock(args.name, **options))
+        written = write_lock(args.name, **options)
+        print(json.dumps({"stack": args.name, "lock": str(written)}) if args.json else written)
         return 0
     result = audit(args.name, dockerfile=args.dockerfile, **options)
     if args.json:
@@ -794,12 +795,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         parser = sub.add_parser(action, help=text, description=text)
         parser.add_argument("name", metavar="STACK")
         parser.add_argument(
-            "--cache", type=Path, default=None, help="sdist folder (default: build/sdists)"
+            "--cache-dir", type=Path, default=None, help="sdist folder (default: build/sdists)"
         )
-        parser.add_argument("--sdist", type=Path, default=None, help="this sdist file instead")
+        parser.add_argument(
+            "--sdist", type=cli.existing_file, default=None, help="this sdist file instead"
+        )
         if action == "audit":
-            parser.add_argument("--json", action="store_true", help="the facts as JSON")
+            cli.add_json(parser, help="the facts as JSON")
             parser.add_argument(
-                "--dockerfile", type=Path, default=None, help="another Dockerfile of ours"
+                "--dockerfile",
+                type=cli.existing_file,
+                default=None,
+                help="another Dockerfile of ours",
             )
+        else:
+            cli.add_json(parser, help="the stack and the lock file written, as JSON")
         parser.set_defaults(func=_cmd)

@@ -66,6 +66,15 @@ def find_file(project: str, wanted, index: str | None = None) -> tuple[str, str,
     raise IndexUnavailable(f"index {index} has no such file for project {project}")
 
 
+def upload_time(project: str, filename: str, index: str | None = None) -> str:
+    """When FILENAME was uploaded to PROJECT's page on the index (RFC 3339, UTC)."""
+    index = index or index_url()
+    for package in _packages(project, index):
+        if package.filename == filename and package.upload_time is not None:
+            return package.upload_time.strftime("%Y-%m-%dT%H:%M:%SZ")
+    raise IndexUnavailable(f"index {index} lists no upload time of {filename} ({project})")
+
+
 def file_url(project: str, filename: str, sha256: str, index: str | None = None) -> str:
     """The download URL of FILENAME in PROJECT's index page; its listed sha256 must match."""
     index = index or index_url()

@@ -5,14 +5,24 @@ requirements against `requirements/xpu.txt`: exact versions from the XPU index, 
 `# via` note naming who requires it. Its runtime part is the closure of vLLM's own
 requirements (the names in `requirements/common.txt` and `requirements/xpu.txt`): a lock
 entry belongs to it when it is one of those names or one of its `# via` parents does.
-Test-only tools (pytest, lm-eval, ...) fall out. Pure functions: text in, text out.
+Test-only tools (pytest, lm-eval, ...) fall out.
+
+Where the release's lock leaves some of vLLM's own requirements out (0.20 and 0.23 compile
+their test lock without requirements/common.txt), `compile_missing` resolves them once, on
+the host that writes the lock, with the tool the release used (`uv pip compile`), within
+vLLM's own ranges, the release's lock as constraints and only files published before the
+release (--exclude-newer: the sdist's upload time), and the lock pins the result below a
+`# Resolved here` line: the image build resolves nothing. Everything else: text in, text out.
 """
 
 from __future__ import annotations
 
 import re
+import subprocess
+import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 _NAME = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)")
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==([^\s;#,]+)")
@@ -110,7 +120,8 @@ class Source:
 
 
 def render(source: Source, stack: str, entries: Mapping[str, Entry], roots: Iterable[str]) -> str:
-    """The lock file: a header that says where every line came from, then `name==version`."""
+    """The release part of the lock file: a header that says where every line came from,
+    then `name==version`."""
     missing = sorted({normalize(r) for r in roots} - set(entries))
     header = [
         f"# XPU lock of stack {stack}: vLLM {source.vllm_version}'s runtime requirements at the",
@@ -127,7 +138,7 @@ def render(source: Source, stack: str, entries: Mapping[str, Entry], roots: Iter
         "#   sums are unknown here, so the lock pins versions only.",
     ]
     if missing:
-        header.append("# Not in the release's lock (its ranges resolve at build time):")
+        header.append("# Not in the release's lock:")
         line = "#  "
         for name in missing:
             if len(line) + len(name) + 1 > 90:
@@ -137,3 +148,122 @@ def render(source: Source, stack: str, entries: Mapping[str, Entry], roots: Iter
         header.append(line)
     body = [f"{e.name}=={e.version}" for e in sorted(entries.values(), key=lambda e: e.name)]
     return "\n".join(header + body) + "\n"
+
+
+# ---- what the release's lock leaves out ------------------------------------------------------
+
+RESOLVED = "# Resolved here"
+# Served by PyTorch's XPU index or pinned in stacks.yaml (the kernels wheel), never by the
+# package index the lock is compiled against.
+XPU_INDEX = frozenset({"torch", "torchaudio", "torchvision", "triton-xpu", "vllm-xpu-kernels"})
+# The image: Ubuntu 24.04 (glibc 2.39), x86_64, the release's Python.
+PLATFORM = "x86_64-manylinux_2_39"
+
+
+def split(text: str) -> tuple[str, str]:
+    """(release part, resolved part) of a lock file's text."""
+    head, mark, tail = text.partition(f"\n{RESOLVED}")
+    return (head.rstrip("\n") + "\n", mark.lstrip("\n") + tail) if mark else (text, "")
+
+
+def requirement_lines(text: str, names: Iterable[str]) -> list[str]:
+    """The lines of a requirements file that ask for NAMES, as written (ranges, markers)."""
+    wanted = {normalize(n) for n in names}
+    lines = []
+    for raw in text.splitlines():
+        line = raw.split(" #", 1)[0].strip()
+        m = _NAME.match(line) if line and not line.startswith(("#", "-")) else None
+        if m and normalize(m.group(1)) in wanted:
+            lines.append(line)
+    return lines
+
+
+@dataclass(frozen=True)
+class Compile:
+    """One `uv pip compile` of vLLM's requirements the release's lock lacks."""
+
+    requirements: tuple[str, ...]  # vLLM's own lines for them
+    constraints: Mapping[str, Entry]  # the release's lock (its runtime part)
+    torch: str  # the release's torch version (+xpu): resolved as the index's plain build
+    python: str
+    exclude_newer: str  # RFC 3339, the sdist's upload time
+    index: str
+
+    def run(self, uv: str = "uv") -> dict[str, Entry]:
+        """The pins the requirements add to the lock: their closure without torch (and what
+        only torch's plain build needs, e.g. CUDA libraries), minus what the lock has.
+        A constraint the index does not serve (the release's lock took it from the XPU
+        index) is left out of the compile; the lock keeps it pinned."""
+        public_torch = self.torch.split("+", 1)[0]
+        constraints = {
+            e.name: f"{e.name}=={e.version}"
+            for e in self.constraints.values()
+            if "+" not in e.version and e.name not in XPU_INDEX
+        }
+        for _ in range(len(constraints) + 1):
+            try:
+                compiled = self._compile(uv, list(constraints.values()), public_torch)
+                break
+            except LockError as exc:
+                absent = _ABSENT.search(str(exc))
+                if not absent or normalize(absent.group(1)) not in constraints:
+                    raise
+                del constraints[normalize(absent.group(1))]
+        compiled.pop("torch", None)
+        roots = [m.group(1) for line in self.requirements if (m := _NAME.match(line))]
+        kept = closure(compiled, roots)
+        return {n: e for n, e in kept.items() if n not in self.constraints}
+
+    def _compile(self, uv: str, constraints: list[str], torch: str) -> dict[str, Entry]:
+        # a local version (`==3.8.0+xpu`) is served by an XPU index only
+        requirements = [r for r in self.requirements if not _LOCAL.search(r)]
+        with tempfile.TemporaryDirectory(prefix="arcvllm-lock-") as tmp:
+            folder = Path(tmp)
+            (folder / "requirements.txt").write_text("\n".join(requirements) + "\n")
+            (folder / "constraints.txt").write_text("\n".join(constraints) + "\n")
+            (folder / "overrides.txt").write_text(f"torch=={torch}\n")
+            command = [
+                uv, "pip", "compile", "--quiet", "--no-header", "--no-config",
+                "--python-version", self.python, "--python-platform", PLATFORM,
+                "--exclude-newer", self.exclude_newer, "--index-url", self.index,
+                "-c", "constraints.txt", "--override", "overrides.txt",
+                "-o", "compiled.txt", "requirements.txt",
+            ]  # fmt: skip
+            try:
+                subprocess.run(command, cwd=folder, check=True, capture_output=True, text=True)
+            except FileNotFoundError:
+                raise LockError(f"no {uv}: install the 'stack' extra (uv)") from None
+            except subprocess.CalledProcessError as exc:
+                why = " ".join((exc.stderr or "(no output)").split())
+                raise LockError(f"uv pip compile failed: {why[-400:]}") from None
+            return parse_lock((folder / "compiled.txt").read_text())
+
+
+_LOCAL = re.compile(r"==\s*[^\s;,]*\+")
+_ABSENT = re.compile(r"there is no version of ([A-Za-z0-9][A-Za-z0-9._-]*)==")
+
+
+class LockError(RuntimeError):
+    """The lock cannot be compiled (no uv, index unreachable, no solution)."""
+
+
+def render_resolved(
+    entries: Mapping[str, Entry], job: Compile, tool: str, derived: Mapping[str, str]
+) -> str:
+    """The resolved part: how it was compiled, then `name==version` lines."""
+    header = [
+        f"{RESOLVED}: vLLM's requirements the release's lock lacks (and what they need),",
+        f"#   compiled by {tool} for CPython {job.python} {PLATFORM} within vLLM's ranges,",
+        "#   the lines above as constraints, and only files uploaded before the release:",
+        f"#   --exclude-newer {job.exclude_newer} (the sdist's upload time).",
+    ]
+    for name, why in sorted(derived.items()):
+        header.append(f"#   {name}: {why}")
+    body = [f"{e.name}=={e.version}" for e in sorted(entries.values(), key=lambda e: e.name)]
+    return "\n".join(header + body) + "\n"
+
+
+def unpinned(text: str, roots: Iterable[str]) -> list[str]:
+    """vLLM's own requirements a lock file pins nowhere (the kernels come from stacks.yaml)."""
+    pinned = set(parse_lock(text))
+    return sorted({normalize(r) for r in roots} - pinned - {"vllm-xpu-kernels"})

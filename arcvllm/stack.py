@@ -8,11 +8,13 @@ the presets all read the same pins.
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from arcvllm import cli
 from arcvllm.errors import ArcvllmError
 from arcvllm.paths import configs_dir
 from arcvllm.text import columns
@@ -226,27 +228,66 @@ def dockerfile_mismatches(
     return problems
 
 
+def stack_json(stack: Stack) -> dict:
+    """What `stack show --json` prints: the render_stack facts as data."""
+    return {
+        "name": stack.name,
+        "flavor": stack.flavor,
+        "description": stack.description,
+        "vllm": stack.vllm_version,
+        "args": {
+            k: {"value": p.value, "from": " ".join(p.source.split())} for k, p in stack.args.items()
+        },
+    }
+
+
 def _cmd(args: argparse.Namespace) -> int:
+    as_json = getattr(args, "json", False)
     if args.action in (None, "list"):
-        stacks, defaults = load(args.file)
-        print(render_table(stacks, defaults))
+        stacks, defaults = load(args.stacks_file)
+        if as_json:
+            listed = [
+                {
+                    "name": s.name,
+                    "flavor": s.flavor,
+                    "vllm": s.vllm_version,
+                    "description": s.description,
+                    "default": defaults.get(s.flavor) == s.name,
+                }
+                for s in stacks.values()
+            ]
+            print(json.dumps(listed, indent=2))
+        else:
+            print(render_table(stacks, defaults))
         return 0
     if args.action == "default":
-        _, defaults = load(args.file)
+        _, defaults = load(args.stacks_file)
         if args.name not in defaults:
-            raise ArcvllmError(f"no default stack for flavour {args.name!r}")
-        print(defaults[args.name])
+            raise ArcvllmError(f"no default stack for flavour {args.name!r}", 2)
+        doc = {"flavor": args.name, "stack": defaults[args.name]}
+        print(json.dumps(doc) if as_json else defaults[args.name])
         return 0
-    stack = get(args.name, args.file, getattr(args, "flavor", None))
+    try:
+        stack = get(args.name, args.stacks_file, getattr(args, "flavor", None))
+    except ArcvllmError as exc:  # a stack named on the command line
+        raise ArcvllmError(str(exc), 2) from None
     if args.action == "show":
-        print(render_stack(stack))
-    elif args.action == "build-args" and args.ci:
-        stacks, defaults = load(args.file)
-        print(render_build_args(ci_build_args(stack, stacks[defaults["cpu"]])))
-    elif args.action == "build-args":
-        print(render_build_args(stack.resolved_build_args()))
+        print(json.dumps(stack_json(stack), indent=2) if as_json else render_stack(stack))
+        return 0
+    if args.action == "build-args":
+        if args.ci:
+            stacks, defaults = load(args.stacks_file)
+            values = ci_build_args(stack, stacks[defaults["cpu"]])
+        else:
+            values = stack.resolved_build_args()
+        print(json.dumps(values, indent=2) if as_json else render_build_args(values))
     elif args.action == "get":
-        print(lookup(stack, args.key))
+        try:
+            value = lookup(stack, args.key)
+        except ArcvllmError as exc:  # a key named on the command line
+            raise ArcvllmError(str(exc), 2) from None
+        doc = {"stack": stack.name, "key": args.key, "value": value}
+        print(json.dumps(doc) if as_json else value)
     return 0
 
 
@@ -256,10 +297,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="the pinned stacks (configs/stacks.yaml) the images are built from",
         description="List and show the pinned stacks; print one as Docker build args.",
     )
-    parser.add_argument("--file", type=Path, default=None, help="another stacks file")
+    parser.add_argument(
+        "--stacks-file",
+        type=cli.existing_file,
+        default=None,
+        help="another stacks file (default: the bundled configs/stacks.yaml)",
+    )
     parser.set_defaults(func=_cmd, action=None)
     sub = parser.add_subparsers(dest="action", metavar="ACTION")
-    sub.add_parser("list", help="the stacks, one a line (the default)")
+    listing = sub.add_parser("list", help="the stacks, one a line (the default)")
     show = sub.add_parser("show", help="every pin of a stack and where it came from")
     show.add_argument("name")
     build = sub.add_parser("build-args", help="the stack as `--build-arg K=V` for docker build")
@@ -275,6 +321,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     get_.add_argument("key")
     default = sub.add_parser("default", help="the default stack of a flavour")
     default.add_argument("name", metavar="FLAVOR", choices=FLAVORS)
+    for each in (listing, show, build, get_, default):
+        cli.add_json(each)
     from arcvllm import audit  # `stack audit` and `stack lock`: the release's own files
 
     audit.register(sub)

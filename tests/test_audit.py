@@ -151,7 +151,7 @@ def test_lock_closure_keeps_what_vllm_needs_and_drops_test_tools():
 
 
 def test_unknown_stack_is_a_usage_error(tmp_path, capsys):
-    assert main(["stack", "--file", str(_stacks_file(tmp_path)), "audit", "xpu-9"]) == 2
+    assert main(["stack", "--stacks-file", str(_stacks_file(tmp_path)), "audit", "xpu-9"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unknown stack 'xpu-9'" in err[0]
 
@@ -160,8 +160,8 @@ def test_a_tampered_sdist_fails_with_one_line(tmp_path, capsys):
     cache = tmp_path / "sdists"
     cache.mkdir()
     (cache / "vllm-0.23.0.tar.gz").write_bytes(b"not the release")
-    argv = ["stack", "--file", str(_stacks_file(tmp_path)), "audit", "xpu-0.23"]
-    assert main([*argv, "--cache", str(cache)]) == 3
+    argv = ["stack", "--stacks-file", str(_stacks_file(tmp_path)), "audit", "xpu-0.23"]
+    assert main([*argv, "--cache-dir", str(cache)]) == 3
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"the stack pins {SHA_0_23}" in err[0]
 
@@ -169,7 +169,7 @@ def test_a_tampered_sdist_fails_with_one_line(tmp_path, capsys):
 def test_an_unreachable_sdist_fails_with_one_line(tmp_path, capsys):
     url = f"http://127.0.0.1:{free_port()}/vllm-0.23.0.tar.gz"
     path = _stacks_file(tmp_path, VLLM_SDIST_URL=url)
-    argv = ["stack", "--file", str(path), "audit", "xpu-0.23", "--cache", str(tmp_path)]
+    argv = ["stack", "--stacks-file", str(path), "audit", "xpu-0.23", "--cache-dir", str(tmp_path)]
     assert main(argv) == 3
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and url in err[0]
@@ -211,16 +211,16 @@ def test_an_unlisted_difference_fails_naming_it_and_a_stale_one_too(tmp_path, ca
     assert "base" in differing and "apt:vim" in differing
 
     everything = _stacks_file(tmp_path, differing)
-    assert main(["stack", "--file", str(everything), "audit", "xpu-0.23"]) == 0
+    assert main(["stack", "--stacks-file", str(everything), "audit", "xpu-0.23"]) == 0
     capsys.readouterr()
 
     unlisted = _stacks_file(tmp_path, {k: v for k, v in differing.items() if k != "apt:vim"})
-    assert main(["stack", "--file", str(unlisted), "audit", "xpu-0.23", "--json"]) == 1
+    assert main(["stack", "--stacks-file", str(unlisted), "audit", "xpu-0.23", "--json"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["arcvllm: xpu-0.23: unlisted difference apt:vim (release installed, ours -)"]
 
     stale = _stacks_file(tmp_path, {**differing, "apt:python3.12": "we have none"})
-    assert main(["stack", "--file", str(stale), "audit", "xpu-0.23"]) == 1
+    assert main(["stack", "--stacks-file", str(stale), "audit", "xpu-0.23"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
         "arcvllm: xpu-0.23: listed difference apt:python3.12 no longer differs: remove it"

@@ -106,14 +106,14 @@ def test_cli_list_and_unknown_stack(capsys):
     assert main(["stack", "list"]) == 0
     out = capsys.readouterr().out
     assert "xpu-0.23 (default)" in out and "cpu (default)" in out
-    assert main(["stack", "show", "nope"]) == 1
+    assert main(["stack", "show", "nope"]) == 2
     assert (
         "unknown stack 'nope'; stacks: xpu-0.20, xpu-0.23, xpu-0.33, cpu" in capsys.readouterr().err
     )
 
 
 def test_cli_flavour_mismatch(capsys):
-    assert main(["stack", "build-args", "xpu-0.33", "--flavor", "cpu"]) == 1
+    assert main(["stack", "build-args", "xpu-0.33", "--flavor", "cpu"]) == 2
     assert "stack xpu-0.33 is xpu, not cpu; cpu stacks: cpu" in capsys.readouterr().err
 
 

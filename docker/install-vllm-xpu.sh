@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# install-vllm-xpu.sh WHEEL LOCK DEPS_FROM [PIP_ARGS...]: install vLLM's XPU wheel over the
+# stack's lock, which the image already carries (installed --no-deps, kernels verified).
+# vLLM 0.20 and 0.23 name their kernels by URL in the wheel's requirements; pip downloads a
+# URL requirement again even when that project is installed, unverified. So vLLM goes in
+# --no-deps and its other requirements follow, as constraints of the lock:
+#   DEPS_FROM=lock   --no-index: every requirement must already be installed from the lock;
+#                    one the lock lacks fails the build (no unpinned download)
+#   DEPS_FROM=index  what the lock lacks resolves within vLLM's ranges (PIP_ARGS: indexes)
+set -euo pipefail
+
+wheel=$1 lock=$2 deps_from=$3
+shift 3
+requires=/tmp/vllm-requires.txt
+if [[ $deps_from != lock && $deps_from != index ]]; then
+	echo "install-vllm-xpu: DEPS_FROM is lock or index, not '$deps_from'" >&2
+	exit 2
+fi
+pip install --no-deps "$wheel"
+python3 - "$requires" <<'PY'
+import sys
+from importlib.metadata import requires
+
+from packaging.requirements import Requirement
+
+wanted = []
+for line in requires("vllm") or []:
+    req = Requirement(line)
+    if req.name.lower().replace("_", "-") == "vllm-xpu-kernels":
+        continue  # installed before, by sha256 (configs/stacks.yaml VLLM_XPU_KERNELS)
+    if req.marker is None or req.marker.evaluate({"extra": ""}):
+        wanted.append(str(req))
+with open(sys.argv[1], "w") as out:
+    out.write("\n".join(wanted) + "\n")
+PY
+no_index=--no-index
+[[ $deps_from == lock ]] || no_index=
+pip install ${no_index:+"$no_index"} "$@" -c "$lock" -r "$requires"
+rm -f "$requires"
