@@ -143,3 +143,33 @@ def test_serve_dry_run_json_is_the_environment_and_the_argv(capsys, monkeypatch)
     assert doc["argv"][doc["argv"].index("--max-model-len") + 1] == "512"
     assert cli.main(["serve", "--preset", "tiny-hybrid-cpu", "--json"]) == 2
     assert "give both" in capsys.readouterr().err
+
+
+def test_stack_json_is_the_same_data_as_the_text(capsys):
+    assert cli.main(["stack", "get", "cpu", "VLLM_VERSION"]) == 0
+    version = capsys.readouterr().out.strip()
+    assert cli.main(["stack", "get", "cpu", "VLLM_VERSION", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {
+        "stack": "cpu",
+        "key": "VLLM_VERSION",
+        "value": version,
+    }
+    assert cli.main(["stack", "list", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert {s["name"]: s["vllm"] for s in listed}["cpu"] == version
+    assert [s["name"] for s in listed if s["default"] and s["flavor"] == "cpu"] == ["cpu"]
+    assert cli.main(["stack", "show", "cpu", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["vllm"] == version and shown["args"]["PRESET"]["value"] == "tiny-hybrid-cpu"
+
+
+def test_a_key_named_on_the_command_line_that_does_not_exist_is_2(capsys):
+    assert cli.main(["stack", "get", "cpu", "NO_SUCH_KEY"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_a_stacks_file_that_does_not_exist_is_2(capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main(["stack", "--stacks-file", "/nonexistent.yaml", "list"])
+    assert done.value.code == 2
+    assert "no such file: /nonexistent.yaml" in capsys.readouterr().err
