@@ -50,6 +50,16 @@ exit status:
 # The command being run ("arcvllm bench"), for messages raised deep inside it.
 _running = "arcvllm"
 
+# The import name of each optional dependency and the extra (pyproject.toml) that brings
+# it: a command that imports one lazily and finds it missing gets one line, not a traceback.
+EXTRAS = {
+    "httpx": "client",
+    "openai": "client",
+    "prometheus_client": "client",
+    "matplotlib": "bench",
+    "pypi_simple": "stack",
+}
+
 
 class _Formatter(argparse.HelpFormatter):
     """Fills descriptions as argparse does, but prints the exit status table as written."""
@@ -165,6 +175,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ArcvllmError as exc:
         print(f"arcvllm: {exc}", file=sys.stderr)
         return exc.exit_code
+    except ModuleNotFoundError as exc:
+        top = (exc.name or "").partition(".")[0]
+        if top not in EXTRAS:
+            raise  # not an optional dependency: a bug, worth its traceback
+        error = ArcvllmError(
+            f"{_running} needs the '{EXTRAS[top]}' extra: pip install "
+            f"'arcvllm[{EXTRAS[top]}]' (no module named {exc.name})",
+            3,
+        )
+        print(f"arcvllm: {error}", file=sys.stderr)
+        return error.exit_code
     except KeyboardInterrupt:
         return 130
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -173,3 +175,31 @@ def test_a_stacks_file_that_does_not_exist_is_2(capsys):
         cli.main(["stack", "--stacks-file", "/nonexistent.yaml", "list"])
     assert done.value.code == 2
     assert "no such file: /nonexistent.yaml" in capsys.readouterr().err
+
+
+def test_every_optional_module_belongs_to_its_extra_in_pyproject():
+    text = (Path(__file__).parent.parent / "pyproject.toml").read_text()
+    section = text.split("[project.optional-dependencies]")[1].split("\n[")[0]
+    extras = {
+        name: {re.split(r"[<>=!~\[ ;]", req)[0].replace("-", "_") for req in reqs}
+        for name, reqs in (
+            (m.group(1), re.findall(r'"([^"]+)"', m.group(2)))
+            for m in re.finditer(r"^(\w+) = \[(.*?)\]", section, re.M | re.S)
+        )
+    }
+    assert extras["bench"] == {"matplotlib"}
+    for module, extra in cli.EXTRAS.items():
+        assert module in extras[extra], (module, extra, extras)
+
+
+def test_an_extra_missing_deep_inside_a_command_is_one_line_and_exit_3(monkeypatch, capsys):
+    """stack build-args of an XPU stack asks the package index (pypi-simple, the `stack`
+    extra) for the sdist's URL; without the module: one line naming the extra."""
+    monkeypatch.setitem(sys.modules, "pypi_simple", None)  # `import pypi_simple` fails
+    assert cli.main(["stack", "build-args", "xpu-0.23"]) == 3
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        "arcvllm: arcvllm stack needs the 'stack' extra: pip install 'arcvllm[stack]' "
+        "(no module named pypi_simple)\n"
+    )
