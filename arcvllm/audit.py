@@ -425,6 +425,10 @@ def dockerfile_facts(
             elif instruction == "RUN":
                 mounts, script = _mounts(value)
                 for words in commands(substitute(script, values)):
+                    if words[:1] == ["grep"] and ">" in words[:-1]:
+                        # `grep ... LOCK > PART`: PART holds lines of LOCK (pins read as LOCK's)
+                        at = words.index(">")
+                        mounts = {**mounts, words[at + 1]: _mounted(words[at - 1], mounts)}
                     found = [words]
                     if (text := script_file(_mounted(words[0], mounts, program=True))) is not None:
                         found += list(script_commands(text, words[1:], values))
@@ -746,10 +750,13 @@ def audit(
     lock_file = root / lock_path(args, name)
     if not lock_file.is_file():
         lock_status = "missing"
-    elif lock_file.read_text() != release.runtime_lock(name):
+    elif lock.without_hashes(lock.split(lock_file.read_text())[0]) != release.runtime_lock(name):
         lock_status = "stale"
     else:
         lock_status = "current"
+    # vLLM's requirements our lock leaves to resolve at build time (unpinned downloads)
+    unpinned = lock.unpinned(lock_file.read_text(), release.roots()) if lock_file.is_file() else []
+    ours.values["lock:unpinned"] = " ".join(unpinned) or "none"
     rows = compare(release_facts(release), ours, listed, lock_status)
     return Audit(name, stack.vllm_version, rows)
 
@@ -760,14 +767,88 @@ def write_lock(
     cache: Path | None = None,
     sdist: Path | None = None,
     root: Path | None = None,
+    resolve: bool = True,
+    hashes: bool = True,
 ) -> Path:
-    """Write the stack's XPU lock from its release's resolved lock; returns its path."""
-    stack, _ = _stack_entry(name, file)
+    """Write the stack's XPU lock from its release's resolved lock, plus what it lacks of
+    vLLM's requirements compiled here (unless RESOLVE is false); returns its path."""
+    stack, listed = _stack_entry(name, file)
     release = release_of(stack, cache or default_cache(), sdist)
+    text = release.runtime_lock(name)
+    resolve = resolve and "lock:unpinned" not in listed  # listed: it cannot be compiled
+    if resolve and lock.unpinned(text, release.roots()):
+        text += resolved_lock(release, stack.build_args(), text)
+    if hashes:
+        text = lock.with_hashes(text, published_hashes(text, stack.build_args()["PYTHON_VERSION"]))
     target = (root or data_root()) / lock_path(stack.build_args(), name)
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(release.runtime_lock(name))
+    target.write_text(text)
     return target
+
+
+def published_hashes(text: str, python: str) -> dict[str, list[str]]:
+    """For each pin of TEXT the package index serves (not the XPU index's +xpu builds), the
+    sha256 it lists for the wheels of that version the image can take."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    where = index.index_url()
+    accepted = lock.wheel_tags(python)
+    entries = [
+        e
+        for e in lock.parse_lock(text).values()
+        if "+" not in e.version and e.name not in lock.XPU_INDEX
+    ]
+
+    def lookup(entry: lock.Entry) -> tuple[str, list[str]]:
+        try:
+            files = index.project_files(entry.name, where)
+        except index.IndexUnavailable:
+            return entry.name, []  # only the XPU index serves it
+        return entry.name, lock.file_hashes(files, entry.version, accepted)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        return {name: sums for name, sums in pool.map(lookup, entries) if sums}
+
+
+def resolved_lock(release: Release, args: Mapping[str, str], text: str) -> str:
+    """The lock's `# Resolved here` part: what the release's lock lacks of vLLM's own
+    requirements, compiled once here (see arcvllm.lock); torchaudio, which only the XPU
+    index serves, at the torch version (PyTorch releases the two together)."""
+    missing = lock.unpinned(text, release.roots())
+    entries = lock.parse_lock(text)
+    requirements = release.files["common"] + "\n" + release.files["xpu"]
+    job = lock.Compile(
+        requirements=tuple(  # all of them: fastapi[standard]'s extras are vLLM's too
+            lock.requirement_lines(requirements, set(release.roots()) - lock.XPU_INDEX)
+        ),
+        constraints=entries,
+        torch=entries["torch"].version,
+        python=args["PYTHON_VERSION"],
+        exclude_newer=index.upload_time("vllm", release.sdist, index.index_url()),
+        index=index.index_url(),
+    )
+    uv = Path(sys.executable).with_name("uv")
+    try:
+        resolved = job.run(str(uv) if uv.exists() else "uv")
+    except lock.LockError as exc:
+        raise SourceUnavailable(str(exc)) from None
+    derived = {}
+    if "torchaudio" in missing:
+        resolved["torchaudio"] = lock.Entry("torchaudio", entries["torch"].version, ())
+        derived["torchaudio"] = (
+            f"the torch version ({entries['torch'].version}): only the XPU index serves it"
+        )
+    tool = "uv " + _uv_version()
+    return "\n" + lock.render_resolved(resolved, job, tool, derived)
+
+
+def _uv_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("uv")
+    except PackageNotFoundError:
+        return "(not installed)"
 
 
 def _cmd(args: argparse.Namespace) -> int:

@@ -56,6 +56,12 @@ def _packages(project: str, index: str) -> list:
         raise IndexUnavailable(f"index {index}: cannot read project {project}: {exc}") from None
 
 
+def project_files(project: str, index: str | None = None) -> list[tuple[str, str | None]]:
+    """(filename, listed sha256) of every file on PROJECT's page of the index."""
+    packages = _packages(project, index or index_url())
+    return [(p.filename, (p.digests or {}).get("sha256")) for p in packages]
+
+
 def find_file(project: str, wanted, index: str | None = None) -> tuple[str, str, str | None]:
     """(filename, URL, listed sha256) of the first file of PROJECT for which WANTED(name)."""
     index = index or index_url()

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _NAME = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)")
+_HASH = re.compile(r"\s+--hash=sha256:[0-9a-f]{64}")
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==([^\s;#,]+)")
 
 
@@ -133,9 +134,10 @@ def render(source: Source, stack: str, entries: Mapping[str, Entry], roots: Iter
         f"#   sha256 {source.sdist_sha256}",
         "# kept: requirements/common.txt + requirements/xpu.txt and every entry whose `# via`",
         "#   names one kept (test-only tools such as pytest and lm-eval fall out).",
-        "# No --hash pins: the +xpu wheels (torch, torchvision, triton-xpu) come from",
-        "#   PyTorch's XPU index, which the host that wrote this file cannot reach: their",
-        "#   sums are unknown here, so the lock pins versions only.",
+        "# Hashes: a pin the package index serves lists the sha256 the index publishes for",
+        "#   each of its wheels the image can take. The +xpu wheels (torch, torchvision,",
+        "#   torchaudio, triton-xpu) and what only the XPU index serves have none: the host",
+        "#   that wrote this file cannot reach that index, so they pin versions only.",
     ]
     if missing:
         header.append("# Not in the release's lock:")
@@ -267,3 +269,55 @@ def unpinned(text: str, roots: Iterable[str]) -> list[str]:
     """vLLM's own requirements a lock file pins nowhere (the kernels come from stacks.yaml)."""
     pinned = set(parse_lock(text))
     return sorted({normalize(r) for r in roots} - pinned - {"vllm-xpu-kernels"})
+
+
+# ---- hashes ------------------------------------------------------------------------------
+
+
+def without_hashes(text: str) -> str:
+    """TEXT with every `--hash=sha256:...` removed (what the audit compares)."""
+    return _HASH.sub("", text)
+
+
+def wheel_tags(python: str) -> frozenset:
+    """The wheel tags the image's interpreter takes: CPython PYTHON on PLATFORM and older
+    manylinux levels, x86_64."""
+    from packaging import tags
+
+    major, minor = (int(x) for x in python.split(".")[:2])
+    glibc = int(PLATFORM.rsplit("_", 1)[-1])
+    platforms = [f"manylinux_2_{n}_x86_64" for n in range(glibc, 4, -1)]
+    platforms += ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"]
+    platforms += ["linux_x86_64"]
+    found = set(tags.cpython_tags((major, minor), platforms=platforms))
+    found |= set(tags.compatible_tags((major, minor), f"cp{major}{minor}", platforms))
+    return frozenset(found)
+
+
+def file_hashes(files: Iterable[tuple[str, str | None]], version: str, accepted) -> list[str]:
+    """The sha256 of each wheel of VERSION among FILES ((filename, sha256) as the index lists
+    them) whose tags the image takes, sorted."""
+    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+    from packaging.version import Version
+
+    sums = set()
+    for filename, sha256 in files:
+        if not filename.endswith(".whl") or not sha256:
+            continue
+        try:
+            _, got, _, tags = parse_wheel_filename(filename)
+        except InvalidWheelFilename:
+            continue
+        if got == Version(version) and tags & accepted:
+            sums.add(sha256)
+    return sorted(sums)
+
+
+def with_hashes(text: str, hashes: Mapping[str, list[str]]) -> str:
+    """TEXT with each pin of a name in HASHES followed by its `--hash=sha256:` options."""
+    out = []
+    for line in without_hashes(text).splitlines():
+        m = _PIN.match(line)
+        sums = hashes.get(normalize(m.group(1))) if m else None
+        out.append(line + "".join(f" --hash=sha256:{h}" for h in sums) if sums else line)
+    return "\n".join(out) + "\n"

@@ -195,31 +195,18 @@ def dockerfile_mismatches(
 ) -> list[str]:
     """Where the Dockerfile and the stacks file disagree, one line each.
 
-    XPU pins are declared once, in the stacks file: an ARG of an XPU stage (`*-xpu`, or one
-    the CPU stack lacks) that a stack sets must have no default. The CPU stages' defaults
-    must equal the CPU stack (a plain `docker build` builds it). Every pin must be an ARG.
-    A global ARG of an XPU pin only names a FROM image or stage; its default is a
-    placeholder that keeps a CPU build's FROM lines valid, not a value.
+    Every pin is declared once, in the stacks file: an ARG that any stack sets has no
+    default in the Dockerfile (a default would be a second copy, and a plain `docker build`
+    would quietly build it), and every pin is an ARG.
     """
-    cpu = stacks[defaults["cpu"]].build_args()
     pinned = {key for s in stacks.values() for key in s.build_args()}
     declared = dockerfile_args(text)
-    problems = []
-    for stage, name, default in declared:
-        if default is None or name not in pinned:
-            continue
-        if stage == "" and name not in cpu:
-            continue
-        if stage.endswith("-xpu") or name not in cpu:
-            problems.append(
-                f"ARG {name} in stage {stage or '(global)'} has a default ({default!r}); "
-                "its value belongs in configs/stacks.yaml only"
-            )
-        elif " ".join(default.split()) != cpu[name]:
-            problems.append(
-                f"ARG {name} in stage {stage or '(global)'} is {default!r}, "
-                f"the stacks file says {cpu[name]!r}"
-            )
+    problems = [
+        f"ARG {name} in stage {stage or '(global)'} has a default ({default!r}); "
+        "its value belongs in configs/stacks.yaml only"
+        for stage, name, default in declared
+        if default is not None and name in pinned
+    ]
     names = {name for _, name, _ in declared}
     for stack in stacks.values():
         for key in stack.build_args():

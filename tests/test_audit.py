@@ -266,3 +266,80 @@ def test_xpu_0_33_resolves_from_the_indexes_its_release_names():
     named = set(re.findall(r"--extra-index-url[= ](\S+)", release.files["xpu"]))
     assert named == {args["TORCH_INDEX_URL"], args["TRITON_INDEX_URL"]}
     assert "triton==3.8.0+xpu" in (ROOT / args["XPU_LOCK"]).read_text().split()
+
+
+def test_a_lock_splits_into_the_release_part_and_the_resolved_part():
+    text = "# head\na==1\n\n# Resolved here: how\nb==2\n"
+    assert lock.split(text) == ("# head\na==1\n", "# Resolved here: how\nb==2\n")
+    assert lock.split("# head\na==1\n") == ("# head\na==1\n", "")
+
+
+def test_unpinned_names_what_would_resolve_at_build_time():
+    text = "a==1\n\n# Resolved here\nb==2\n"
+    assert lock.unpinned(text, ["A", "b", "c", "vllm_xpu_kernels"]) == ["c"]
+
+
+@pytest.mark.vllm
+def test_the_default_stack_lock_pins_every_vllm_requirement(tmp_path):
+    """The flagship's lock leaves nothing to resolve at build time; drop one pin from its
+    resolved part and the audit names the requirement the build would then download
+    unpinned."""
+    name = stack.load()[1]["xpu"]
+    assert audit.audit(name, root=ROOT).problems() == []
+    (tmp_path / "docker").mkdir()
+    (tmp_path / "docker" / "Dockerfile").write_text((ROOT / "docker" / "Dockerfile").read_text())
+    args = stack.get(name).build_args()
+    target = tmp_path / args["XPU_LOCK"]
+    target.parent.mkdir(parents=True)
+    text = (ROOT / args["XPU_LOCK"]).read_text()
+    resolved = lock.split(text)[1]
+    assert resolved and "\nopenai==" in resolved
+    target.write_text(text.replace("\nopenai==", "\n# openai=="))
+    result = audit.audit(name, root=tmp_path)
+    rows = {r.key: r for r in result.rows}
+    assert (rows["lock:unpinned"].ours, rows["lock:unpinned"].status) == ("openai", "unlisted")
+    assert any("lock:unpinned" in line for line in result.problems())
+
+
+@pytest.mark.vllm
+def test_the_resolved_part_is_what_stack_lock_compiles_today(tmp_path):
+    """`arcvllm stack lock` compiles the missing requirements again (uv, the package index
+    pip is configured with, files published before the release): same pins as committed."""
+    name = stack.load()[1]["xpu"]
+    args = stack.get(name).build_args()
+    committed = lock.split((ROOT / args["XPU_LOCK"]).read_text())[1]
+    (tmp_path / "configs" / "locks").mkdir(parents=True)
+    written = audit.write_lock(name, root=tmp_path, hashes=False)
+    assert lock.split(written.read_text())[1] == lock.without_hashes(committed)
+
+
+@pytest.mark.vllm
+def test_the_lock_hashes_are_the_ones_the_index_publishes():
+    """A sample of the default stack's hashed pins (one per twenty), looked up again on the
+    package index pip is configured with; the +xpu pins carry none."""
+    args = stack.get(stack.load()[1]["xpu"]).build_args()
+    text = (ROOT / args["XPU_LOCK"]).read_text()
+    pinned = [line for line in text.splitlines() if "--hash=sha256:" in line]
+    assert len(pinned) > 100
+    sample = "\n".join(pinned[::20]) + "\n"
+    published = audit.published_hashes(sample, args["PYTHON_VERSION"])
+    assert lock.with_hashes(sample, published) == sample
+    assert not [line for line in text.splitlines() if "+xpu" in line and "--hash" in line]
+
+
+def test_hashes_are_the_wheels_the_image_can_take():
+    accepted = lock.wheel_tags("3.12")
+    files = [
+        ("x-1.0-cp312-cp312-manylinux_2_28_x86_64.whl", "a" * 64),
+        ("x-1.0-cp311-cp311-manylinux_2_28_x86_64.whl", "b" * 64),
+        ("x-1.0-cp312-cp312-manylinux_2_28_aarch64.whl", "c" * 64),
+        ("x-1.0-py3-none-any.whl", "d" * 64),
+        ("x-1.1-py3-none-any.whl", "e" * 64),
+        ("x-1.0.tar.gz", "f" * 64),
+    ]
+    assert lock.file_hashes(files, "1.0", accepted) == ["a" * 64, "d" * 64]
+    text = "# head\nx==1.0\ny==2+xpu\n"
+    hashed = lock.with_hashes(text, {"x": ["a" * 64]})
+    assert hashed == f"# head\nx==1.0 --hash=sha256:{'a' * 64}\ny==2+xpu\n"
+    assert lock.without_hashes(hashed) == text
+    assert lock.parse_lock(hashed)["x"].version == "1.0"

@@ -74,15 +74,25 @@ def test_default_of_the_wrong_flavour_is_refused():
         stack.parse(data)
 
 
-def test_dockerfile_arg_defaults_agree_with_the_stacks_file(stacks):
+def test_no_arg_a_stack_sets_has_a_default_in_the_dockerfile(stacks):
     assert stack.dockerfile_mismatches(DOCKERFILE.read_text(), *stacks) == []
 
 
-def test_a_drifted_dockerfile_default_is_caught(stacks):
-    text = DOCKERFILE.read_text().replace(
-        "ARG TORCH_VERSION=2.13.0+cpu", "ARG TORCH_VERSION=2.12.0"
+@pytest.mark.parametrize(
+    "arg,default",
+    [
+        ("TORCH_VERSION", "2.13.0+cpu"),  # a stage's ARG, even equal to the stack's value
+        ("FLAVOR", "cpu"),  # a global ARG that names FROM stages
+        ("XPU_LOCK", "configs/locks/xpu-0.23.txt"),  # an XPU-only pin
+    ],
+)
+def test_a_default_for_a_stack_pin_is_caught(stacks, arg, default):
+    text = DOCKERFILE.read_text()
+    assert f"ARG {arg}\n" in text
+    problems = stack.dockerfile_mismatches(
+        text.replace(f"ARG {arg}\n", f"ARG {arg}={default}\n", 1), *stacks
     )
-    assert any("TORCH_VERSION" in p for p in stack.dockerfile_mismatches(text, *stacks))
+    assert len(problems) == 1 and f"ARG {arg} " in problems[0], problems
 
 
 def test_a_pin_the_dockerfile_ignores_is_caught(tmp_path, stacks):
