@@ -260,3 +260,40 @@ def test_bench_names_a_wrong_model_in_one_line(preset_server, tmp_path):  # noqa
     assert done.stderr.strip().splitlines() == [
         f"arcvllm: the server does not serve 'not-served'; it serves: {SERVED}"
     ]
+
+
+# ---- the measurements against a server in this process (test_smoke's fake vLLM)
+
+
+def test_measurements_against_a_fake_server_find_the_boundaries_and_the_hits(http_server):
+    import random
+
+    from test_smoke import BLOCK, MAX_LEN, Fake, handler
+
+    from arcvllm.client import Client
+
+    client = Client(http_server(handler(Fake())))
+    rng = random.Random(0)
+    streams, summary = measurements.measure_boundaries(
+        client, "tiny-hybrid", BLOCK, MAX_LEN, 2, 1, rng
+    )
+    prompt, decode = measurements.boundary_lengths(BLOCK, MAX_LEN, 2)
+    assert streams[0].tokens == decode and streams[0].prompt_len == prompt
+    assert summary["boundary_positions"] == [BLOCK, 2 * BLOCK]
+    assert summary["boundary_steps"] == 2 and summary["other_steps"] == decode - 1 - 2
+    prefix = measurements.measure_prefix(client, "tiny-hybrid", BLOCK, MAX_LEN, 1, rng)
+    length = measurements.prefix_length(BLOCK, MAX_LEN)
+    # The warm request hits every whole block of the prompt (never its last token).
+    assert (prefix["warm_hits"], prefix["warm_queries"]) == (length - 1, length)
+
+
+def test_a_server_that_counts_no_hits_shows_a_zero_hit_rate(http_server):
+    import random
+
+    from test_smoke import BLOCK, MAX_LEN, Fake, handler
+
+    from arcvllm.client import Client
+
+    client = Client(http_server(handler(Fake({"no_hits"}))))
+    prefix = measurements.measure_prefix(client, "tiny-hybrid", BLOCK, MAX_LEN, 1, random.Random(0))
+    assert prefix["warm_hit_rate"] == 0.0 and prefix["warm_queries"] > 0

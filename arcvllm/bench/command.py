@@ -236,7 +236,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--runs", type=int, default=2, help="decode runs and cold/warm pairs")
     p.add_argument("--seed", type=int, help="prompt seed (default: fresh, so cold is cold)")
     p.set_defaults(func=_cmd_bench)
-    sub = p.add_subparsers(dest="bench_command", metavar="SUBCOMMAND")
+    sub = p.add_subparsers(dest="bench_command", metavar="replot", title="subcommand")
     replot = sub.add_parser(
         "replot",
         help="only draw the PNG of an earlier bench.json (next to it)",
