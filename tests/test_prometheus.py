@@ -3,6 +3,7 @@ Debian's promtool and served by a real Prometheus (`make tools` installs the pac
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -13,6 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import ROOT, free_port, stop_server
+
+from arcvllm.client import WaitTimeout, wait_until
 
 PROM = ROOT / "deploy" / "prometheus"
 RULES = PROM / "rules" / "arcvllm.yml"
@@ -232,22 +235,22 @@ def prometheus(tmp_path_factory):
             start_new_session=True,
         )
     url = f"http://127.0.0.1:{port}"
+
+    def recorded() -> bool:
+        if proc.poll() is not None:
+            pytest.fail(f"prometheus exited: {log.read_text()[-3000:]}")
+        with contextlib.suppress(httpx.HTTPError):
+            r = httpx.get(
+                f"{url}/api/v1/query", params={"query": "arcvllm:router_decisions:rate5m"}
+            )
+            return r.status_code == 200 and bool(r.json()["data"]["result"])
+        return False
+
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"prometheus exited: {log.read_text()[-3000:]}")
-            try:
-                r = httpx.get(
-                    f"{url}/api/v1/query", params={"query": "arcvllm:router_decisions:rate5m"}
-                )
-                if r.status_code == 200 and r.json()["data"]["result"]:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"no recorded series in 60 s: {log.read_text()[-3000:]}")
-            time.sleep(0.5)
+        try:
+            wait_until(recorded, 60, 0.5, "a recorded series")
+        except WaitTimeout as exc:
+            pytest.fail(f"{exc}: {log.read_text()[-3000:]}")
         yield url
     finally:
         stop_server(proc)
