@@ -75,6 +75,16 @@ def test_down_json_says_what_it_took_down(tmp_path):
     assert "down -v --remove-orphans" in called.read_text()
 
 
+def test_a_router_that_does_not_answer_is_an_environment_error():
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(ArcvllmError) as failure:
+        scale.wait_router(url, timeout=1, interval=0.2)
+    assert failure.value.exit_code == 3
+    assert str(failure.value) == (
+        f"the router at {url} has no healthy worker after 1 s (/readiness: no answer)"
+    )
+
+
 def test_plan_names_the_services_of_each_profile():
     assert scale.plan(4, cpu=False, monitoring=True) == scale.Plan(
         ("scale", "scale-4", "monitoring"),
