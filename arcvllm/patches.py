@@ -353,8 +353,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=Path,
         help=f"where to write the JSON manifest (default: TARGET/{MANIFEST_NAME})",
     )
-    # The image's build still says --manifest; the same option under its old name.
-    p.add_argument("--manifest", dest="out", type=Path, help=argparse.SUPPRESS)
     cli.add_json(p, help="print the manifest instead of the table")
     p.add_argument(
         "--expect",
