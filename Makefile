@@ -133,6 +133,11 @@ build: $(VENV)/.stamp wheelhouse ## build the image of STACK (default: cpu, or x
 		.
 
 .PHONY: build-xpu-ci
+.PHONY: scale-images
+scale-images: $(VENV)/.stamp wheelhouse ## the router and Prometheus images docker/compose.scale.yaml runs (arcvllm-router, arcvllm-prometheus)
+	$(DOCKER_BUILD) --target router -t arcvllm-router:0.1.17 $(shell $(ARCVLLM) stack build-args cpu) .
+	$(DOCKER_BUILD) --target prometheus -t arcvllm-prometheus:2.42 $(shell $(ARCVLLM) stack build-args cpu) .
+
 build-xpu-ci: $(VENV)/.stamp wheelhouse ## CI: the XPU build of STACK (source, patch stage, runtime toolchain) on plain Debian with CPU torch
 	@$(ARCVLLM) stack build-args $(XPU_STACK) --flavor xpu >/dev/null || { $(ARCVLLM) stack list; exit 2; }
 	$(DOCKER_BUILD) --target runtime -t arcvllm:$(XPU_STACK)-ci \

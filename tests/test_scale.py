@@ -196,8 +196,13 @@ class Deployment:
 
 
 def build_target(target: str, tag: str) -> None:
+    """Build TARGET of docker/Dockerfile with the CPU stack's build args (configs/stacks.yaml
+    is the only place that declares them)."""
+    from arcvllm import stack
+
     ca = Path("/etc/ssl/certs/ca-certificates.crt")
     secret = ["--secret", f"id=ca,src={ca}"] if ca.exists() else []
+    args = [f"--build-arg={k}={v}" for k, v in stack.get("cpu").build_args().items()]
     result = subprocess.run(
         [
             docker_client(),
@@ -210,6 +215,7 @@ def build_target(target: str, tag: str) -> None:
             "-t",
             tag,
             *secret,
+            *args,
             ".",
         ],
         cwd=ROOT,
