@@ -41,8 +41,8 @@ class PatchError(ArcvllmError):
 
 
 @dataclass
-class Row:
-    step: series.Step
+class PatchStatus:
+    entry: series.SeriesEntry
     state: str = ""
     probe: str = "-"  # pass / fail / error / - (not run)
     detail: str = ""
@@ -50,13 +50,13 @@ class Row:
 
     @property
     def name(self) -> str:
-        return self.step.patch.name
+        return self.entry.patch.name
 
 
 @dataclass
-class Report:
+class PatchReport:
     target: Target
-    rows: list[Row] = field(default_factory=list)
+    rows: list[PatchStatus] = field(default_factory=list)
 
     def states(self) -> dict[str, str]:
         return {row.name: row.state for row in self.rows}
@@ -76,11 +76,11 @@ class Report:
                 {
                     "name": row.name,
                     "state": row.state,
-                    "file": row.step.variant.file.name if row.step.variant else None,
-                    "sha256": row.step.variant.sha256 if row.step.variant else None,
-                    "versions": str(row.step.variant.versions) if row.step.variant else None,
-                    "upstream": _upstream(row.step.patch),
-                    "probe": row.step.patch.probe,
+                    "file": row.entry.variant.file.name if row.entry.variant else None,
+                    "sha256": row.entry.variant.sha256 if row.entry.variant else None,
+                    "versions": str(row.entry.variant.versions) if row.entry.variant else None,
+                    "upstream": _upstream(row.entry.patch),
+                    "probe": row.entry.patch.probe,
                     "probe_result": row.probe,
                 }
                 for row in self.rows
@@ -192,33 +192,34 @@ def _check_supported(target: Target, the_series: series.Series, allow_unsupporte
         )
 
 
-def inspect_target(target: Target, the_series: series.Series, python: str) -> Report:
+def inspect_target(target: Target, the_series: series.Series, python: str) -> PatchReport:
     """The state of every patch on TARGET, without changing anything."""
-    report = Report(target, [Row(step) for step in series.plan(the_series, target.version)])
+    entries = series.entries_for(the_series, target.version)
+    report = PatchReport(target, [PatchStatus(entry) for entry in entries])
     to_probe = []
     for row in report.rows:
-        if row.step.expect == series.NOT_APPLICABLE:
+        if row.entry.expect == series.NOT_APPLICABLE:
             row.state = NOT_APPLICABLE
             continue
-        if row.step.expect == series.UNPATCHED:
+        if row.entry.expect == series.UNPATCHED:
             row.state = UNPATCHED
             row.detail = f"vLLM {target.version} carries the bug; no variant of the series fits it"
             continue
-        if row.step.expect == series.APPLY:
-            assert row.step.variant is not None
-            if _patch(target, row.step.variant.file, dry_run=True, reverse=True).returncode == 0:
+        if row.entry.expect == series.APPLY:
+            assert row.entry.variant is not None
+            if _patch(target, row.entry.variant.file, dry_run=True, reverse=True).returncode == 0:
                 row.state = APPLIED
-            elif (out := _patch(target, row.step.variant.file, dry_run=True)).returncode == 0:
+            elif (out := _patch(target, row.entry.variant.file, dry_run=True)).returncode == 0:
                 row.state = PENDING
             else:
                 row.state = DRIFT
-                row.detail = _failed_hunk(row.step.variant.file, out.stdout + out.stderr)
+                row.detail = _failed_hunk(row.entry.variant.file, out.stdout + out.stderr)
         else:
             row.state = UPSTREAM
         to_probe.append(row)
-    results = run_probes(target, [row.step.patch.probe for row in to_probe], python)
+    results = run_probes(target, [row.entry.patch.probe for row in to_probe], python)
     for row in to_probe:
-        result = results[row.step.patch.probe]
+        result = results[row.entry.patch.probe]
         row.probe = result["result"]
         if row.state in (PENDING, DRIFT) and row.probe == "pass":
             row.state, row.detail = UPSTREAM, "probe passes on the unpatched code"
@@ -234,13 +235,13 @@ def apply(
     *,
     allow_unsupported: bool = False,
     expect: str | None = None,
-) -> Report:
+) -> PatchReport:
     """Bring TARGET to the series, or leave it byte-identical and raise."""
     _check_supported(target, the_series, allow_unsupported)
     report = inspect_target(target, the_series, python)
     version = target.version
     for row in report.rows:
-        patch = row.step.patch
+        patch = row.entry.patch
         if row.probe == "error":
             raise PatchError(f"probe {patch.probe} cannot run on vLLM {version}: {row.detail}")
         if row.state == UPSTREAM and row.probe != "pass":
@@ -250,32 +251,32 @@ def apply(
             )
         if row.state == DRIFT:
             raise PatchError(
-                f"{patch.name} ({row.step.variant.file.name}) does not apply to vLLM {version}: "
+                f"{patch.name} ({row.entry.variant.file.name}) does not apply to vLLM {version}: "
                 f"{row.detail}; no file was changed"
             )
     pending = [row for row in report.rows if row.state == PENDING]
     backups = {
         rel: (target.root / rel).read_bytes()
         for row in pending
-        for rel in series.touched_files(row.step.variant.file)
+        for rel in series.touched_files(row.entry.variant.file)
     }
     try:
         for row in pending:
-            out = _patch(target, row.step.variant.file, dry_run=False)
+            out = _patch(target, row.entry.variant.file, dry_run=False)
             if out.returncode != 0:
                 raise PatchError(
                     f"{row.name}: applying failed on vLLM {version}: "
-                    f"{_failed_hunk(row.step.variant.file, out.stdout + out.stderr)}"
+                    f"{_failed_hunk(row.entry.variant.file, out.stdout + out.stderr)}"
                 )
             row.state, row.action = APPLIED, "patched"
         applied = [row for row in report.rows if row.state == APPLIED]
-        results = run_probes(target, [row.step.patch.probe for row in applied], python)
+        results = run_probes(target, [row.entry.patch.probe for row in applied], python)
         for row in applied:
-            result = results[row.step.patch.probe]
+            result = results[row.entry.patch.probe]
             row.probe, row.detail = result["result"], result["detail"]
             if row.probe != "pass":
                 raise PatchError(
-                    f"{row.name}: applied to vLLM {version}, but probe {row.step.patch.probe} "
+                    f"{row.name}: applied to vLLM {version}, but probe {row.entry.patch.probe} "
                     f"fails: {row.detail}; every file restored"
                 )
             row.action = row.action or "already applied"
@@ -302,18 +303,18 @@ def _restore(root: Path, backups: dict[str, bytes]) -> None:
 # --- output ----------------------------------------------------------------------------
 
 
-def table(report: Report) -> str:
+def table(report: PatchReport) -> str:
     rows = [("patch", "state", "probe", "file", "upstream")]
     for row in report.rows:
-        variant = row.step.variant.file.name if row.step.variant else "-"
-        rows.append((row.name, row.state, row.probe, variant, _upstream(row.step.patch) or "-"))
+        variant = row.entry.variant.file.name if row.entry.variant else "-"
+        rows.append((row.name, row.state, row.probe, variant, _upstream(row.entry.patch) or "-"))
     target = report.target
     lines = [f"vLLM {target.version} ({target.distribution}) at {target.package}", columns(rows)]
     lines += [f"  {row.name}: {row.detail}" for row in report.rows if row.detail]
     return "\n".join(lines)
 
 
-def write_manifest(report: Report, path: Path) -> None:
+def write_manifest(report: PatchReport, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report.manifest(), indent=2, sort_keys=True) + "\n")
 
@@ -454,7 +455,7 @@ def _cmd_plan(args) -> int:
         series.UNPATCHED: UNPATCHED,
         series.NOT_APPLICABLE: NOT_APPLICABLE,
     }
-    states = {s.patch.name: names[s.expect] for s in series.plan(the_series, version)}
+    states = {s.patch.name: names[s.expect] for s in series.entries_for(the_series, version)}
     if args.json:
         doc = {"vllm": str(version), "summary": series.summary(states), "patches": states}
         print(json.dumps(doc, indent=2))

@@ -18,7 +18,7 @@ from arcvllm.paths import patches_dir
 # DEP-3 fields every patch header must carry (Applied-Upstream only where it applies).
 REQUIRED_HEADER_FIELDS = ("Description", "Origin", "Bug", "Forwarded", "Last-Update")
 
-# What the plan expects for a patch on one release.
+# What the series expects of a patch on one release.
 APPLY = "apply"  # the release carries the bug and a variant fits it
 UPSTREAM = "upstream"  # the release carries upstream's fix
 UNPATCHED = "unpatched"  # the release carries the bug and no variant fits it
@@ -72,32 +72,32 @@ class Series:
 
 
 @dataclass(frozen=True)
-class Step:
-    """What the plan says about one patch for one release."""
+class SeriesEntry:
+    """One patch of the series as it stands for one release: what to expect, which variant."""
 
     patch: Patch
     expect: str  # APPLY, UPSTREAM, UNPATCHED or NOT_APPLICABLE
     variant: Variant | None
 
 
-def plan(series: Series, version: Version) -> list[Step]:
+def entries_for(series: Series, version: Version) -> list[SeriesEntry]:
     """Decide, from the version alone, what each patch should do for this release.
 
     A supported release that carries a bug no variant fits is UNPATCHED, never
     NOT_APPLICABLE: the bug is there and the image does not fix it.
     """
-    steps = []
+    entries = []
     for patch in series.patches:
         variant = patch.variant_for(version)
         if variant is not None:
-            steps.append(Step(patch, APPLY, variant))
+            entries.append(SeriesEntry(patch, APPLY, variant))
         elif patch.fixed_upstream(version):
-            steps.append(Step(patch, UPSTREAM, None))
+            entries.append(SeriesEntry(patch, UPSTREAM, None))
         elif patch.affects(version) and series.supports(version):
-            steps.append(Step(patch, UNPATCHED, None))
+            entries.append(SeriesEntry(patch, UNPATCHED, None))
         else:
-            steps.append(Step(patch, NOT_APPLICABLE, None))
-    return steps
+            entries.append(SeriesEntry(patch, NOT_APPLICABLE, None))
+    return entries
 
 
 def summary(states: dict[str, str]) -> str:

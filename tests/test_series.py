@@ -15,9 +15,9 @@ from arcvllm.paths import patches_dir
 
 def states(version: str) -> dict[str, str]:
     the_series = series.load()
-    steps = series.plan(the_series, series.parse_version(version))
+    entries = series.entries_for(the_series, series.parse_version(version))
     return {
-        s.patch.name: s.expect + (f":{s.variant.file.name}" if s.variant else "") for s in steps
+        s.patch.name: s.expect + (f":{s.variant.file.name}" if s.variant else "") for s in entries
     }
 
 
@@ -55,7 +55,7 @@ def test_a_release_with_the_bug_and_no_variant_is_unpatched_never_not_applicable
     )
     the_series = series.load(series_copy)
     expect = {
-        v: {s.patch.name: s.expect for s in series.plan(the_series, series.parse_version(v))}
+        v: {s.patch.name: s.expect for s in series.entries_for(the_series, series.parse_version(v))}
         for v in ("0.20.2", "0.21.0", "0.23.0", "0.24.0", "0.34.0")
     }
     assert {v: e["mamba-copy-uint64"] for v, e in expect.items()} == {

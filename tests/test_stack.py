@@ -29,8 +29,8 @@ def test_the_default_xpu_stack_needs_the_pointer_patches(stacks):
 
     by_name, defaults = stacks
     flagship = by_name[defaults["xpu"]]
-    steps = series.plan(series.load(), series.parse_version(flagship.vllm_version))
-    applied = {step.patch.name for step in steps if step.expect == series.APPLY}
+    entries = series.entries_for(series.load(), series.parse_version(flagship.vllm_version))
+    applied = {e.patch.name for e in entries if e.expect == series.APPLY}
     assert {"mamba-copy-uint64", "mamba-fused-u64"} <= applied
 
 
