@@ -60,7 +60,9 @@ LEVEL_ZERO_PKGS = ("libze1", "level-zero")
 
 
 @dataclass(frozen=True)
-class Row:
+class Finding:
+    """What one preflight check found: its status, what it saw, and how to fix it."""
+
     check: str
     status: str
     seen: str
@@ -269,24 +271,24 @@ def gib(n: float) -> str:
 # ---- the rows ----
 
 
-def check_render_nodes(host: Host, preset: Preset) -> Row:
+def check_render_nodes(host: Host, preset: Preset) -> Finding:
     nodes = render_nodes(host)
     if nodes:
-        return Row("render node", OK, " ".join(f"/dev/dri/{n.name}" for n in nodes))
+        return Finding("render node", OK, " ".join(f"/dev/dri/{n.name}" for n in nodes))
     if preset.device == "cpu":
-        return Row("render node", WARN, "no /dev/dri/renderD* (not needed: CPU preset)")
+        return Finding("render node", WARN, "no /dev/dri/renderD* (not needed: CPU preset)")
     fix = (
         "pass the GPU into the container (--device /dev/dri, compose `devices`)"
         if host.in_container()
         else "no Intel GPU node: install the GPU and a kernel with the xe driver"
     )
-    return Row("render node", FAIL, "no /dev/dri/renderD*: no XPU visible", fix)
+    return Finding("render node", FAIL, "no /dev/dri/renderD*: no XPU visible", fix)
 
 
-def check_render_access(host: Host, preset: Preset) -> Row:
+def check_render_access(host: Host, preset: Preset) -> Finding:
     nodes = render_nodes(host)
     if not nodes:
-        return Row("render group", WARN, "no render node to open")
+        return Finding("render group", WARN, "no render node to open")
     names = group_names(host)
     seen, blocked = [], []
     for node in nodes:
@@ -297,7 +299,7 @@ def check_render_access(host: Host, preset: Preset) -> Row:
     text = ", ".join(seen)
     if blocked and host.uid != 0:
         gid = blocked[0]
-        return Row(
+        return Finding(
             "render group",
             FAIL,
             f"{text}; uid {host.uid} cannot open it",
@@ -307,16 +309,16 @@ def check_render_access(host: Host, preset: Preset) -> Row:
         )
     if host.uid == 0:
         gid = host.stat(nodes[0]).st_gid
-        return Row(
+        return Finding(
             "render group",
             WARN,
             f"{text}; running as root",
             f"the image serves as a non-root user: give it GID {gid} with --group-add {gid}",
         )
-    return Row("render group", OK, f"{text}; uid {host.uid} can open it")
+    return Finding("render group", OK, f"{text}; uid {host.uid} can open it")
 
 
-def check_gpu_identity(host: Host, preset: Preset) -> Row:
+def check_gpu_identity(host: Host, preset: Preset) -> Finding:
     gpus = intel_gpus(host)
     b70 = [g for g in gpus if g.is_b70]
     need = max(preset.gpus, 1)
@@ -325,22 +327,22 @@ def check_gpu_identity(host: Host, preset: Preset) -> Row:
         or "no Intel GPU in sysfs"
     )
     if preset.device == "cpu":
-        return Row("GPU (sysfs)", OK if b70 else WARN, f"{seen} (not needed: CPU preset)")
+        return Finding("GPU (sysfs)", OK if b70 else WARN, f"{seen} (not needed: CPU preset)")
     if len(b70) >= need:
-        return Row("GPU (sysfs)", OK, f"{len(b70)}x Arc Pro B70: {seen}")
+        return Finding("GPU (sysfs)", OK, f"{len(b70)}x Arc Pro B70: {seen}")
     if not gpus:
-        return Row(
+        return Finding(
             "GPU (sysfs)", FAIL, f"{seen}: no XPU", "this host has no Intel GPU; use a CPU preset"
         )
     if len(gpus) >= need:
         other = "another Battlemage" if any(g.is_battlemage for g in gpus) else "not Battlemage"
-        return Row(
+        return Finding(
             "GPU (sysfs)",
             WARN,
             f"{seen}: {other}, not an Arc Pro B70 (8086:e223)",
             "the presets are sized for the B70's 32 GiB; other GPUs need other memory settings",
         )
-    return Row(
+    return Finding(
         "GPU (sysfs)",
         FAIL,
         f"{seen}: preset {preset.name} needs {need} GPU(s)",
@@ -348,13 +350,13 @@ def check_gpu_identity(host: Host, preset: Preset) -> Row:
     )
 
 
-def check_driver(host: Host, preset: Preset) -> Row:
+def check_driver(host: Host, preset: Preset) -> Finding:
     gpus = intel_gpus(host)
     if not gpus:
-        return Row("kernel driver", WARN, "no Intel GPU to check")
+        return Finding("kernel driver", WARN, "no Intel GPU to check")
     seen = ", ".join(f"{g.slot}: {g.driver or 'none'}" for g in gpus)
     if any(g.driver is None for g in gpus):
-        return Row(
+        return Finding(
             "kernel driver",
             FAIL,
             seen,
@@ -363,7 +365,7 @@ def check_driver(host: Host, preset: Preset) -> Row:
         )
     wrong = next((g for g in gpus if g.is_battlemage and g.driver != "xe"), None)
     if wrong is not None:
-        return Row(
+        return Finding(
             "kernel driver",
             FAIL,
             seen,
@@ -371,11 +373,11 @@ def check_driver(host: Host, preset: Preset) -> Row:
             f"`i915.force_probe=!{wrong.device:04x} xe.force_probe={wrong.device:04x}`",
         )
     if all(g.driver == "xe" for g in gpus):
-        return Row("kernel driver", OK, seen)
-    return Row("kernel driver", WARN, seen, "vLLM on Intel GPUs is tested with the xe driver")
+        return Finding("kernel driver", OK, seen)
+    return Finding("kernel driver", WARN, seen, "vLLM on Intel GPUs is tested with the xe driver")
 
 
-def check_runtime(host: Host, preset: Preset) -> Row:
+def check_runtime(host: Host, preset: Preset) -> Finding:
     pkgs = dpkg_versions(host)
     cr = next((f"{p} {pkgs[p]}" for p in COMPUTE_RUNTIME_PKGS if p in pkgs), None)
     l0 = next((f"{p} {pkgs[p]}" for p in LEVEL_ZERO_PKGS if p in pkgs), None)
@@ -384,7 +386,7 @@ def check_runtime(host: Host, preset: Preset) -> Row:
         version = version_tuple(cr.split(" ", 1)[1])
         if version < MIN_COMPUTE_RUNTIME_G31:
             want = ".".join(map(str, MIN_COMPUTE_RUNTIME_G31))
-            return Row(
+            return Finding(
                 "GPU user-space",
                 FAIL,
                 seen,
@@ -392,17 +394,17 @@ def check_runtime(host: Host, preset: Preset) -> Row:
                 "use an image of a newer stack",
             )
     if cr and l0:
-        return Row("GPU user-space", OK, seen)
+        return Finding("GPU user-space", OK, seen)
     if preset.device == "cpu":
-        return Row("GPU user-space", OK, f"{seen} (not needed: CPU preset)")
+        return Finding("GPU user-space", OK, f"{seen} (not needed: CPU preset)")
     if host.in_container():
-        return Row(
+        return Finding(
             "GPU user-space",
             FAIL,
             seen,
             "this image has no GPU user-space driver: use the XPU image",
         )
-    return Row(
+    return Finding(
         "GPU user-space",
         WARN,
         f"{seen} on the host",
@@ -410,18 +412,18 @@ def check_runtime(host: Host, preset: Preset) -> Row:
     )
 
 
-def check_sycl_ls(host: Host, preset: Preset) -> Row:
+def check_sycl_ls(host: Host, preset: Preset) -> Finding:
     tool = host.which("sycl-ls")
     if tool is None:
         where = "in this image" if host.in_container() else "on the host"
-        return Row("sycl-ls", WARN, f"not installed {where}", "run doctor inside the XPU image")
+        return Finding("sycl-ls", WARN, f"not installed {where}", "run doctor inside the XPU image")
     rc, out = host.run([tool], host.environ)
     gpus = [line.strip() for line in out.splitlines() if "level_zero:gpu" in line]
     if rc == 0 and gpus:
-        return Row("sycl-ls", OK, "; ".join(gpus))
+        return Finding("sycl-ls", OK, "; ".join(gpus))
     if preset.device == "cpu":
-        return Row("sycl-ls", WARN, f"no Level Zero GPU (rc {rc}; not needed: CPU preset)")
-    return Row(
+        return Finding("sycl-ls", WARN, f"no Level Zero GPU (rc {rc}; not needed: CPU preset)")
+    return Finding(
         "sycl-ls",
         FAIL,
         f"no Level Zero GPU listed (rc {rc}): {out.splitlines()[-1] if out else 'no output'}",
@@ -429,57 +431,59 @@ def check_sycl_ls(host: Host, preset: Preset) -> Row:
     )
 
 
-def check_xpu_smi(host: Host, preset: Preset) -> Row:
+def check_xpu_smi(host: Host, preset: Preset) -> Finding:
     tool = host.which("xpu-smi")
     if tool is None:
         where = "in this image" if host.in_container() else "on the host"
-        return Row("xpu-smi", WARN, f"not installed {where}", "optional: GPU telemetry")
+        return Finding("xpu-smi", WARN, f"not installed {where}", "optional: GPU telemetry")
     rc, out = host.run([tool, "discovery"], host.environ)
     names = [ln.strip(" |") for ln in out.splitlines() if "Device Name" in ln]
     if rc == 0 and names:
-        return Row("xpu-smi", OK, "; ".join(names))
+        return Finding("xpu-smi", OK, "; ".join(names))
     status = WARN if preset.device == "cpu" else FAIL
     if rc == 0:
-        return Row(
+        return Finding(
             "xpu-smi",
             status,
             "ran, but lists no device",
             "xpu-smi sees no GPU: check the render node, the render group and the driver",
         )
     last = out.splitlines()[-1] if out else "no output"
-    return Row("xpu-smi", status, f"rc {rc}: {last}", "xpu-smi cannot reach the GPU driver")
+    return Finding("xpu-smi", status, f"rc {rc}: {last}", "xpu-smi cannot reach the GPU driver")
 
 
-def check_shm(host: Host, preset: Preset) -> Row:
+def check_shm(host: Host, preset: Preset) -> Finding:
     path = host.path("/dev/shm")
     if not path.is_dir():
-        return Row("/dev/shm", FAIL, "missing", "mount a tmpfs at /dev/shm (--shm-size 16g)")
+        return Finding("/dev/shm", FAIL, "missing", "mount a tmpfs at /dev/shm (--shm-size 16g)")
     total = host.disk_usage(path)[0]
     want = 16 * GIB if preset.gpus > 1 else 1 * GIB
     fix = f"give it {gib(want)} or more: --shm-size {want // GIB}g (docker), `shm_size` (compose)"
     if total >= want:
-        return Row("/dev/shm", OK, gib(total))
+        return Finding("/dev/shm", OK, gib(total))
     # vLLM's processes talk through a shared-memory broadcast of ~160 MiB: Docker's default
     # 64 MiB stops the engine ("Insufficient space in /dev/shm"); tensor-parallel workers
     # also exchange activations there.
     floor = GIB if preset.gpus > 1 else 256 * 1024**2
     if total < floor:
-        return Row("/dev/shm", FAIL, f"{gib(total)}: too small for vLLM's shared memory", fix)
-    return Row("/dev/shm", WARN, f"{gib(total)} < {gib(want)}", fix)
+        return Finding("/dev/shm", FAIL, f"{gib(total)}: too small for vLLM's shared memory", fix)
+    return Finding("/dev/shm", WARN, f"{gib(total)} < {gib(want)}", fix)
 
 
-def check_ram(host: Host, preset: Preset) -> Row:
+def check_ram(host: Host, preset: Preset) -> Finding:
     info = meminfo(host)
     total, free = info.get("MemTotal", 0), info.get("MemAvailable", 0)
     need = preset.host_ram_gib * GIB
     seen = f"{gib(free)} available of {gib(total)}; {preset.name} needs {gib(need)}"
     if not info:
-        return Row("host RAM", WARN, "cannot read /proc/meminfo")
+        return Finding("host RAM", WARN, "cannot read /proc/meminfo")
     if total < need:
-        return Row("host RAM", FAIL, seen, "loading streams the weights through host RAM: add RAM")
+        return Finding(
+            "host RAM", FAIL, seen, "loading streams the weights through host RAM: add RAM"
+        )
     if free < need:
-        return Row("host RAM", WARN, seen, "free memory first: other processes hold it")
-    return Row("host RAM", OK, seen)
+        return Finding("host RAM", WARN, seen, "free memory first: other processes hold it")
+    return Finding("host RAM", OK, seen)
 
 
 def hf_cache_dir(environ: Mapping[str, str]) -> str:
@@ -492,35 +496,35 @@ def hf_cache_dir(environ: Mapping[str, str]) -> str:
     return os.path.join(home, "hub")
 
 
-def check_disk(host: Host, preset: Preset) -> Row:
+def check_disk(host: Host, preset: Preset) -> Finding:
     cache = hf_cache_dir(host.environ)
     probe = host.existing(cache)
     if probe is None:
-        return Row("HF cache disk", WARN, f"nothing at {cache} or above it under {host.root}")
+        return Finding("HF cache disk", WARN, f"nothing at {cache} or above it under {host.root}")
     free = host.disk_usage(probe)[2]
     local = preset.model.startswith("/") and host.path(preset.model).exists()
     # A local model needs room only for compile caches; a hub model downloads its weights.
     need = 2 * GIB if local else preset.disk_gib * GIB
     seen = f"{gib(free)} free at {cache}; needs {gib(need)}" + (" (model local)" if local else "")
     if free < need:
-        return Row("HF cache disk", FAIL, seen, "free disk or point HF_HOME at a larger volume")
+        return Finding("HF cache disk", FAIL, seen, "free disk or point HF_HOME at a larger volume")
     if free < 1.5 * need:
-        return Row("HF cache disk", WARN, seen, "little headroom: compile caches grow")
-    return Row("HF cache disk", OK, seen)
+        return Finding("HF cache disk", WARN, seen, "little headroom: compile caches grow")
+    return Finding("HF cache disk", OK, seen)
 
 
-def check_kernel(host: Host, preset: Preset) -> Row:
+def check_kernel(host: Host, preset: Preset) -> Finding:
     """The running kernel against what Battlemage needs: xe from 6.12, and an xe that
     lists each Battlemage device present (read from its own modules.alias)."""
     release = host.kernel_release()
     if release is None:
-        return Row("kernel", WARN, "cannot read /proc/sys/kernel/osrelease")
+        return Finding("kernel", WARN, "cannot read /proc/sys/kernel/osrelease")
     gpus = [g for g in intel_gpus(host) if g.is_battlemage]
     seen = f"Linux {release}"
     if preset.device == "cpu":
-        return Row("kernel", OK, f"{seen} (not needed: CPU preset)")
+        return Finding("kernel", OK, f"{seen} (not needed: CPU preset)")
     if version_tuple(release)[:2] < MIN_KERNEL:
-        return Row(
+        return Finding(
             "kernel",
             FAIL,
             seen,
@@ -530,15 +534,19 @@ def check_kernel(host: Host, preset: Preset) -> Row:
     unknown = [g for g in gpus if g.driver != "xe" and (aliases is None or g.device not in aliases)]
     if unknown and aliases is not None:
         ids = ", ".join(f"8086:{g.device:04x}" for g in unknown)
-        return Row(
+        return Finding(
             "kernel",
             FAIL,
             f"{seen}: its xe does not list {ids}",
             "install a kernel whose xe driver knows this GPU (e.g. 6.12.25 has no 8086:e223)",
         )
     if unknown:
-        return Row("kernel", WARN, f"{seen}; no modules.alias to check", "run doctor on the host")
-    return Row("kernel", OK, seen + (f"; xe knows {len(gpus)} Battlemage GPU(s)" if gpus else ""))
+        return Finding(
+            "kernel", WARN, f"{seen}; no modules.alias to check", "run doctor on the host"
+        )
+    return Finding(
+        "kernel", OK, seen + (f"; xe knows {len(gpus)} Battlemage GPU(s)" if gpus else "")
+    )
 
 
 def firmware_file(host: Host, name: str) -> str | None:
@@ -550,40 +558,40 @@ def firmware_file(host: Host, name: str) -> str | None:
     return None
 
 
-def check_firmware(host: Host, preset: Preset) -> Row:
+def check_firmware(host: Host, preset: Preset) -> Finding:
     """GuC and HuC blobs the xe driver loads on Battlemage: a host file, not an image one."""
     if not any(g.is_battlemage for g in intel_gpus(host)):
-        return Row("GPU firmware", WARN if preset.device != "cpu" else OK, "no Battlemage GPU")
+        return Finding("GPU firmware", WARN if preset.device != "cpu" else OK, "no Battlemage GPU")
     if host.in_container():
-        return Row("GPU firmware", WARN, "in a container", "run doctor on the host to check it")
+        return Finding("GPU firmware", WARN, "in a container", "run doctor on the host to check it")
     found = {kind: firmware_file(host, name) for kind, name in FIRMWARE.items()}
     missing = [f"{kind} ({FIRMWARE[kind]})" for kind, path in found.items() if path is None]
     seen = "; ".join(f"{kind}: {path or 'missing'}" for kind, path in found.items())
     if missing:
         status = FAIL if preset.device != "cpu" else WARN
-        return Row(
+        return Finding(
             "GPU firmware",
             status,
             seen,
             f"install linux-firmware with {', '.join(missing)}: without GuC the GPU runs no "
             "compute work",
         )
-    return Row("GPU firmware", OK, seen)
+    return Finding("GPU firmware", OK, seen)
 
 
-def check_bar(host: Host, preset: Preset) -> Row:
+def check_bar(host: Host, preset: Preset) -> Finding:
     """Resizable BAR: the largest BAR of each Battlemage GPU should map its whole VRAM."""
     gpus = [g for g in intel_gpus(host) if g.is_battlemage]
     if not gpus:
-        return Row("resizable BAR", WARN if preset.device != "cpu" else OK, "no Battlemage GPU")
+        return Finding("resizable BAR", WARN if preset.device != "cpu" else OK, "no Battlemage GPU")
     if any(not g.bars for g in gpus):
-        return Row("resizable BAR", WARN, "cannot read the PCI resources in sysfs")
+        return Finding("resizable BAR", WARN, "cannot read the PCI resources in sysfs")
     seen = ", ".join(f"{g.slot}: {gib(max(g.bars))}" for g in gpus)
     small = [g for g in gpus if max(g.bars) < FULL_BAR]
     if not small:
-        return Row("resizable BAR", OK, f"largest BAR {seen}")
+        return Finding("resizable BAR", OK, f"largest BAR {seen}")
     status = WARN if preset.device == "cpu" else FAIL
-    return Row(
+    return Finding(
         "resizable BAR",
         status,
         f"largest BAR {seen}: VRAM only partly CPU-visible",
@@ -608,11 +616,11 @@ CHECKS = (
 )
 
 
-def diagnose(host: Host, preset: Preset) -> list[Row]:
+def diagnose(host: Host, preset: Preset) -> list[Finding]:
     return [check(host, preset) for check in CHECKS]
 
 
-def render_table(rows: Sequence[Row]) -> str:
+def render_table(rows: Sequence[Finding]) -> str:
     from arcvllm.text import columns
 
     return columns(
@@ -626,7 +634,7 @@ def default_preset(environ: Mapping[str, str]) -> str:
     return environ.get("ARCVLLM_PRESET") or DEFAULT_PRESET
 
 
-def report(host: Host, preset: Preset, rows: Sequence[Row]) -> dict:
+def report(host: Host, preset: Preset, rows: Sequence[Finding]) -> dict:
     """What --json prints: enough to read without the table."""
     return {
         "preset": preset.name,

@@ -45,7 +45,7 @@ def docker_dir() -> Path:
 
 
 @dataclass(frozen=True)
-class Plan:
+class Layout:
     """What `up` starts: compose profiles, the services to name, the replicas to wait for."""
 
     profiles: tuple[str, ...]
@@ -62,7 +62,7 @@ class Plan:
         }
 
 
-def plan(replicas: int, cpu: bool, monitoring: bool) -> Plan:
+def layout(replicas: int, cpu: bool, monitoring: bool) -> Layout:
     if cpu and replicas != 2:
         raise BadScale("the CPU scale-out profile has 2 replicas (cpu-scale)")
     if replicas not in REPLICA_COUNTS:
@@ -76,7 +76,7 @@ def plan(replicas: int, cpu: bool, monitoring: bool) -> Plan:
         services = ("router", *names[2:])
     if monitoring:
         profiles, services = (*profiles, "monitoring"), (*services, "prometheus")
-    return Plan(profiles, services, names)
+    return Layout(profiles, services, names)
 
 
 def render_nodes(dev_root: Path = Path("/")) -> list[Path]:
@@ -152,7 +152,7 @@ class Deployment:
         return json.loads(out.stdout) if out.returncode == 0 else {}
 
 
-def wait_replicas(dep: Deployment, p: Plan, timeout: float, interval: float = 3.0) -> None:
+def wait_replicas(dep: Deployment, p: Layout, timeout: float, interval: float = 3.0) -> None:
     """Every replica healthy by its own healthcheck, or the first one that is not, named."""
     waiting = list(p.replicas)
 
@@ -207,7 +207,7 @@ def wait_router(url: str, timeout: float, interval: float = 2.0) -> None:
 
 
 def up(args: argparse.Namespace) -> int:
-    p = plan(args.replicas, args.cpu, args.monitoring)
+    p = layout(args.replicas, args.cpu, args.monitoring)
     if not args.cpu:
         check_gpus(args.replicas, Path(args.dev_root))
     dep = Deployment(args.env_file.resolve(), settings=p.settings())

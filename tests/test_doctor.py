@@ -130,7 +130,7 @@ def build(
     )
 
 
-def row(host: D.Host, check, preset=XPU1) -> D.Row:
+def finding(host: D.Host, check, preset=XPU1) -> D.Finding:
     return check(host, preset)
 
 
@@ -159,37 +159,37 @@ def test_a_ready_b70_container_only_leaves_the_firmware_to_the_host(tmp_path):
 
 
 def test_render_node_ok_fail_and_warn_for_cpu(tmp_path):
-    assert row(build(tmp_path / "a"), D.check_render_nodes).status == D.OK
-    fail = row(build(tmp_path / "b", nodes=()), D.check_render_nodes)
+    assert finding(build(tmp_path / "a"), D.check_render_nodes).status == D.OK
+    fail = finding(build(tmp_path / "b", nodes=()), D.check_render_nodes)
     assert fail.status == D.FAIL and "--device /dev/dri" in fail.fix
-    on_host = row(build(tmp_path / "c", nodes=(), container=False), D.check_render_nodes)
+    on_host = finding(build(tmp_path / "c", nodes=(), container=False), D.check_render_nodes)
     assert on_host.status == D.FAIL and "xe driver" in on_host.fix
-    assert row(build(tmp_path / "d", nodes=()), D.check_render_nodes, CPU).status == D.WARN
+    assert finding(build(tmp_path / "d", nodes=()), D.check_render_nodes, CPU).status == D.WARN
 
 
 # ---- render group ----
 
 
 def test_render_group_ok_when_the_user_is_in_the_nodes_group(tmp_path):
-    r = row(build(tmp_path), D.check_render_access)
+    r = finding(build(tmp_path), D.check_render_access)
     assert r.status == D.OK and f"gid {RENDER_GID} (render)" in r.seen
 
 
 def test_render_group_fail_names_the_gid_to_add(tmp_path):
-    r = row(build(tmp_path, gids=frozenset({1000})), D.check_render_access)
+    r = finding(build(tmp_path, gids=frozenset({1000})), D.check_render_access)
     assert r.status == D.FAIL
     assert f"--group-add {RENDER_GID}" in r.fix and "usermod -aG render" in r.fix
 
 
 def test_render_group_world_accessible_node_is_ok(tmp_path):
     host = build(tmp_path, gids=frozenset({1000}), node_mode=0o666)
-    assert row(host, D.check_render_access).status == D.OK
+    assert finding(host, D.check_render_access).status == D.OK
 
 
 def test_render_group_warns_as_root_and_without_nodes(tmp_path):
-    root = row(build(tmp_path / "a", uid=0, gids=frozenset({0})), D.check_render_access)
+    root = finding(build(tmp_path / "a", uid=0, gids=frozenset({0})), D.check_render_access)
     assert root.status == D.WARN and f"--group-add {RENDER_GID}" in root.fix
-    assert row(build(tmp_path / "b", nodes=()), D.check_render_access).status == D.WARN
+    assert finding(build(tmp_path / "b", nodes=()), D.check_render_access).status == D.WARN
 
 
 # ---- GPU identity ----
@@ -197,58 +197,58 @@ def test_render_group_warns_as_root_and_without_nodes(tmp_path):
 
 def test_gpu_identity_ok_for_enough_b70(tmp_path):
     gpus = (("0000:03:00.0", 0xE223, "xe"), ("0000:04:00.0", 0xE223, "xe"))
-    r = row(build(tmp_path, gpus=gpus), D.check_gpu_identity, XPU2)
+    r = finding(build(tmp_path, gpus=gpus), D.check_gpu_identity, XPU2)
     assert r.status == D.OK and "2x Arc Pro B70" in r.seen
 
 
 def test_gpu_identity_warns_for_another_intel_gpu(tmp_path):
-    r = row(build(tmp_path, gpus=(("0000:03:00.0", 0xE20B, "xe"),)), D.check_gpu_identity)
+    r = finding(build(tmp_path, gpus=(("0000:03:00.0", 0xE20B, "xe"),)), D.check_gpu_identity)
     assert r.status == D.WARN and "8086:e20b" in r.seen
 
 
 def test_gpu_identity_fails_without_gpu_or_with_too_few(tmp_path):
-    none = row(build(tmp_path / "a", gpus=()), D.check_gpu_identity)
+    none = finding(build(tmp_path / "a", gpus=()), D.check_gpu_identity)
     assert none.status == D.FAIL and "no XPU" in none.seen
-    few = row(build(tmp_path / "b"), D.check_gpu_identity, XPU2)
+    few = finding(build(tmp_path / "b"), D.check_gpu_identity, XPU2)
     assert few.status == D.FAIL and "needs 2" in few.seen
 
 
 def test_gpu_identity_only_warns_for_a_cpu_preset(tmp_path):
-    assert row(build(tmp_path, gpus=()), D.check_gpu_identity, CPU).status == D.WARN
+    assert finding(build(tmp_path, gpus=()), D.check_gpu_identity, CPU).status == D.WARN
 
 
 # ---- kernel driver ----
 
 
 def test_driver_ok_on_xe(tmp_path):
-    r = row(build(tmp_path), D.check_driver)
+    r = finding(build(tmp_path), D.check_driver)
     assert r.status == D.OK and "xe" in r.seen
 
 
 def test_driver_fails_for_b70_on_i915_or_unbound(tmp_path):
-    i915 = row(build(tmp_path / "a", gpus=(("0000:03:00.0", 0xE223, "i915"),)), D.check_driver)
+    i915 = finding(build(tmp_path / "a", gpus=(("0000:03:00.0", 0xE223, "i915"),)), D.check_driver)
     assert i915.status == D.FAIL and "xe only" in i915.fix
-    unbound = row(build(tmp_path / "b", gpus=(("0000:03:00.0", 0xE223, None),)), D.check_driver)
+    unbound = finding(build(tmp_path / "b", gpus=(("0000:03:00.0", 0xE223, None),)), D.check_driver)
     assert unbound.status == D.FAIL and "modprobe xe" in unbound.fix
 
 
 def test_driver_warns_for_an_older_gpu_on_i915_and_without_gpu(tmp_path):
-    old = row(build(tmp_path / "a", gpus=(("0000:03:00.0", 0x56A0, "i915"),)), D.check_driver)
+    old = finding(build(tmp_path / "a", gpus=(("0000:03:00.0", 0x56A0, "i915"),)), D.check_driver)
     assert old.status == D.WARN
-    assert row(build(tmp_path / "b", gpus=()), D.check_driver).status == D.WARN
+    assert finding(build(tmp_path / "b", gpus=()), D.check_driver).status == D.WARN
 
 
 # ---- GPU user-space (compute runtime, Level Zero) ----
 
 
 def test_runtime_ok_reports_both_versions(tmp_path):
-    r = row(build(tmp_path), D.check_runtime)
+    r = finding(build(tmp_path), D.check_runtime)
     assert r.status == D.OK and "25.48.36300.8" in r.seen and "1.26.0" in r.seen
 
 
 def test_runtime_fails_in_a_container_without_it_and_warns_on_the_host(tmp_path):
-    assert row(build(tmp_path / "a", packages={}), D.check_runtime).status == D.FAIL
-    host = row(build(tmp_path / "b", packages={}, container=False), D.check_runtime)
+    assert finding(build(tmp_path / "a", packages={}), D.check_runtime).status == D.FAIL
+    host = finding(build(tmp_path / "b", packages={}, container=False), D.check_runtime)
     assert host.status == D.WARN and "inside the container" in host.fix
 
 
@@ -256,52 +256,52 @@ def test_runtime_fails_in_a_container_without_it_and_warns_on_the_host(tmp_path)
 
 
 def test_sycl_ls_ok_fail_warn(tmp_path):
-    ok = row(build(tmp_path / "a", tools={"sycl-ls": SYCL_OK}), D.check_sycl_ls)
+    ok = finding(build(tmp_path / "a", tools={"sycl-ls": SYCL_OK}), D.check_sycl_ls)
     assert ok.status == D.OK and "Arc(TM) Pro B70" in ok.seen
-    blind = row(build(tmp_path / "b", tools={"sycl-ls": SYCL_NOGPU}), D.check_sycl_ls)
+    blind = finding(build(tmp_path / "b", tools={"sycl-ls": SYCL_NOGPU}), D.check_sycl_ls)
     assert blind.status == D.FAIL and "render group" in blind.fix
-    assert row(build(tmp_path / "c"), D.check_sycl_ls).status == D.WARN
+    assert finding(build(tmp_path / "c"), D.check_sycl_ls).status == D.WARN
 
 
 def test_xpu_smi_ok_fail_warn(tmp_path):
-    ok = row(build(tmp_path / "a", tools={"xpu-smi": XPU_SMI_OK}), D.check_xpu_smi)
+    ok = finding(build(tmp_path / "a", tools={"xpu-smi": XPU_SMI_OK}), D.check_xpu_smi)
     assert ok.status == D.OK and "B70" in ok.seen
-    broken = row(
+    broken = finding(
         build(tmp_path / "b", tools={"xpu-smi": "echo 'Level Zero init failed' >&2; exit 1"}),
         D.check_xpu_smi,
     )
     assert broken.status == D.FAIL and "init failed" in broken.seen
-    assert row(build(tmp_path / "c"), D.check_xpu_smi).status == D.WARN
+    assert finding(build(tmp_path / "c"), D.check_xpu_smi).status == D.WARN
 
 
 # ---- /dev/shm ----
 
 
 def test_shm_ok_warn_fail(tmp_path):
-    assert row(build(tmp_path / "a", shm_gib=16), D.check_shm, XPU2).status == D.OK
-    small = row(build(tmp_path / "b", shm_gib=4), D.check_shm, XPU2)
+    assert finding(build(tmp_path / "a", shm_gib=16), D.check_shm, XPU2).status == D.OK
+    small = finding(build(tmp_path / "b", shm_gib=4), D.check_shm, XPU2)
     assert small.status == D.WARN and "--shm-size 16g" in small.fix
-    docker_default = row(build(tmp_path / "c", shm_gib=64 / 1024), D.check_shm, XPU2)
+    docker_default = finding(build(tmp_path / "c", shm_gib=64 / 1024), D.check_shm, XPU2)
     assert docker_default.status == D.FAIL
-    single = row(build(tmp_path / "d", shm_gib=64 / 1024), D.check_shm, CPU)
+    single = finding(build(tmp_path / "d", shm_gib=64 / 1024), D.check_shm, CPU)
     assert single.status == D.FAIL and "--shm-size 1g" in single.fix
-    assert row(build(tmp_path / "e", shm_gib=0.5), D.check_shm, XPU1).status == D.WARN
+    assert finding(build(tmp_path / "e", shm_gib=0.5), D.check_shm, XPU1).status == D.WARN
 
 
 def test_shm_missing_fails(tmp_path):
     host = build(tmp_path)
     (host.root / "dev/shm").rmdir()
-    assert row(host, D.check_shm).status == D.FAIL
+    assert finding(host, D.check_shm).status == D.FAIL
 
 
 # ---- host RAM ----
 
 
 def test_ram_ok_warn_fail_against_what_the_preset_needs(tmp_path):
-    assert row(build(tmp_path / "a"), D.check_ram).status == D.OK
-    busy = row(build(tmp_path / "b", mem_total_gib=64, mem_avail_gib=8), D.check_ram)
+    assert finding(build(tmp_path / "a"), D.check_ram).status == D.OK
+    busy = finding(build(tmp_path / "b", mem_total_gib=64, mem_avail_gib=8), D.check_ram)
     assert busy.status == D.WARN and f"needs {XPU1.host_ram_gib:.1f} GiB" in busy.seen
-    small = row(build(tmp_path / "c", mem_total_gib=8, mem_avail_gib=7), D.check_ram)
+    small = finding(build(tmp_path / "c", mem_total_gib=8, mem_avail_gib=7), D.check_ram)
     assert small.status == D.FAIL
 
 
@@ -310,19 +310,19 @@ def test_ram_ok_warn_fail_against_what_the_preset_needs(tmp_path):
 
 def test_disk_ok_warn_fail_for_a_model_to_download(tmp_path):
     env = {"HF_HOME": "/data/hf"}
-    ok = row(build(tmp_path / "a", environ=env), D.check_disk)
+    ok = finding(build(tmp_path / "a", environ=env), D.check_disk)
     assert ok.status == D.OK and "/data/hf/hub" in ok.seen
     need = XPU1.disk_gib
     tight = build(tmp_path / "b", environ=env, disk_free_gib=need * 1.2)
-    assert row(tight, D.check_disk).status == D.WARN
+    assert finding(tight, D.check_disk).status == D.WARN
     full = build(tmp_path / "c", environ=env, disk_free_gib=need / 2)
-    assert row(full, D.check_disk).status == D.FAIL
+    assert finding(full, D.check_disk).status == D.FAIL
 
 
 def test_disk_needs_little_when_the_model_is_local(tmp_path):
     host = build(tmp_path, disk_free_gib=XPU1.disk_gib / 2)
     (host.root / XPU1.model.lstrip("/")).mkdir(parents=True)
-    r = row(host, D.check_disk)
+    r = finding(host, D.check_disk)
     assert r.status == D.OK and "model local" in r.seen
 
 
@@ -417,14 +417,16 @@ def test_battlemage_ids_are_the_kernels_lists():
 
 
 def test_another_battlemage_warns_and_needs_xe(tmp_path):
-    b580 = row(build(tmp_path / "a", gpus=(("0000:03:00.0", 0xE20B, "xe"),)), D.check_gpu_identity)
+    b580 = finding(
+        build(tmp_path / "a", gpus=(("0000:03:00.0", 0xE20B, "xe"),)), D.check_gpu_identity
+    )
     assert b580.status == D.WARN and "another Battlemage" in b580.seen
-    i915 = row(build(tmp_path / "b", gpus=(("0000:03:00.0", 0xE20B, "i915"),)), D.check_driver)
+    i915 = finding(build(tmp_path / "b", gpus=(("0000:03:00.0", 0xE20B, "i915"),)), D.check_driver)
     assert i915.status == D.FAIL and "xe.force_probe=e20b" in i915.fix
 
 
 def test_kernel_too_old_fails(tmp_path):
-    r = row(build(tmp_path, kernel="6.8.0-51-generic"), D.check_kernel)
+    r = finding(build(tmp_path, kernel="6.8.0-51-generic"), D.check_kernel)
     assert r.status == D.FAIL and "6.12" in r.fix
 
 
@@ -432,38 +434,38 @@ def test_kernel_whose_xe_does_not_list_the_b70_fails(tmp_path):
     host = build(
         tmp_path, kernel="6.12.25", xe_ids=D.BMG_G21, gpus=(("0000:03:00.0", D.B70, None),)
     )
-    r = row(host, D.check_kernel)
+    r = finding(host, D.check_kernel)
     assert r.status == D.FAIL and "8086:e223" in r.seen
 
 
 def test_kernel_ok_when_xe_is_bound_even_without_modules_alias(tmp_path):
-    r = row(build(tmp_path, xe_ids=None), D.check_kernel)
+    r = finding(build(tmp_path, xe_ids=None), D.check_kernel)
     assert r.status == D.OK and "6.17.0" in r.seen
 
 
 def test_firmware_missing_huc_fails_on_the_host(tmp_path):
     host = build(tmp_path, container=False, firmware=("xe/bmg_guc_70.bin",))
-    r = row(host, D.check_firmware)
+    r = finding(host, D.check_firmware)
     assert r.status == D.FAIL and "HuC (xe/bmg_huc.bin)" in r.fix and "GuC: /lib" in r.seen
 
 
 def test_small_bar_fails_for_xpu_and_warns_for_cpu(tmp_path):
     host = build(tmp_path, bar_gib=0.25)
-    r = row(host, D.check_bar)
+    r = finding(host, D.check_bar)
     assert r.status == D.FAIL and "0.2 GiB" in r.seen and "Re-Size BAR" in r.fix
-    assert row(host, D.check_bar, CPU).status == D.WARN
-    assert row(build(tmp_path / "b"), D.check_bar).seen.endswith("32.0 GiB")
+    assert finding(host, D.check_bar, CPU).status == D.WARN
+    assert finding(build(tmp_path / "b"), D.check_bar).seen.endswith("32.0 GiB")
 
 
 def test_compute_runtime_older_than_b70_support_fails(tmp_path):
     old = {"libze-intel-gpu1": "25.18.33578.6-0", "level-zero": "1.21.9"}
-    r = row(build(tmp_path, packages=old), D.check_runtime)
+    r = finding(build(tmp_path, packages=old), D.check_runtime)
     assert r.status == D.FAIL and "25.27.34303.5" in r.fix
     assert D.version_tuple("25.48.36300.8-0") > D.MIN_COMPUTE_RUNTIME_G31
 
 
 def test_xpu_smi_that_lists_no_device_is_not_ok(tmp_path):
     empty = build(tmp_path, tools={"xpu-smi": "echo 'No device discovered'"})
-    r = row(empty, D.check_xpu_smi)
+    r = finding(empty, D.check_xpu_smi)
     assert r.status == D.FAIL and "no device" in r.seen
-    assert row(empty, D.check_xpu_smi, CPU).status == D.WARN
+    assert finding(empty, D.check_xpu_smi, CPU).status == D.WARN

@@ -85,17 +85,17 @@ def test_a_router_that_does_not_answer_is_an_environment_error():
     )
 
 
-def test_plan_names_the_services_of_each_profile():
-    assert scale.plan(4, cpu=False, monitoring=True) == scale.Plan(
+def test_layout_names_the_services_of_each_profile():
+    assert scale.layout(4, cpu=False, monitoring=True) == scale.Layout(
         ("scale", "scale-4", "monitoring"),
         ("router", "vllm-2", "vllm-3", "prometheus"),
         ("vllm-0", "vllm-1", "vllm-2", "vllm-3"),
     )
-    assert scale.plan(2, cpu=True, monitoring=False).replicas == ("vllm-cpu-0", "vllm-cpu-1")
+    assert scale.layout(2, cpu=True, monitoring=False).replicas == ("vllm-cpu-0", "vllm-cpu-1")
 
 
 def test_four_replicas_tell_the_router_and_prometheus(tmp_path):
-    settings = scale.plan(4, cpu=False, monitoring=True).settings()
+    settings = scale.layout(4, cpu=False, monitoring=True).settings()
     assert settings["ROUTER_WORKER_URLS"].split() == [f"http://vllm-{i}:8000" for i in range(4)]
     assert settings["PROMETHEUS_TARGETS"] == "replicas-4.yml"
     assert (ROOT / "deploy" / "prometheus" / "targets" / "replicas-4.yml").is_file()
