@@ -602,7 +602,9 @@ def our_facts(dockerfile: str, args: Mapping[str, str], root: Path) -> Facts:
 
 
 @dataclass(frozen=True)
-class Row:
+class AuditedFact:
+    """One audited fact: the release's value, ours, and its status against the listed ones."""
+
     key: str
     release: str | None
     ours: str | None
@@ -612,7 +614,7 @@ class Row:
 
 def compare(
     release: Facts, ours: Facts, listed: Mapping[str, str], lock_status: str = "current"
-) -> list[Row]:
+) -> list[AuditedFact]:
     """Every audited fact, side by side, with its status against the listed differences."""
     removals = {f"uninstall:{n}" for n in release.uninstalled | ours.uninstalled}
     keys = set(release.values) | set(ours.values) | set(listed) | removals
@@ -638,12 +640,12 @@ def compare(
             continue
         else:
             status = "same"
-        rows.append(Row(key, theirs, mine, status, listed.get(key, "")))
+        rows.append(AuditedFact(key, theirs, mine, status, listed.get(key, "")))
     if "lock" in listed:
         status = "listed" if lock_status != "current" else "stale"
     else:
         status = "same" if lock_status == "current" else "unlisted"
-    rows.append(Row("lock", "current", lock_status, status, listed.get("lock", "")))
+    rows.append(AuditedFact("lock", "current", lock_status, status, listed.get("lock", "")))
     return rows
 
 
@@ -657,7 +659,7 @@ def _order(key: str) -> tuple[int, str]:
     return (_KINDS.index(kind) if kind in _KINDS else len(_KINDS), key)
 
 
-def problems(stack: str, rows: Sequence[Row]) -> list[str]:
+def problems(stack: str, rows: Sequence[AuditedFact]) -> list[str]:
     """One line per unlisted or stale difference."""
     out = []
     for row in rows:
@@ -671,7 +673,7 @@ def problems(stack: str, rows: Sequence[Row]) -> list[str]:
     return out
 
 
-def render(rows: Sequence[Row]) -> str:
+def render(rows: Sequence[AuditedFact]) -> str:
     table = [("FACT", "RELEASE", "OURS", "STATUS")]
     table += [(r.key, r.release or "-", r.ours or "-", r.status) for r in rows]
     return columns(table)
@@ -684,7 +686,7 @@ def render(rows: Sequence[Row]) -> str:
 class Audit:
     stack: str
     vllm_version: str
-    rows: list[Row]
+    rows: list[AuditedFact]
 
     def problems(self) -> list[str]:
         return problems(self.stack, self.rows)
