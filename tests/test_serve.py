@@ -168,6 +168,41 @@ def test_serve_execs_the_server_module_with_the_presets_env(monkeypatch, tmp_pat
     assert seen["env"]["HF_HUB_OFFLINE"] == "1"
 
 
+PROBE = """
+import os, sys
+from arcvllm import cli
+
+def execve(path, argv, env):
+    heavy = sorted({m.split(".")[0] for m in sys.modules} & {"vllm", "torch", "transformers"})
+    print(" ".join(heavy) or "none")
+    sys.exit(0)
+
+os.execve = execve
+sys.exit(cli.main(["serve", "--preset", sys.argv[1], "--", "--model", sys.argv[2]]))
+"""
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("preset", ["tiny-hybrid-cpu", "tiny-hybrid-cpu-compiled"])
+def test_serve_execs_the_server_without_importing_vllm_first(tmp_path, preset):
+    """The container's start is the server's own: `arcvllm serve` validates the preset
+    from files and package metadata, and imports neither vLLM nor torch before its exec
+    (in a Python where both are installed, so an import would succeed)."""
+    env = vllm_env("0.32.0")
+    model = tmp_path / "model"
+    model.mkdir()
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [str(env.python), "-c", PROBE, preset, str(model)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "none"
+
+
 # ---- one real server, started by `arcvllm serve` from the CPU preset ----
 
 
