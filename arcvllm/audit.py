@@ -537,7 +537,9 @@ def _pip_step(
         state[name] = version or state.get(name, "")
         facts.packages.add(name)
     vllm = any(re.search(r"(^|/)vllm-[^/]*\.whl$|^\.$|/src/vllm$", w) for w in rest)
-    if vllm and "--no-deps" not in rest:
+    # docker/install-vllm-xpu.sh: vLLM's own requirements, read from its installed wheel
+    requires = any(w.endswith("/vllm-requires.txt") for w in rest)
+    if (vllm and "--no-deps" not in rest) or requires:
         facts.resolves = True
 
 
@@ -565,6 +567,7 @@ def release_facts(release: Release) -> Facts:
     facts.packages |= set(lock_pins) | set(xpu_pins)
     facts.resolves = True  # uv pip install -r requirements/xpu.txt resolves vLLM's ranges
     requirement_facts(release.roots(), facts)
+    facts.values["lock:unpinned"] = "none"  # what we hold our lock to: every one pinned
     return facts
 
 
