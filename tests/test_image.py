@@ -248,9 +248,7 @@ def test_runtime_is_non_root_in_render_group_with_the_compiler_and_caches_on_the
     assert out[2] == "/usr/bin/g++"
     header = docker("run", "--rm", cpu_image, "test", "-f", f"{out[3]}/Python.h", check=False)
     assert header.returncode == 0, f"no Python.h in {out[3]}"
-    # tcmalloc and libiomp5 preloaded in every process, as vLLM's CPU worker asks
-    preload = docker("run", "--rm", cpu_image, "ls", *env["LD_PRELOAD"].split(":"), check=False)
-    assert preload.returncode == 0 and "preloaded" not in preload.stderr, preload.stderr
+    assert "LD_PRELOAD" not in env  # vLLM preloads torch's libgomp itself, as on a host
     assert [line for line in out[4:] if line.strip()] == []  # GNU patch stays in the build
 
 
