@@ -4,6 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
+# Every step's temporary files (pip, vLLM, torch's Inductor cache) under build/, not /tmp.
+export TMPDIR=$PWD/build/tmp
+mkdir -p "$TMPDIR"
+before=$(ls -A /tmp)
+
 step() {
 	local start=$SECONDS
 	echo "==> $*"
@@ -19,4 +24,7 @@ step make build-xpu-ci STACK=xpu-0.33
 step make test
 # The preset x stack table from each release's own kernel selection (also asserted in tests).
 step .venv/bin/arcvllm presets --check
+rm -rf "$TMPDIR"
+left=$(comm -13 <(echo "$before") <(ls -A /tmp))
+[[ -z $left ]] || echo "==> new in /tmp during the run: $left"
 echo "==> CI total: $SECONDS s"
