@@ -753,14 +753,15 @@ def audit(
     ours = our_facts(ours_text, args, root)
     requirement_facts(release.roots(), ours)
     lock_file = root / lock_path(args, name)
-    if not lock_file.is_file():
+    lock_text = lock_file.read_text() if lock_file.is_file() else None
+    if lock_text is None:
         lock_status = "missing"
-    elif lock.without_hashes(lock.split(lock_file.read_text())[0]) != release.runtime_lock(name):
+    elif lock.without_hashes(lock.split(lock_text)[0]) != release.runtime_lock(name):
         lock_status = "stale"
     else:
         lock_status = "current"
     # vLLM's requirements our lock leaves to resolve at build time (unpinned downloads)
-    unpinned = lock.unpinned(lock_file.read_text(), release.roots()) if lock_file.is_file() else []
+    unpinned = lock.unpinned(lock_text, release.roots()) if lock_text is not None else []
     ours.values["lock:unpinned"] = " ".join(unpinned) or "none"
     rows = compare(release_facts(release), ours, listed, lock_status)
     return Audit(name, stack.vllm_version, rows)
@@ -781,8 +782,8 @@ def write_lock(
     release = release_of(stack, cache or default_cache(), sdist)
     text = release.runtime_lock(name)
     resolve = resolve and "lock:unpinned" not in listed  # listed: it cannot be compiled
-    if resolve and lock.unpinned(text, release.roots()):
-        text += resolved_lock(release, stack.build_args(), text)
+    if resolve and (missing := lock.unpinned(text, release.roots())):
+        text += resolved_lock(release, stack.build_args(), text, missing)
     if hashes:
         text = lock.with_hashes(text, published_hashes(text, stack.build_args()["PYTHON_VERSION"]))
     target = (root or data_root()) / lock_path(stack.build_args(), name)
@@ -815,12 +816,14 @@ def published_hashes(text: str, python: str) -> dict[str, list[str]]:
         return {name: sums for name, sums in pool.map(lookup, entries) if sums}
 
 
-def resolved_lock(release: Release, args: Mapping[str, str], text: str) -> str:
-    """The lock's `# Resolved here` part: what the release's lock lacks of vLLM's own
-    requirements, compiled once here (see arcvllm.lock); torchaudio, which only the XPU
-    index serves, at the torch version (PyTorch releases the two together)."""
-    missing = lock.unpinned(text, release.roots())
+def resolved_lock(
+    release: Release, args: Mapping[str, str], text: str, missing: Sequence[str]
+) -> str:
+    """The lock's `# Resolved here` part: MISSING, what the release's lock TEXT lacks of
+    vLLM's own requirements, compiled once here (see arcvllm.lock); torchaudio, which only
+    the XPU index serves, at the torch version (PyTorch releases the two together)."""
     entries = lock.parse_lock(text)
+    where = index.index_url()
     requirements = release.files["common"] + "\n" + release.files["xpu"]
     job = lock.Compile(
         requirements=tuple(  # all of them: fastapi[standard]'s extras are vLLM's too
@@ -829,8 +832,8 @@ def resolved_lock(release: Release, args: Mapping[str, str], text: str) -> str:
         constraints=entries,
         torch=entries["torch"].version,
         python=args["PYTHON_VERSION"],
-        exclude_newer=index.upload_time("vllm", release.sdist, index.index_url()),
-        index=index.index_url(),
+        exclude_newer=index.upload_time("vllm", release.sdist, where),
+        index=where,
     )
     uv = Path(sys.executable).with_name("uv")
     try:

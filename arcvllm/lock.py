@@ -202,7 +202,7 @@ class Compile:
             for e in self.constraints.values()
             if "+" not in e.version and e.name not in XPU_INDEX
         }
-        for _ in range(len(constraints) + 1):
+        while True:  # each retry drops one constraint: it ends
             try:
                 compiled = self._compile(uv, list(constraints.values()), public_torch)
                 break
