@@ -132,18 +132,27 @@ build: $(VENV)/.stamp wheelhouse ## build the image of STACK (default: cpu, or x
 		--build-arg ARCVLLM_PATCHES=$$($(ARCVLLM) patches plan --vllm-version $$($(ARCVLLM) stack get $(STACK) VLLM_VERSION)) \
 		.
 
-.PHONY: build-xpu-ci
 .PHONY: scale-images
 scale-images: $(VENV)/.stamp wheelhouse ## the router and Prometheus images docker/compose.scale.yaml runs (arcvllm-router, arcvllm-prometheus)
 	$(DOCKER_BUILD) --target router -t arcvllm-router:0.1.17 $(shell $(ARCVLLM) stack build-args cpu) .
 	$(DOCKER_BUILD) --target prometheus -t arcvllm-prometheus:2.42 $(shell $(ARCVLLM) stack build-args cpu) .
 
-build-xpu-ci: $(VENV)/.stamp wheelhouse ## CI: the XPU build of STACK (source, patch stage, runtime toolchain) on plain Debian with CPU torch
+# CI's rehearsal of `make build STACK=<xpu stack>`: the same Dockerfile stages, scripts and
+# lock, with only what cannot be reached here replaced by the stand-ins that
+# configs/ci-standins.yaml names (base image, GPU debs, PyTorch's XPU index, the kernels
+# and oneCCL downloads). It stops where torch would have to run: arcvllm:STACK-ci is the
+# `vllm` stage (vLLM installed over the lock), arcvllm:STACK-ci-user the runtime's user.
+.PHONY: standins
+standins: $(VENV)/.stamp wheelhouse ## CI: make the stand-ins of configs/ci-standins.yaml for XPU_STACK (build/wheelhouse/standins)
+	scripts/ci/standins.sh $(XPU_STACK)
+
+.PHONY: build-xpu-ci
+build-xpu-ci: standins ## CI: the XPU build of STACK stage for stage with named stand-ins (arcvllm:STACK-ci, arcvllm:STACK-ci-user)
 	@$(ARCVLLM) stack build-args $(XPU_STACK) --flavor xpu >/dev/null || { $(ARCVLLM) stack list; exit 2; }
-	$(DOCKER_BUILD) --target runtime -t arcvllm:$(XPU_STACK)-ci \
-		$(shell $(ARCVLLM) stack build-args $(XPU_STACK) --ci 2>/dev/null) \
-		--build-arg ARCVLLM_PATCHES=$$($(ARCVLLM) patches plan --vllm-version $$($(ARCVLLM) stack get $(XPU_STACK) VLLM_VERSION)) \
-		.
+	$(DOCKER_BUILD) --target vllm -t arcvllm:$(XPU_STACK)-ci \
+		$(shell $(ARCVLLM) stack build-args $(XPU_STACK) --ci 2>/dev/null) .
+	$(DOCKER_BUILD) --target runtime-user -t arcvllm:$(XPU_STACK)-ci-user \
+		$(shell $(ARCVLLM) stack build-args $(XPU_STACK) --ci 2>/dev/null) .
 XPU_STACK     ?= $(if $(filter xpu-%,$(STACK)),$(STACK),xpu-0.23)
 
 .PHONY: up

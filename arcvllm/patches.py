@@ -22,6 +22,7 @@ from pathlib import Path
 
 from arcvllm import __version__, cli, probe, series
 from arcvllm.errors import ArcvllmError
+from arcvllm.paths import patches_dir
 from arcvllm.target import Target, find
 from arcvllm.text import columns
 
@@ -336,11 +337,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             default=sys.executable,
             help="interpreter that runs the probes (default: this one)",
         )
-        p.add_argument(
-            "--series-file",
-            type=cli.existing_file,
-            help="series file (default: the bundled one)",
-        )
+        add_series(p)
         p.add_argument(
             "--allow-unsupported",
             action="store_true",
@@ -374,15 +371,32 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = actions.add_parser("plan", help="the summary the series expects for a vLLM version")
     p.add_argument("--vllm-version", required=True)
-    p.add_argument(
-        "--series-file", type=cli.existing_file, help="series file (default: the bundled one)"
-    )
+    add_series(p)
     cli.add_json(p, help="print the version, the summary and each patch's state as JSON")
     p.set_defaults(func=_cmd_plan)
 
 
+def add_series(p: argparse.ArgumentParser) -> None:
+    which = p.add_mutually_exclusive_group()
+    which.add_argument(
+        "--series-file", type=cli.existing_file, help="series file (default: the bundled one)"
+    )
+    which.add_argument(
+        "--build",
+        action="store_true",
+        help="the bundled build series (patches/vllm/build/): a release's source tree, "
+        "before its wheel is built",
+    )
+
+
+def _series(args) -> series.Series:
+    if args.build:
+        return series.load(patches_dir() / "build" / "series.yaml")
+    return series.load(args.series_file)
+
+
 def _load(args) -> tuple[Target, series.Series]:
-    return find(args.target), series.load(args.series_file)
+    return find(args.target), _series(args)
 
 
 def _cmd_apply(args) -> int:
@@ -440,7 +454,7 @@ def _cmd_verify(args) -> int:
 
 
 def _cmd_plan(args) -> int:
-    the_series = series.load(args.series_file)
+    the_series = _series(args)
     try:
         version = series.parse_version(args.vllm_version)
     except ArcvllmError as exc:

@@ -300,10 +300,51 @@ def probe_mamba_block_size_align_warning() -> str | None:
     return None
 
 
+def _source_root() -> str:
+    """The source tree on sys.path (a release sdist: setup.py beside vllm/)."""
+    import os
+
+    for entry in sys.path:
+        if os.path.isfile(os.path.join(entry, "setup.py")) and os.path.isdir(
+            os.path.join(entry, "vllm")
+        ):
+            return entry
+    raise RuntimeError("no vLLM source tree (setup.py beside vllm/) on sys.path")
+
+
+def probe_xpu_build_no_spinloop() -> str | None:
+    """vLLM's setup.py, run for VLLM_TARGET_DEVICE=xpu with setuptools.setup() recorded
+    instead of run: it must declare no `vllm.spinloop` CMake extension (its CMake project
+    finds torch, which for torch +xpu needs a SYCL compiler the image does not carry)."""
+    import os
+    import runpy
+
+    import setuptools
+
+    root = _source_root()
+    recorded: dict = {}
+    real_setup, cwd = setuptools.setup, os.getcwd()
+    setuptools.setup = lambda **kwargs: recorded.update(kwargs)
+    os.environ["VLLM_TARGET_DEVICE"] = "xpu"
+    try:
+        os.chdir(root)
+        runpy.run_path(os.path.join(root, "setup.py"), run_name="__main__")
+    finally:
+        setuptools.setup = real_setup
+        os.chdir(cwd)
+    if not recorded:
+        raise RuntimeError("setup.py never called setuptools.setup()")
+    names = [ext.name for ext in recorded.get("ext_modules") or []]
+    if "vllm.spinloop" in names:
+        return "setup.py builds the vllm.spinloop CMake extension for XPU (needs a SYCL compiler)"
+    return None
+
+
 PROBES: dict[str, Callable[[], str | None]] = {
     "mamba-copy-uint64": probe_mamba_copy_uint64,
     "mamba-fused-u64": probe_mamba_fused_u64,
     "mamba-block-size-align-warning": probe_mamba_block_size_align_warning,
+    "xpu-build-no-spinloop": probe_xpu_build_no_spinloop,
 }
 
 

@@ -116,7 +116,7 @@ def load(path: Path | None = None) -> Series:
     """Read and check the series: specifiers parse, files exist and match their sha256."""
     import yaml
 
-    path = path or patches_dir() / "series.yaml"
+    path = (path or patches_dir() / "series.yaml").resolve()
     try:
         data = yaml.safe_load(path.read_text())
     except FileNotFoundError:

@@ -6,12 +6,16 @@
 # --no-deps and its other requirements follow, as constraints of the lock:
 #   DEPS_FROM=lock   --no-index: every requirement must already be installed from the lock;
 #                    one the lock lacks fails the build (no unpinned download)
-#   DEPS_FROM=index  what the lock lacks resolves within vLLM's ranges (PIP_ARGS: indexes)
+#   DEPS_FROM=index  what the lock lacks resolves within vLLM's ranges (PIP_ARGS: indexes);
+#                    the lock's versions constrain it without their hashes (a `--hash` in a
+#                    constraints file turns on pip's hash-checking mode for every download,
+#                    which the unpinned rest cannot pass)
 set -euo pipefail
 
 wheel=$1 lock=$2 deps_from=$3
 shift 3
 requires=/tmp/vllm-requires.txt
+constraints=/tmp/vllm-constraints.txt
 if [[ $deps_from != lock && $deps_from != index ]]; then
 	echo "install-vllm-xpu: DEPS_FROM is lock or index, not '$deps_from'" >&2
 	exit 2
@@ -33,7 +37,10 @@ for line in requires("vllm") or []:
 with open(sys.argv[1], "w") as out:
     out.write("\n".join(wanted) + "\n")
 PY
-no_index=--no-index
-[[ $deps_from == lock ]] || no_index=
-pip install ${no_index:+"$no_index"} "$@" -c "$lock" -r "$requires"
-rm -f "$requires"
+if [[ $deps_from == lock ]]; then
+	pip install --no-index "$@" -c "$lock" -r "$requires"
+else
+	sed -e 's/ --hash=sha256:[0-9a-f]*//g' "$lock" >"$constraints"
+	pip install "$@" -c "$constraints" -r "$requires"
+fi
+rm -f "$requires" "$constraints"

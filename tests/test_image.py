@@ -351,50 +351,161 @@ def test_container_turns_healthy_and_serves_completions(cpu_image):
 
 
 XPU_CI_STACKS = [("xpu-0.20", "0.20.2"), ("xpu-0.23", "0.23.0"), ("xpu-0.33", "0.33.0")]
+# The interpreter that runs the patch probes on the XPU build's vLLM: CPU torch with vLLM's
+# import closure (a test venv), standing in for torch +xpu (configs/ci-standins.yaml).
+PROBE_VERSION = {"0.20.2": "0.20.2", "0.23.0": "0.23.0", "0.33.0": "0.32.0"}
+SITE = "/opt/venv/lib/python3.12/site-packages"
 
 
-def xpu_ci_image(stack: str) -> str:
-    """The CI build of an XPU stack (make build-xpu-ci, run by .ci/run) up to its runtime."""
-    image = f"arcvllm:{stack}-ci"
+def xpu_ci_image(stack: str, part: str = "") -> str:
+    """CI's rehearsal of the XPU build of STACK (make build-xpu-ci, run by .ci/run):
+    arcvllm:STACK-ci is its `vllm` stage, arcvllm:STACK-ci-user its runtime's user."""
+    image = f"arcvllm:{stack}-ci{part}"
     if docker("image", "inspect", image, check=False).returncode != 0:
         pytest.fail(f"{image} not built: make build-xpu-ci STACK={stack} (.ci/run does)")
     return image
 
 
+def stack_args(stack: str) -> dict[str, str]:
+    out = subprocess.run(
+        [tool("arcvllm"), "stack", "show", stack, "--json"], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    return {k: v["value"] for k, v in json.loads(out.stdout)["args"].items()}
+
+
+def installed(image: str) -> dict[str, str]:
+    listing = docker("run", "--rm", "--entrypoint", "pip", image, "list", "--format", "json")
+    return {p["name"].lower().replace("_", "-"): p["version"] for p in json.loads(listing.stdout)}
+
+
+def lock_pins(path: Path) -> dict[str, str]:
+    pins = {}
+    for line in path.read_text().splitlines():
+        if line and line[0].isalnum() and "==" in line:
+            name, _, rest = line.partition("==")
+            pins[name.strip().lower().replace("_", "-")] = rest.split()[0]
+    return pins
+
+
 @pytest.mark.docker
 @pytest.mark.parametrize("stack,version", XPU_CI_STACKS)
-def test_xpu_patch_stage_built_by_ci(engine, stack, version):
-    """vLLM's XPU wheel from the release sdist, patched as the series plans for that release
-    (the build's patch step fails unless every probe passes on the release's real code)."""
+def test_the_xpu_venv_holds_exactly_the_locks_versions(engine, stack, version):
+    """Everything the lock pins is installed at the lock's version: the wheel build's own
+    tools (configs/locks/vllm-build.txt) never reach the runtime's venv. The only departures
+    are the release's own steps: triton removed for the triton-xpu reinstall, the oneAPI
+    override's versions, the oneccl wheels removed for the installer's oneCCL."""
+    args = stack_args(stack)
+    want = lock_pins(ROOT / args["XPU_LOCK"])
+    got = installed(xpu_ci_image(stack))
+    replaced = {}
+    for spec in args.get("ONEAPI_PIP", "").split():
+        name, _, pinned = spec.partition("==")
+        replaced[name.lower().replace("_", "-")] = pinned
+    removed = set()
+    if args.get("TRITON_REINSTALL"):
+        removed.add("triton")
+    if args.get("ONECCL_INSTALLER_URL"):
+        removed |= {"oneccl", "oneccl-devel"}
+    wrong = {
+        name: (pinned, got.get(name))
+        for name, pinned in want.items()
+        if name not in removed and got.get(name) != replaced.get(name, pinned)
+    }
+    assert not wrong, f"installed differs from {args['XPU_LOCK']} (lock, got): {wrong}"
+    assert got["vllm"] == f"{version}+xpu"
+    assert not removed & got.keys(), f"still installed: {removed & got.keys()}"
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("stack,version", XPU_CI_STACKS)
+def test_the_xpu_build_patches_are_the_plan(engine, stack, version):
+    """The build series went into the release's source before its wheel was built, each
+    patch checked by its probe on the real setup.py (0.23: no spinloop on XPU)."""
+    plan = subprocess.run(
+        [tool("arcvllm"), "patches", "plan", "--build", "--vllm-version", version],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    manifest = json.loads(
+        docker("run", "--rm", xpu_ci_image(stack), "cat", "/opt/arcvllm/build-patches.json").stdout
+    )
+    assert manifest["summary"] == plan
+    assert not docker(
+        "run", "--rm", xpu_ci_image(stack), "find", f"{SITE}/vllm", "-name", "spinloop*.so"
+    ).stdout.strip()  # fmt: skip
+
+
+@pytest.mark.docker
+@pytest.mark.vllm
+@pytest.mark.parametrize("stack,version", XPU_CI_STACKS)
+def test_the_series_applies_to_the_xpu_builds_vllm(engine, stack, version, tmp_path):
+    """The image's patch step (arcvllm patches apply --expect PLAN) on the vLLM the XPU build
+    installed, its probes run by CPU torch standing in for torch +xpu."""
+    from conftest import vllm_env
+
     image = xpu_ci_image(stack)
+    cid = docker("create", image).stdout.strip()
+    try:
+        docker("cp", f"{cid}:{SITE}/vllm", str(tmp_path / "vllm"))
+        dist = docker("run", "--rm", image, "sh", "-c", f"ls -d {SITE}/vllm-*.dist-info").stdout
+        docker("cp", f"{cid}:{dist.strip()}", str(tmp_path))
+    finally:
+        docker("rm", cid, check=False)
     plan = subprocess.run(
         [tool("arcvllm"), "patches", "plan", "--vllm-version", version],
         capture_output=True,
         text=True,
         check=True,
     ).stdout.strip()
-    manifest = json.loads(docker("run", "--rm", image, "cat", "/opt/arcvllm/patches.json").stdout)
+    probe_python = vllm_env(PROBE_VERSION[version]).python
+    applied = subprocess.run(
+        [tool("arcvllm"), "patches", "apply", "--target", str(tmp_path), "--json",
+         "--python", str(probe_python), "--expect", plan, "--out", str(tmp_path / "m.json")],
+        capture_output=True,
+        text=True,
+    )  # fmt: skip
+    assert applied.returncode == 0, applied.stderr
+    manifest = json.loads(applied.stdout)
     assert manifest["summary"] == plan
     assert manifest["vllm"]["version"] == f"{version}+xpu"
+    if stack == "xpu-0.23":  # the flagship carries both pointer bugs
+        states = dict(item.split("=") for item in manifest["summary"].split(","))
+        assert states["mamba-copy-uint64"] == states["mamba-fused-u64"] == "applied"
 
 
 @pytest.mark.docker
-def test_the_flagship_build_applies_both_pointer_patches(engine):
-    manifest = json.loads(
-        docker("run", "--rm", xpu_ci_image("xpu-0.23"), "cat", "/opt/arcvllm/patches.json").stdout
+@pytest.mark.parametrize("stack", [s for s, _ in XPU_CI_STACKS])
+def test_the_xpu_runtime_user_is_vllm_with_uid_1000_on_the_ubuntu_shaped_base(engine, stack):
+    """Ubuntu 24.04 ships `ubuntu` with UID 1000 (so does CI's stand-in base): the runtime
+    stage makes the UID vllm's, in the render group."""
+    base = stack_args(stack)["XPU_BASE_IMAGE"]
+    ci_base = subprocess.run(
+        [tool("arcvllm"), "stack", "build-args", stack, "--ci", "--json"],
+        capture_output=True,
+        text=True,
     )
-    states = dict(item.split("=") for item in manifest["summary"].split(","))
-    assert states["mamba-copy-uint64"] == "applied"
-    assert states["mamba-fused-u64"] == "applied"
+    if ci_base.returncode == 0:
+        base = json.loads(ci_base.stdout).get("XPU_BASE_IMAGE", base)
+    assert docker("run", "--rm", base, "getent", "passwd", "1000").stdout.startswith("ubuntu:")
+    user = docker("run", "--rm", xpu_ci_image(stack, "-user"), "id", "vllm").stdout
+    assert user.startswith("uid=1000(vllm) gid=1000(vllm)"), user
+    assert "(render)" in user
+    gone = docker("run", "--rm", xpu_ci_image(stack, "-user"), "getent", "passwd", "ubuntu",
+                  check=False)  # fmt: skip
+    assert gone.returncode != 0
 
 
 @pytest.mark.docker
 def test_xpu_ci_runtime_builds_and_loads_the_triton_launcher(engine):
-    """As the image's user: compiler, Python.h, sycl.hpp + libsycl (intel-sycl-rt), Level
-    Zero headers + libze_loader link (Debian's libze-dev standing in), loaded at run time."""
+    """As the image's user, in the XPU build's venv: compiler, Python.h, sycl.hpp + libsycl
+    (the lock's intel-sycl-rt), Level Zero headers + libze_loader link (Debian's libze-dev,
+    the stand-in's GPU user space), loaded at run time."""
     result = docker(
-        "run", "--rm", "--entrypoint", "arcvllm", xpu_ci_image("xpu-0.23"), "toolchain", "--json",
-        check=False,
+        "run", "--rm", "--user", "1000", "-v", f"{ROOT}:/src:ro", "-e", "PYTHONPATH=/src",
+        "--entrypoint", "python3", xpu_ci_image("xpu-0.23"), "-m", "arcvllm", "toolchain",
+        "--json", check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
