@@ -6,6 +6,7 @@ scripts/ci/engine.sh up) install Debian's docker-compose where the host has no c
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -16,6 +17,9 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = ROOT / "docker" / "compose.yaml"
 ENV_FILE = ROOT / "docker" / "arcvllm.env"
+SCALE_FILE = ROOT / "docker" / "compose.scale.yaml"
+STACKS_FILE = ROOT / "configs" / "stacks.yaml"
+DOCS = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), COMPOSE_FILE, SCALE_FILE)
 
 
 def compose_binary() -> list[str]:
@@ -166,6 +170,78 @@ def test_without_env_file_the_container_gets_the_shipped_file_not_the_other_one(
     assert yaml.safe_load(result.stdout)["services"]["vllm"]["environment"]["VLLM_API_KEY"] == ""
 
 
+# ---- the image a by-hand compose command runs: the stack `make build` tags ----
+
+
+def stack_defaults() -> dict[str, str]:
+    """Flavour -> default stack (configs/stacks.yaml `defaults:`), checked by the loader."""
+    from arcvllm.stack import load
+
+    return load(STACKS_FILE)[1]
+
+
+def server_images(compose_file: Path) -> dict[str, tuple[str, str]]:
+    """Service -> (flavour, image when IMAGE/CPU_IMAGE is unset) for every vLLM server in
+    COMPOSE_FILE: the services that read the settings file (env_file); xpu if /dev/dri is
+    passed in. Read as plain YAML, so the anchors' merge keys apply."""
+    services = yaml.safe_load(compose_file.read_text())["services"]
+    found = {}
+    for name, service in services.items():
+        if "env_file" not in service:
+            continue  # the router and Prometheus: images of their own
+        flavor = "xpu" if any("/dev/dri" in str(d) for d in service.get("devices", ())) else "cpu"
+        match = re.fullmatch(r"\$\{[A-Z_]+:-([^}]+)\}", service["image"])
+        assert match, f"{compose_file.name}: {name}: image {service['image']!r} has no default"
+        found[name] = (flavor, match.group(1))
+    return found
+
+
+@pytest.mark.parametrize(
+    ("compose_file", "servers"),
+    [
+        (COMPOSE_FILE, {"vllm", "vllm-cpu"}),
+        (SCALE_FILE, {"vllm-0", "vllm-1", "vllm-2", "vllm-3", "vllm-cpu-0", "vllm-cpu-1"}),
+    ],
+)
+def test_each_servers_default_image_is_the_default_stack_of_its_flavour(compose_file, servers):
+    """`make build` tags arcvllm:<default stack>: a by-hand `compose up` must run that image,
+    not one nobody built (the XPU service once defaulted to xpu-0.20 and restart-looped)."""
+    images = server_images(compose_file)
+    assert set(images) == servers
+    defaults = stack_defaults()
+    for name, (flavor, image) in images.items():
+        assert image == f"arcvllm:{defaults[flavor]}", f"{compose_file.name}: {name}"
+
+
+STACK_IMAGE = re.compile(r"\barcvllm:((?:xpu-\d+\.\d+|cpu)(?![\w.-]))")
+# A line that picks an image on purpose (another stack, another tag) names it with these.
+CHOSEN = ("STACK=", "IMAGE=", "--before-image", "set image")
+
+
+def stale_image_refs(text: str, defaults: dict[str, str]) -> list[str]:
+    """Lines that name a stack's image without choosing it (no STACK=, IMAGE=, ...) where
+    that stack is not its flavour's default: what a reader would take as the default."""
+    wanted = set(defaults.values())
+    return [
+        line.strip()
+        for line in text.splitlines()
+        if not any(word in line for word in CHOSEN)
+        and any(stack not in wanted for stack in STACK_IMAGE.findall(line))
+    ]
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_the_docs_name_no_other_stack_as_the_default_image(doc):
+    assert stale_image_refs(doc.read_text(), stack_defaults()) == []
+
+
+def test_a_doc_naming_another_stack_as_the_image_is_caught():
+    defaults = stack_defaults()
+    other = next(s for s in ("xpu-0.20", "xpu-0.33") if s != defaults["xpu"])
+    text = f"By hand, compose runs `arcvllm:{other}`.\nmake build STACK={other}: arcvllm:{other}\n"
+    assert stale_image_refs(text, defaults) == [f"By hand, compose runs `arcvllm:{other}`."]
+
+
 def make_dry(*args: str, path: str | None = None) -> str:
     env = {**os.environ, "PATH": path or os.environ["PATH"]}
     env.pop("MAKEFLAGS", None)
@@ -254,3 +330,17 @@ def test_smoke_check_reads_the_key_from_the_settings_file_without_printing_it(tm
     assert f"--api-key \"$(sed -n 's/^VLLM_API_KEY=//p' {mine}" in keyed
     assert "k-zz9-secret" not in keyed
     assert "--api-key" not in make_dry("smoke-check", "FLAVOR=cpu")
+
+
+def up_line(*args: str) -> str:
+    return next(line for line in make_dry("up", *args).splitlines() if " up -d " in line)
+
+
+def test_make_up_runs_the_settings_files_image_and_the_command_line_wins(tmp_path):
+    """IMAGE in the settings file was overridden by the Makefile's arcvllm:$(STACK)."""
+    mine = tmp_path / "mine.env"
+    mine.write_text("IMAGE=foo:bar\n")
+    assert "IMAGE=foo:bar " in up_line("FLAVOR=cpu", f"ENV_FILE={mine}")
+    assert "IMAGE=baz:qux " in up_line("FLAVOR=cpu", f"ENV_FILE={mine}", "IMAGE=baz:qux")
+    mine.write_text("PORT=8123\n")
+    assert "IMAGE=arcvllm:cpu " in up_line("FLAVOR=cpu", f"ENV_FILE={mine}")
