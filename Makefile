@@ -226,7 +226,7 @@ presets: $(VENV)/.stamp ## list the deployment presets (model, GPUs, stacks)
 
 .PHONY: doctor
 doctor: $(VENV)/.stamp ## host preflight for PRESET: GPU, render group, driver, kernel, firmware, BAR, shm, RAM, disk
-	@$(ARCVLLM) doctor --preset $(PRESET)
+	@$(ARCVLLM) doctor --preset $(PRESET) --env-file $(ENV_PATH)
 
 # `make field-report`: the running deployment (make up) in one tarball for a bug report.
 FIELD_REPORT   ?= reports/field-report-$(STACK).tar.gz

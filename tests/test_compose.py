@@ -80,15 +80,41 @@ def test_xpu_service_has_the_gpu_and_the_render_group(rendered):
 
 
 @pytest.mark.compose
-def test_render_gid_comes_from_the_env_file():
-    result = config(COMPOSE_FILE)
+def test_render_gid_comes_from_the_env_file(tmp_path):
+    mine = tmp_path / "mine.env"
+    mine.write_text("RENDER_GID=4243\n")
+    result = config(COMPOSE_FILE, env={"ENV_FILE": str(mine)}, env_file=mine)
+    assert result.returncode == 0, result.stderr
     vllm = yaml.safe_load(result.stdout)["services"]["vllm"]
-    env_gid = next(
-        line.split("=", 1)[1]
-        for line in ENV_FILE.read_text().splitlines()
-        if line.startswith("RENDER_GID=")
-    )
-    assert [str(g) for g in vllm["group_add"]] == [env_gid]
+    assert [str(g) for g in vllm["group_add"]] == ["4243"]
+
+
+@pytest.mark.compose
+@pytest.mark.parametrize(
+    ("compose_files", "profiles", "xpu_services"),
+    [
+        ((COMPOSE_FILE,), (), ("vllm",)),
+        ((COMPOSE_FILE,), ("cpu",), ("vllm",)),
+        ((COMPOSE_FILE, SCALE_FILE), ("scale", "scale-4"), ("vllm-0", "vllm-3")),
+        ((COMPOSE_FILE, SCALE_FILE), ("cpu-scale",), ()),
+    ],
+)
+def test_without_render_gid_every_profile_validates_and_no_gid_is_made_up(
+    compose_files, profiles, xpu_services
+):
+    """The shipped file leaves RENDER_GID empty: the CPU services need none, and an XPU
+    service gets no built-in number (the engine then refuses to start it, naming
+    RENDER_GID) instead of a GID that is wrong on most hosts."""
+    files = [arg for f in compose_files[1:] for arg in ("-f", str(f))]
+    flags = [arg for p in profiles for arg in ("--profile", p)]
+    result = config(compose_files[0], *files, *flags)
+    assert result.returncode == 0, result.stderr
+    services = yaml.safe_load(result.stdout)["services"]
+    for name in xpu_services:
+        (group,) = services[name]["group_add"]
+        assert not str(group).isdigit() and "RENDER_GID" in str(group)
+    for name in ("vllm-cpu", "vllm-cpu-0", "vllm-cpu-1"):
+        assert "group_add" not in services.get(name, {})
 
 
 @pytest.mark.compose
