@@ -370,3 +370,20 @@ def test_make_up_runs_the_settings_files_image_and_the_command_line_wins(tmp_pat
     assert "IMAGE=baz:qux " in up_line("FLAVOR=cpu", f"ENV_FILE={mine}", "IMAGE=baz:qux")
     mine.write_text("PORT=8123\n")
     assert "IMAGE=arcvllm:cpu " in up_line("FLAVOR=cpu", f"ENV_FILE={mine}")
+
+
+def test_make_builds_and_runs_the_default_stack_of_each_flavour(tmp_path):
+    """The Makefile's STACK default and configs/stacks.yaml's `defaults:` agree, so the
+    image `make up` runs is the one compose alone defaults to."""
+    mine = tmp_path / "mine.env"
+    mine.write_text("PORT=8123\n")
+    for flavor, stack in stack_defaults().items():
+        assert f"IMAGE=arcvllm:{stack} " in up_line(f"FLAVOR={flavor}", f"ENV_FILE={mine}")
+
+
+def test_make_doctor_checks_the_settings_file_of_make_up(tmp_path):
+    mine = tmp_path / "mine.env"
+    mine.write_text("RENDER_GID=993\n")
+    assert f"doctor --preset tiny-hybrid-cpu --env-file {mine}" in make_dry(
+        "doctor", "FLAVOR=cpu", f"ENV_FILE={mine}"
+    )
