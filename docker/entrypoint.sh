@@ -20,11 +20,12 @@ mkdir -p "${TMPDIR:-/tmp}" "${HF_HOME:-$HOME/.cache/huggingface}" \
 # error; say which node, which GID and which groups instead. ARCVLLM_DRI_DIR: tests only.
 check_render_nodes() {
 	[[ ${VLLM_TARGET_DEVICE-} == xpu ]] || return 0
-	local node
+	local node gid
 	for node in "${ARCVLLM_DRI_DIR:-/dev/dri}"/renderD*; do
 		[[ -e $node ]] || continue
 		[[ -r $node && -w $node ]] && continue
-		echo "arcvllm: cannot open $node (GID $(stat -c %g "$node")) for read/write as uid $(id -u) with groups $(id -G): set RENDER_GID=$(stat -c %g "$node") (compose group_add, docker --group-add)" >&2
+		gid=$(stat -c %g "$node")
+		echo "arcvllm: cannot open $node (GID $gid) for read/write as uid $(id -u) with groups $(id -G): give the container GID $gid (compose: RENDER_GID=$gid; docker: --group-add $gid; Kubernetes: docs/deploy.md)" >&2
 		exit 3
 	done
 }

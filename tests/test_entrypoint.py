@@ -102,7 +102,7 @@ def test_an_xpu_start_with_a_node_it_cannot_open_is_one_line_and_no_vllm(image):
         assert done.stdout == "" and done.stderr.count("\n") == 1
         assert done.stderr.startswith(f"arcvllm: cannot open {image.node} (GID {gid}) ")
         assert f"with groups {expected_groups()}:" in done.stderr
-        assert f"set RENDER_GID={gid} " in done.stderr
+        assert f"give the container GID {gid} (compose: RENDER_GID={gid};" in done.stderr
 
 
 def test_an_xpu_start_in_the_nodes_group_serves(image):
