@@ -11,7 +11,8 @@ DOCKER        ?= $(firstword $(wildcard /usr/bin/docker) docker)
 FLAVOR        ?= $(if $(wildcard /dev/dri/renderD*),xpu,cpu)
 STACK         ?= $(if $(filter xpu,$(FLAVOR)),xpu-0.23,cpu)
 PRESET        ?= $(if $(filter xpu,$(FLAVOR)),qwen3.6-35b-a3b-w4a16-1xb70,tiny-hybrid-cpu)
-IMAGE         ?= arcvllm:$(STACK)
+# The image: the settings file's IMAGE, else arcvllm:$(STACK) (IMAGE=... on the command line wins).
+IMAGE         ?= $(or $(call setting,IMAGE),arcvllm:$(STACK))
 # The published port: the settings file's PORT, else 8000 (PORT=N on the command line wins).
 PORT          ?= $(or $(call setting,PORT),8000)
 
@@ -234,7 +235,7 @@ presets: $(VENV)/.stamp ## list the deployment presets (model, GPUs, stacks)
 
 .PHONY: doctor
 doctor: $(VENV)/.stamp ## host preflight for PRESET: GPU, render group, driver, kernel, firmware, BAR, shm, RAM, disk
-	@$(ARCVLLM) doctor --preset $(PRESET)
+	@$(ARCVLLM) doctor --preset $(PRESET) --env-file $(ENV_PATH)
 
 # `make field-report`: the running deployment (make up) in one tarball for a bug report.
 FIELD_REPORT   ?= reports/field-report-$(STACK).tar.gz

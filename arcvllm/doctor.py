@@ -23,6 +23,8 @@ from pathlib import Path
 
 from arcvllm import cli
 from arcvllm.presets import Preset, get_preset
+from arcvllm.settings import load as load_settings
+from arcvllm.settings import render_gid_mismatch
 
 INTEL = 0x8086
 # Battlemage PCI device IDs as the Linux kernel lists them for the xe driver
@@ -92,6 +94,9 @@ class Host:
     stat: Callable[[Path], os.stat_result] = os.stat
     disk_usage: Callable[[Path], tuple[int, int, int]] = shutil.disk_usage
     run: Callable[[Sequence[str], Mapping[str, str]], tuple[int, str]] = _run
+    # The settings file's values (--env-file); inside the container compose has handed
+    # them over as the environment.
+    settings: Mapping[str, str] = field(default_factory=dict)
 
     def path(self, absolute: str) -> Path:
         return self.root / absolute.lstrip("/")
@@ -316,6 +321,27 @@ def check_render_access(host: Host, preset: Preset) -> Finding:
             f"the image serves as a non-root user: give it GID {gid} with --group-add {gid}",
         )
     return Finding("render group", OK, f"{text}; uid {host.uid} can open it")
+
+
+def check_render_gid(host: Host, preset: Preset) -> Finding:
+    """The settings' RENDER_GID (the group compose adds) against the render nodes' GID."""
+    value = host.settings.get("RENDER_GID") or host.environ.get("RENDER_GID") or ""
+    if not value:
+        return Finding("RENDER_GID", OK, "not set: `make up` passes the render nodes' GID")
+    nodes = {f"/dev/dri/{n.name}": host.stat(n).st_gid for n in render_nodes(host)}
+    if not nodes:
+        status = OK if preset.device == "cpu" else WARN
+        return Finding("RENDER_GID", status, f"RENDER_GID={value}; no render node to compare")
+    mismatch = render_gid_mismatch(value, nodes)
+    if mismatch is None:
+        return Finding("RENDER_GID", OK, f"RENDER_GID={value}, the render nodes' group")
+    node, gid = mismatch
+    return Finding(
+        "RENDER_GID",
+        FAIL,
+        f"RENDER_GID={value} but {node} belongs to GID {gid}",
+        f"set RENDER_GID={gid} in the settings file (stat -c %g {node})",
+    )
 
 
 def check_gpu_identity(host: Host, preset: Preset) -> Finding:
@@ -602,6 +628,7 @@ def check_bar(host: Host, preset: Preset) -> Finding:
 CHECKS = (
     check_render_nodes,
     check_render_access,
+    check_render_gid,
     check_gpu_identity,
     check_driver,
     check_kernel,
@@ -647,7 +674,7 @@ def report(host: Host, preset: Preset, rows: Sequence[Finding]) -> dict:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    host = Host(root=args.root)
+    host = Host(root=args.root, settings=load_settings(args.env_file) if args.env_file else {})
     preset = get_preset(args.preset or default_preset(host.environ))
     rows = diagnose(host, preset)
     if args.json:
@@ -675,6 +702,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="/",
         type=cli.existing_dir,
         help="read every file (/dev, /sys, /proc, /lib, /etc) and find every tool under this root",
+    )
+    parser.add_argument(
+        "--env-file",
+        type=cli.existing_file,
+        help="the settings file (docker/arcvllm.env): its RENDER_GID is checked against the "
+        "render nodes' group (default: $RENDER_GID, as compose hands it to the container)",
     )
     cli.add_json(parser, help="the report as JSON")
     parser.set_defaults(func=_cmd_doctor)

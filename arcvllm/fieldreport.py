@@ -148,7 +148,9 @@ def collect(opts: argparse.Namespace, settings: Mapping[str, str]) -> Collector:
     c.secrets |= {key} if key else set()
     me = f"{shlex.quote(sys.executable)} -m arcvllm"
     preset = opts.preset or c.exec("preset.txt", "printenv ARCVLLM_PRESET").stdout.strip()
-    c.shell("host/doctor.json", f"{me} doctor --json --preset {shlex.quote(preset)}")
+    # With the deployment's settings file: its RENDER_GID is checked against the host's nodes.
+    env_file = f" --env-file {shlex.quote(str(opts.env_file))}" if opts.env_file else ""
+    c.shell("host/doctor.json", f"{me} doctor --json --preset {shlex.quote(preset)}{env_file}")
     c.exec("container/doctor.json", "arcvllm doctor --json")
     c.add("host/versions.txt", "read /proc, /sys, /lib/firmware, dpkg", host_versions())
     labels = c.shell(

@@ -19,6 +19,7 @@ from pathlib import Path
 from arcvllm import cli
 from arcvllm.client import Client, WaitTimeout, wait_until
 from arcvllm.errors import ArcvllmError
+from arcvllm.settings import render_node_gids
 
 PROJECT = "arcvllm-scale"
 REPLICA_COUNTS = (2, 4)  # the profiles compose.scale.yaml has: scale, scale + scale-4
@@ -208,9 +209,14 @@ def wait_router(url: str, timeout: float, interval: float = 2.0) -> None:
 
 def up(args: argparse.Namespace) -> int:
     p = layout(args.replicas, args.cpu, args.monitoring)
+    settings = p.settings()
     if not args.cpu:
         check_gpus(args.replicas, Path(args.dev_root))
-    dep = Deployment(args.env_file.resolve(), settings=p.settings())
+        # The replicas join the render nodes' group, as `make up` passes it (compose.yaml
+        # has no default GID); RENDER_GID in the environment still wins.
+        gids = render_node_gids(Path(args.dev_root) / "dev" / "dri")
+        settings["RENDER_GID"] = str(next(iter(gids.values())))
+    dep = Deployment(args.env_file.resolve(), settings=settings)
     port = os.environ.get("PORT", "8000")
     result = dep.run("up", "-d", *p.services, profiles=p.profiles, timeout=1800)
     try:

@@ -4,7 +4,9 @@ Compose reads it for the `${...}` in docker/compose.yaml (`--env-file`) and hand
 line to the container as its environment (`env_file`). A typo there fails silently in
 both places (a misspelt VLLM_API_KEY serves without a key), and compose v2 and
 docker-compose 1.29 disagree on quotes and inline comments. `arcvllm settings check FILE`
-(run by `make up`) refuses such a file in one line before anything starts.
+(run by `make up`) refuses such a file in one line before anything starts, and so a
+RENDER_GID that is not the group of this host's render nodes: the container would start
+without access to the GPU and vLLM would fail later with an unclear platform error.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import argparse
 import difflib
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +50,8 @@ CONTAINER_KEYS = (
 )
 
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Where the GPU's device nodes are: the render nodes' group is what RENDER_GID must name.
+DRI_DIR = Path("/dev/dri")
 
 
 @dataclass(frozen=True)
@@ -127,24 +131,66 @@ def check(settings: Iterable[Setting], known: frozenset[str], source: str) -> No
                 )
 
 
-def load(path: Path) -> dict[str, str]:
-    """The checked settings of PATH as a mapping (what the container's environment gets)."""
+def read(path: Path) -> list[Setting]:
+    """The checked settings of PATH, in the file's order."""
     try:
         text = path.read_text()
     except OSError as exc:
         raise ArcvllmError(f"cannot read settings file {path}: {exc.strerror}", 2) from exc
     settings = parse(text, str(path))
     check(settings, known_keys(), str(path))
-    return {s.key: s.value for s in settings}
+    return settings
+
+
+def load(path: Path) -> dict[str, str]:
+    """The checked settings of PATH as a mapping (what the container's environment gets)."""
+    return {s.key: s.value for s in read(path)}
+
+
+def render_node_gids(dri_dir: Path = DRI_DIR) -> dict[str, int]:
+    """The group of each render node (renderD*) under DRI_DIR, by path; none (a CPU host,
+    no /dev/dri) is an empty mapping."""
+    gids = {}
+    for node in sorted(dri_dir.glob("renderD*")):
+        try:
+            gids[str(node)] = node.stat().st_gid
+        except OSError:
+            continue
+    return gids
+
+
+def render_gid_mismatch(value: str, nodes: Mapping[str, int]) -> tuple[str, int] | None:
+    """The first render node whose GID is not RENDER_GID=VALUE, with that GID; None when
+    VALUE is empty (unset: `make up` passes the nodes' GID) or there is no node to open."""
+    if not value:
+        return None
+    return next(((node, gid) for node, gid in nodes.items() if str(gid) != value), None)
+
+
+def check_render_gid(settings: Iterable[Setting], nodes: Mapping[str, int], source: str) -> None:
+    """RENDER_GID (when set) against the render nodes' GID, as one line naming both."""
+    for s in settings:
+        if s.key != "RENDER_GID":
+            continue
+        mismatch = render_gid_mismatch(s.value, nodes)
+        if mismatch is not None:
+            node, gid = mismatch
+            raise ArcvllmError(
+                f"{source}:{s.line}: RENDER_GID={s.value} but {node} belongs to GID {gid}: "
+                f"the container could not open the GPU; set RENDER_GID={gid} "
+                f"(stat -c %g {node})"
+            )
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
     try:
-        values = load(args.file)
+        settings = read(args.file)
+        check_render_gid(settings, render_node_gids(args.dri_dir or DRI_DIR), str(args.file))
     except ArcvllmError as exc:
         if args.json:
             print(json.dumps({"file": str(args.file), "ok": False, "problem": str(exc)}))
         raise
+    values = {s.key: s.value for s in settings}
     if args.json:  # the keys only: values may be secrets
         print(json.dumps({"file": str(args.file), "ok": True, "keys": sorted(values)}))
     else:
@@ -156,13 +202,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "settings",
         help="check a settings file (docker/arcvllm.env) before compose reads it",
-        description="Check the compose settings file: known keys, known preset, and only the "
-        "syntax compose v2 and docker-compose 1.29 read alike.",
+        description="Check the compose settings file: known keys, known preset, only the "
+        "syntax compose v2 and docker-compose 1.29 read alike, and a RENDER_GID that is the "
+        "group of this host's render nodes.",
     )
     sub = parser.add_subparsers(dest="settings_command", required=True, metavar="ACTION")
     check_parser = sub.add_parser("check", help="refuse unknown keys and unportable lines")
     check_parser.add_argument(
         "file", type=cli.existing_file, help="the settings file, e.g. docker/arcvllm.env"
+    )
+    check_parser.add_argument(
+        "--dri-dir",
+        type=cli.existing_dir,
+        help=f"where the render nodes are (default {DRI_DIR}; none there: nothing to compare)",
     )
     cli.add_json(check_parser, help="the verdict and the keys (never the values) as JSON")
     check_parser.set_defaults(func=_cmd_check)

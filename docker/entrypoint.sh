@@ -15,12 +15,30 @@ mkdir -p "${TMPDIR:-/tmp}" "${HF_HOME:-$HOME/.cache/huggingface}" \
 # compose passes it on as set-but-empty; no runtime below should read "" as a GPU list.
 [[ -n ${ZE_AFFINITY_MASK-} ]] || unset ZE_AFFINITY_MASK
 
+# XPU: the server's user must open the GPU's render nodes, through the host's render group
+# (compose group_add: RENDER_GID). Without it vLLM fails later with an unclear platform
+# error; say which node, which GID and which groups instead. ARCVLLM_DRI_DIR: tests only.
+check_render_nodes() {
+	[[ ${VLLM_TARGET_DEVICE-} == xpu ]] || return 0
+	local node gid
+	for node in "${ARCVLLM_DRI_DIR:-/dev/dri}"/renderD*; do
+		[[ -e $node ]] || continue
+		[[ -r $node && -w $node ]] && continue
+		gid=$(stat -c %g "$node")
+		echo "arcvllm: cannot open $node (GID $gid) for read/write as uid $(id -u) with groups $(id -G): give the container GID $gid (compose: RENDER_GID=$gid; docker: --group-add $gid; Kubernetes: docs/deploy.md)" >&2
+		exit 3
+	done
+}
+
 if [[ $# -eq 0 ]]; then
 	set -- "${ARCVLLM_PRESET:?no arguments and no ARCVLLM_PRESET: give vLLM arguments or a preset}"
 fi
 
 case $1 in
--*) exec python3 -m vllm.entrypoints.openai.api_server "$@" ;;
+-*)
+	check_render_nodes
+	exec python3 -m vllm.entrypoints.openai.api_server "$@"
+	;;
 esac
 
 if [[ $1 =~ ^[A-Za-z0-9][A-Za-z0-9._-]*$ ]] && ! command -v "$1" >/dev/null; then
@@ -29,6 +47,7 @@ if [[ $1 =~ ^[A-Za-z0-9][A-Za-z0-9._-]*$ ]] && ! command -v "$1" >/dev/null; the
 	if [[ -f $presets/$1.yaml || -f ${ARCVLLM_PRESETS_DIR:-/nonexistent}/$1.yaml ]]; then
 		preset=$1
 		shift
+		check_render_nodes
 		exec arcvllm serve --preset "$preset" -- "$@"
 	fi
 fi

@@ -6,6 +6,7 @@ scripts/ci/engine.sh up) install Debian's docker-compose where the host has no c
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -16,6 +17,9 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = ROOT / "docker" / "compose.yaml"
 ENV_FILE = ROOT / "docker" / "arcvllm.env"
+SCALE_FILE = ROOT / "docker" / "compose.scale.yaml"
+STACKS_FILE = ROOT / "configs" / "stacks.yaml"
+DOCS = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), COMPOSE_FILE, SCALE_FILE)
 
 
 def compose_binary() -> list[str]:
@@ -76,15 +80,41 @@ def test_xpu_service_has_the_gpu_and_the_render_group(rendered):
 
 
 @pytest.mark.compose
-def test_render_gid_comes_from_the_env_file():
-    result = config(COMPOSE_FILE)
+def test_render_gid_comes_from_the_env_file(tmp_path):
+    mine = tmp_path / "mine.env"
+    mine.write_text("RENDER_GID=4243\n")
+    result = config(COMPOSE_FILE, env={"ENV_FILE": str(mine)}, env_file=mine)
+    assert result.returncode == 0, result.stderr
     vllm = yaml.safe_load(result.stdout)["services"]["vllm"]
-    env_gid = next(
-        line.split("=", 1)[1]
-        for line in ENV_FILE.read_text().splitlines()
-        if line.startswith("RENDER_GID=")
-    )
-    assert [str(g) for g in vllm["group_add"]] == [env_gid]
+    assert [str(g) for g in vllm["group_add"]] == ["4243"]
+
+
+@pytest.mark.compose
+@pytest.mark.parametrize(
+    ("compose_files", "profiles", "xpu_services"),
+    [
+        ((COMPOSE_FILE,), (), ("vllm",)),
+        ((COMPOSE_FILE,), ("cpu",), ("vllm",)),
+        ((COMPOSE_FILE, SCALE_FILE), ("scale", "scale-4"), ("vllm-0", "vllm-3")),
+        ((COMPOSE_FILE, SCALE_FILE), ("cpu-scale",), ()),
+    ],
+)
+def test_without_render_gid_every_profile_validates_and_no_gid_is_made_up(
+    compose_files, profiles, xpu_services
+):
+    """The shipped file leaves RENDER_GID empty: the CPU services need none, and an XPU
+    service gets no built-in number (the engine then refuses to start it, naming
+    RENDER_GID) instead of a GID that is wrong on most hosts."""
+    files = [arg for f in compose_files[1:] for arg in ("-f", str(f))]
+    flags = [arg for p in profiles for arg in ("--profile", p)]
+    result = config(compose_files[0], *files, *flags)
+    assert result.returncode == 0, result.stderr
+    services = yaml.safe_load(result.stdout)["services"]
+    for name in xpu_services:
+        (group,) = services[name]["group_add"]
+        assert not str(group).isdigit() and "RENDER_GID" in str(group)
+    for name in ("vllm-cpu", "vllm-cpu-0", "vllm-cpu-1"):
+        assert "group_add" not in services.get(name, {})
 
 
 @pytest.mark.compose
@@ -164,6 +194,78 @@ def test_without_env_file_the_container_gets_the_shipped_file_not_the_other_one(
     result = config(COMPOSE_FILE, env_file=mine)
     assert result.returncode == 0, result.stderr
     assert yaml.safe_load(result.stdout)["services"]["vllm"]["environment"]["VLLM_API_KEY"] == ""
+
+
+# ---- the image a by-hand compose command runs: the stack `make build` tags ----
+
+
+def stack_defaults() -> dict[str, str]:
+    """Flavour -> default stack (configs/stacks.yaml `defaults:`), checked by the loader."""
+    from arcvllm.stack import load
+
+    return load(STACKS_FILE)[1]
+
+
+def server_images(compose_file: Path) -> dict[str, tuple[str, str]]:
+    """Service -> (flavour, image when IMAGE/CPU_IMAGE is unset) for every vLLM server in
+    COMPOSE_FILE: the services that read the settings file (env_file); xpu if /dev/dri is
+    passed in. Read as plain YAML, so the anchors' merge keys apply."""
+    services = yaml.safe_load(compose_file.read_text())["services"]
+    found = {}
+    for name, service in services.items():
+        if "env_file" not in service:
+            continue  # the router and Prometheus: images of their own
+        flavor = "xpu" if any("/dev/dri" in str(d) for d in service.get("devices", ())) else "cpu"
+        match = re.fullmatch(r"\$\{[A-Z_]+:-([^}]+)\}", service["image"])
+        assert match, f"{compose_file.name}: {name}: image {service['image']!r} has no default"
+        found[name] = (flavor, match.group(1))
+    return found
+
+
+@pytest.mark.parametrize(
+    ("compose_file", "servers"),
+    [
+        (COMPOSE_FILE, {"vllm", "vllm-cpu"}),
+        (SCALE_FILE, {"vllm-0", "vllm-1", "vllm-2", "vllm-3", "vllm-cpu-0", "vllm-cpu-1"}),
+    ],
+)
+def test_each_servers_default_image_is_the_default_stack_of_its_flavour(compose_file, servers):
+    """`make build` tags arcvllm:<default stack>: a by-hand `compose up` must run that image,
+    not one nobody built (the XPU service once defaulted to xpu-0.20 and restart-looped)."""
+    images = server_images(compose_file)
+    assert set(images) == servers
+    defaults = stack_defaults()
+    for name, (flavor, image) in images.items():
+        assert image == f"arcvllm:{defaults[flavor]}", f"{compose_file.name}: {name}"
+
+
+STACK_IMAGE = re.compile(r"\barcvllm:((?:xpu-\d+\.\d+|cpu)(?![\w.-]))")
+# A line that picks an image on purpose (another stack, another tag) names it with these.
+CHOSEN = ("STACK=", "IMAGE=", "--before-image", "set image")
+
+
+def stale_image_refs(text: str, defaults: dict[str, str]) -> list[str]:
+    """Lines that name a stack's image without choosing it (no STACK=, IMAGE=, ...) where
+    that stack is not its flavour's default: what a reader would take as the default."""
+    wanted = set(defaults.values())
+    return [
+        line.strip()
+        for line in text.splitlines()
+        if not any(word in line for word in CHOSEN)
+        and any(stack not in wanted for stack in STACK_IMAGE.findall(line))
+    ]
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_the_docs_name_no_other_stack_as_the_default_image(doc):
+    assert stale_image_refs(doc.read_text(), stack_defaults()) == []
+
+
+def test_a_doc_naming_another_stack_as_the_image_is_caught():
+    defaults = stack_defaults()
+    other = next(s for s in ("xpu-0.20", "xpu-0.33") if s != defaults["xpu"])
+    text = f"By hand, compose runs `arcvllm:{other}`.\nmake build STACK={other}: arcvllm:{other}\n"
+    assert stale_image_refs(text, defaults) == [f"By hand, compose runs `arcvllm:{other}`."]
 
 
 def make_dry(*args: str, path: str | None = None) -> str:
@@ -254,3 +356,34 @@ def test_smoke_check_reads_the_key_from_the_settings_file_without_printing_it(tm
     assert f"--api-key \"$(sed -n 's/^VLLM_API_KEY=//p' {mine}" in keyed
     assert "k-zz9-secret" not in keyed
     assert "--api-key" not in make_dry("smoke-check", "FLAVOR=cpu")
+
+
+def up_line(*args: str) -> str:
+    return next(line for line in make_dry("up", *args).splitlines() if " up -d " in line)
+
+
+def test_make_up_runs_the_settings_files_image_and_the_command_line_wins(tmp_path):
+    """IMAGE in the settings file was overridden by the Makefile's arcvllm:$(STACK)."""
+    mine = tmp_path / "mine.env"
+    mine.write_text("IMAGE=foo:bar\n")
+    assert "IMAGE=foo:bar " in up_line("FLAVOR=cpu", f"ENV_FILE={mine}")
+    assert "IMAGE=baz:qux " in up_line("FLAVOR=cpu", f"ENV_FILE={mine}", "IMAGE=baz:qux")
+    mine.write_text("PORT=8123\n")
+    assert "IMAGE=arcvllm:cpu " in up_line("FLAVOR=cpu", f"ENV_FILE={mine}")
+
+
+def test_make_builds_and_runs_the_default_stack_of_each_flavour(tmp_path):
+    """The Makefile's STACK default and configs/stacks.yaml's `defaults:` agree, so the
+    image `make up` runs is the one compose alone defaults to."""
+    mine = tmp_path / "mine.env"
+    mine.write_text("PORT=8123\n")
+    for flavor, stack in stack_defaults().items():
+        assert f"IMAGE=arcvllm:{stack} " in up_line(f"FLAVOR={flavor}", f"ENV_FILE={mine}")
+
+
+def test_make_doctor_checks_the_settings_file_of_make_up(tmp_path):
+    mine = tmp_path / "mine.env"
+    mine.write_text("RENDER_GID=993\n")
+    assert f"doctor --preset tiny-hybrid-cpu --env-file {mine}" in make_dry(
+        "doctor", "FLAVOR=cpu", f"ENV_FILE={mine}"
+    )

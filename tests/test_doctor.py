@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -190,6 +191,48 @@ def test_render_group_warns_as_root_and_without_nodes(tmp_path):
     root = finding(build(tmp_path / "a", uid=0, gids=frozenset({0})), D.check_render_access)
     assert root.status == D.WARN and f"--group-add {RENDER_GID}" in root.fix
     assert finding(build(tmp_path / "b", nodes=()), D.check_render_access).status == D.WARN
+
+
+# ---- RENDER_GID: the group compose adds, against the nodes' ----
+
+
+def test_a_render_gid_setting_that_is_not_the_nodes_group_fails_naming_both(tmp_path):
+    r = finding(build(tmp_path, environ={"RENDER_GID": str(RENDER_GID + 1)}), D.check_render_gid)
+    assert r.status == D.FAIL
+    assert (
+        r.seen == f"RENDER_GID={RENDER_GID + 1} but /dev/dri/renderD128 belongs to GID {RENDER_GID}"
+    )
+    assert f"set RENDER_GID={RENDER_GID} " in r.fix
+
+
+def test_the_settings_file_is_read_before_the_environment(tmp_path):
+    host = build(tmp_path, environ={"RENDER_GID": str(RENDER_GID)})
+    wrong = dataclasses.replace(host, settings={"RENDER_GID": str(RENDER_GID + 1)})
+    assert finding(wrong, D.check_render_gid).status == D.FAIL
+    right = dataclasses.replace(host, settings={"RENDER_GID": str(RENDER_GID)})
+    assert finding(right, D.check_render_gid).status == D.OK
+
+
+def test_render_gid_unset_is_ok_and_without_nodes_warns_for_xpu_only(tmp_path):
+    assert finding(build(tmp_path / "a"), D.check_render_gid).status == D.OK
+    bare = build(tmp_path / "b", nodes=(), environ={"RENDER_GID": "5"})
+    assert finding(bare, D.check_render_gid).status == D.WARN
+    assert finding(bare, D.check_render_gid, CPU).status == D.OK
+
+
+def test_cli_checks_the_env_files_render_gid_against_the_nodes(tmp_path):
+    host = build(tmp_path)
+    gid = (host.root / "dev/dri/renderD128").stat().st_gid
+    settings = tmp_path / "mine.env"
+    settings.write_text(f"RENDER_GID={gid + 1}\n")
+    done = run_cli("--root", str(host.root), "--env-file", str(settings), "--json")
+    rows = {r["check"]: r for r in json.loads(done.stdout)["rows"]}
+    assert done.returncode == 1 and rows["RENDER_GID"]["status"] == D.FAIL
+    assert f"belongs to GID {gid}" in rows["RENDER_GID"]["seen"]
+    settings.write_text(f"RENDER_GID={gid}\n")
+    done = run_cli("--root", str(host.root), "--env-file", str(settings), "--json")
+    rows = {r["check"]: r for r in json.loads(done.stdout)["rows"]}
+    assert rows["RENDER_GID"]["status"] == D.OK
 
 
 # ---- GPU identity ----

@@ -96,3 +96,28 @@ def test_an_out_that_is_no_tarball_is_a_usage_error(tmp_path, capsys):
         capsys.readouterr().err
         == f"arcvllm: --out {tmp_path / 'report.zip'}: name the tarball *.tar.gz\n"
     )
+
+
+def test_the_hosts_doctor_checks_the_deployments_settings_file(tmp_path, capsys):
+    """doctor compares the file's RENDER_GID with the host's render nodes."""
+    from arcvllm import cli
+
+    settings = tmp_path / "mine.env"
+    settings.write_text("RENDER_GID=4242\n")
+    out = tmp_path / "r.tar.gz"
+    argv = [
+        "field-report", "--compose", "true", "--service", "svc", "--image", "none",
+        "--docker", "false", "--base-url", "http://127.0.0.1:9/", "--preset", "tiny-hybrid-cpu",
+        "--env-file", str(settings), "--no-smoke", "--no-bench", "--scratch", str(tmp_path),
+        "--out", str(out), "--json",
+    ]  # fmt: skip
+    assert cli.main(argv) == 0
+    capsys.readouterr()
+    with tarfile.open(out) as tar:
+        # (doctor's one-line verdict on stderr follows the JSON when a row fails)
+        doctor = json.JSONDecoder().raw_decode(
+            tar.extractfile("r/host/doctor.json").read().decode()
+        )[0]
+        commands = tar.extractfile("r/commands.txt").read().decode()
+    assert f"doctor --json --preset tiny-hybrid-cpu --env-file {settings}" in commands
+    assert "RENDER_GID" in {row["check"] for row in doctor["rows"]}

@@ -3,6 +3,7 @@ against a pinned Kubernetes release's schemas (kubernetes-validate, offline)."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -175,3 +176,54 @@ def test_scale_out_flag_only_where_the_release_needs_it():
 
     assert "--enable-scale-out" not in args("scale")  # xpu-0.23: render without the flag
     assert args("scale-xpu-0.33") == ["$(ARCVLLM_PRESET)", "--enable-scale-out"]
+
+
+# ---- the GPU's device node: the runtime hands it to the pod's user, no GID is shipped ----
+
+DEPLOY_DOC = ROOT / "docs" / "deploy.md"
+
+
+def image_uid() -> int:
+    """The serving user's UID in the runtime stage of docker/Dockerfile (ARG UID=...)."""
+    text = (ROOT / "docker" / "Dockerfile").read_text()
+    runtime = text[text.index(" AS runtime\n") :]
+    return int(re.search(r"^ARG UID=(\d+)$", runtime, flags=re.M).group(1))
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_vllm_pod_runs_as_the_images_user_and_names_no_render_gid(overlay):
+    """A render GID (it was 992) is right on some nodes only; with the runtime's
+    device_ownership_from_security_context the node belongs to runAsUser/runAsGroup."""
+    pod = one(built(overlay), "StatefulSet", "vllm")["spec"]["template"]["spec"]
+    uid = image_uid()
+    context = pod["securityContext"]
+    assert (context["runAsUser"], context["runAsGroup"], context["fsGroup"]) == (uid, uid, uid)
+    assert "supplementalGroups" not in context
+    for container in pod["containers"]:
+        assert "supplementalGroups" not in container.get("securityContext", {})
+
+
+def test_no_shipped_manifest_carries_a_numeric_group():
+    for path in sorted(KUBE.rglob("*.yaml")):
+        text = path.read_text()
+        assert not re.search(r"supplementalGroups:\s*\[?\s*-?\s*\d", text), path
+
+
+def test_the_docs_overlay_for_clusters_without_device_ownership_adds_the_nodes_gid(tmp_path):
+    text = DEPLOY_DOC.read_text()
+    (block,) = [
+        b for b in re.findall(r"```yaml\n(.*?)```", text, flags=re.S) if "supplementalGroups" in b
+    ]
+    shutil.copytree(KUBE, tmp_path / "deploy" / "kubernetes")
+    mine = tmp_path / "my-overlay"
+    mine.mkdir()
+    (mine / "kustomization.yaml").write_text(block)
+    result = kustomize(mine)
+    assert result.returncode == 0, result.stderr
+    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+    context = one(docs, "StatefulSet", "vllm")["spec"]["template"]["spec"]["securityContext"]
+    assert context["supplementalGroups"] == [993] and context["runAsUser"] == image_uid()
+    manifest = tmp_path / "mine.yaml"
+    manifest.write_text(result.stdout)
+    checked = validate(manifest)
+    assert checked.returncode == 0, checked.stdout + checked.stderr

@@ -43,6 +43,21 @@ def test_more_replicas_than_gpus_is_one_line_and_starts_nothing(tmp_path):
     assert not called.exists()
 
 
+def test_xpu_replicas_get_the_render_nodes_gid(tmp_path):
+    """compose.scale.yaml has no default render GID: `scale up` passes the nodes' own."""
+    for node in ("renderD128", "renderD129"):
+        (tmp_path / "dev" / "dri").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "dev" / "dri" / node).touch()
+    gid = (tmp_path / "dev" / "dri" / "renderD128").stat().st_gid
+    seen = tmp_path / "render-gid"
+    result = arcvllm(
+        "scale", "up", "--replicas", "2", "--dev-root", str(tmp_path),
+        env={"COMPOSE": f"sh -c 'echo \"$RENDER_GID\" >> {seen}; exit 1' compose"},
+    )  # fmt: skip
+    assert result.returncode == 3 and "compose up failed" in result.stderr
+    assert seen.read_text().splitlines()[0] == str(gid)
+
+
 def test_a_replica_count_without_a_profile_is_a_usage_error():
     result = arcvllm("scale", "up", "--replicas", "3")
     assert result.returncode == 2

@@ -118,3 +118,56 @@ def test_the_entrypoint_drops_an_empty_gpu_mask_and_keeps_a_chosen_one(fake_imag
     show = ["bash", "-c", "echo ${ZE_AFFINITY_MASK-unset}"]
     assert fake_image(*show, ZE_AFFINITY_MASK="") == "unset"
     assert fake_image(*show, ZE_AFFINITY_MASK="2,3") == "2,3"
+
+
+# ---- RENDER_GID: the group of this host's render nodes, never a built-in number ----
+
+
+def render_dir(tmp_path: Path) -> tuple[Path, int]:
+    """A stand-in /dev/dri with one render node, and that node's GID."""
+    dri = tmp_path / "dri"
+    dri.mkdir()
+    (dri / "renderD128").write_text("")
+    return dri, (dri / "renderD128").stat().st_gid
+
+
+def test_a_render_gid_that_is_not_the_nodes_group_is_one_line_naming_both(tmp_path, capsys):
+    dri, gid = render_dir(tmp_path)
+    path = tmp_path / "mine.env"
+    path.write_text(f"PORT=8000\nRENDER_GID={gid + 1}\n")
+    rc = cli.main(["settings", "check", str(path), "--dri-dir", str(dri)])
+    err = capsys.readouterr().err
+    assert rc == 1 and err.count("\n") == 1
+    assert f"mine.env:2: RENDER_GID={gid + 1} but {dri}/renderD128 belongs to GID {gid}" in err
+    assert f"set RENDER_GID={gid} " in err
+
+
+def test_the_nodes_own_gid_an_empty_one_and_a_host_without_nodes_pass(tmp_path, capsys):
+    dri, gid = render_dir(tmp_path)
+    path = tmp_path / "mine.env"
+    for text, where in (
+        (f"RENDER_GID={gid}\n", dri),
+        ("RENDER_GID=\n", dri),
+        (f"RENDER_GID={gid + 1}\n", tmp_path / "empty"),  # a CPU host: nothing to open
+    ):
+        where.mkdir(exist_ok=True)
+        path.write_text(text)
+        assert cli.main(["settings", "check", str(path), "--dri-dir", str(where)]) == 0, text
+    assert capsys.readouterr().err == ""
+
+
+def test_a_dri_dir_that_does_not_exist_is_a_usage_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main(["settings", "check", str(TEMPLATE), "--dri-dir", str(tmp_path / "absent")])
+    assert done.value.code == 2 and "no such directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["arcvllm.env", "compose.yaml", "compose.scale.yaml"])
+def test_no_render_gid_is_built_into_the_template_or_compose(name):
+    """A built-in GID (it was 992) is right on some hosts only: elsewhere the container
+    cannot open the GPU and vLLM fails with an unclear platform error."""
+    text = (TEMPLATE.parent / name).read_text()
+    assert "RENDER_GID" in text
+    assert not re.search(r"^\s*RENDER_GID=\s*\d", text, flags=re.M)
+    assert not re.search(r"\$\{RENDER_GID:?-\s*\d", text)
+    assert not re.search(r"group_add:.*\d{3}", text)
