@@ -27,6 +27,7 @@ from arcvllm.errors import ArcvllmError
 COMMANDS = (
     "patches",
     "stack",
+    "standins",
     "toolchain",
     "presets",
     "settings",

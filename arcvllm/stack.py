@@ -121,28 +121,16 @@ def get(name: str, path: Path | None = None, flavor: str | None = None) -> Stack
     return stack
 
 
-# What the CI stand-in of an XPU stack (FLAVOR=xpu-ci) takes from that stack: its vLLM
-# source. Everything else (Debian, Python, CPU torch) comes from the default CPU stack.
-CI_SOURCE_KEYS = (
-    "STACK",
-    "VLLM_VERSION",
-    "VLLM_SDIST_URL",
-    "VLLM_SDIST_SHA256",
-    "VLLM_GIT_REF",
-    "XPU_CI_LOCK",
-)
+def ci_build_args(stack: Stack, standins_dir: Path | None = None) -> dict[str, str]:
+    """CI's build args of an XPU stack: its own (FLAVOR=xpu), where only the inputs CI cannot
+    reach point at their stand-ins (configs/ci-standins.yaml, made by scripts/ci/standins.sh)."""
+    from arcvllm import standins
 
-
-def ci_build_args(stack: Stack, cpu: Stack) -> dict[str, str]:
-    """Build args of FLAVOR=xpu-ci: the XPU stack's source on the CPU stack's base and torch."""
     if stack.flavor != "xpu":
-        raise ArcvllmError(f"stack {stack.name} is {stack.flavor}: the CI stand-in is for xpu")
-    own = stack.resolved_build_args()
-    return {
-        **cpu.build_args(),
-        **{k: own[k] for k in CI_SOURCE_KEYS if k in own},
-        "FLAVOR": "xpu-ci",
-    }
+        raise ArcvllmError(f"stack {stack.name} is {stack.flavor}: CI stand-ins are for xpu", 2)
+    # The stand-ins first: a missing one fails before the index is asked for the sdist.
+    replace = standins.overrides(stack.name, standins.load(), standins_dir or standins.DEFAULT_DIR)
+    return standins.ci_build_args(stack.resolved_build_args(), replace, stack.name)
 
 
 def render_build_args(values: Mapping[str, str]) -> str:
@@ -262,11 +250,7 @@ def _cmd(args: argparse.Namespace) -> int:
         print(json.dumps(stack_json(stack), indent=2) if as_json else render_stack(stack))
         return 0
     if args.action == "build-args":
-        if args.ci:
-            stacks, defaults = load(args.stacks_file)
-            values = ci_build_args(stack, stacks[defaults["cpu"]])
-        else:
-            values = stack.resolved_build_args()
+        values = ci_build_args(stack, args.standins_dir) if args.ci else stack.resolved_build_args()
         print(json.dumps(values, indent=2) if as_json else render_build_args(values))
     elif args.action == "get":
         try:
@@ -301,7 +285,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     build.add_argument(
         "--ci",
         action="store_true",
-        help="an XPU stack's source on plain Debian with CPU torch (FLAVOR=xpu-ci)",
+        help="CI: the stack's own args, with what CI cannot reach pointing at its stand-ins "
+        "(configs/ci-standins.yaml; scripts/ci/standins.sh makes them)",
+    )
+    build.add_argument(
+        "--standins-dir",
+        type=Path,
+        default=None,
+        help="where scripts/ci/standins.sh put the stand-ins (default: build/wheelhouse/standins)",
     )
     get_ = sub.add_parser("get", help="one build arg's value (e.g. VLLM_VERSION)")
     get_.add_argument("name")

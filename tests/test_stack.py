@@ -145,25 +145,34 @@ def test_make_build_with_an_unknown_stack_lists_stacks_and_fails():
     assert "xpu-0.33" in result.stdout and "cpu (default)" in result.stdout
 
 
-def test_ci_stand_in_takes_the_xpu_source_and_the_cpu_base(stacks, monkeypatch):
-    from arcvllm import index
+def test_ci_build_args_are_the_xpu_stacks_own_with_flavor_xpu(stacks, monkeypatch, tmp_path):
+    """CI builds the operator's XPU build: same flavour, stages and locks (the stand-ins of
+    configs/ci-standins.yaml replace only unreachable inputs: tests/test_standins.py)."""
+    from arcvllm import index, standins
 
     monkeypatch.setattr(index, "file_url", lambda *a: "https://mirror.invalid/vllm.tar.gz")
+    config = standins.load()
+    standins.make_wheels(config, tmp_path)
+    standins.make_oneccl(config, tmp_path)
+    debs = config.entry("gpu-debs")
+    (tmp_path / debs["dir"]).mkdir()
+    for name, (version, _) in debs["packages"].items():
+        (tmp_path / debs["dir"] / standins._deb_file(name, version)).write_bytes(b"")
     by_name, _ = stacks
-    args = stack.ci_build_args(by_name["xpu-0.20"], by_name["cpu"])
-    assert args["FLAVOR"] == "xpu-ci"
-    assert args["STACK"] == "xpu-0.20"
-    assert args["VLLM_VERSION"] == "0.20.2"
-    assert args["VLLM_SDIST_SHA256"] == by_name["xpu-0.20"].build_args()["VLLM_SDIST_SHA256"]
-    assert args["PYTHON_VERSION"] == "3.11"  # Debian's, not the XPU stack's 3.12
-    assert args["TORCH_VERSION"] == "2.13.0+cpu"
-    assert "GPU_DEBS" not in args
+    real = by_name["xpu-0.20"].resolved_build_args()
+    args = stack.ci_build_args(by_name["xpu-0.20"], tmp_path)
+    assert args["FLAVOR"] == "xpu"
+    kept = "STACK VLLM_VERSION VLLM_SDIST_SHA256 XPU_LOCK TORCH_VERSION PYTHON_VERSION"
+    kept += " TRITON_REINSTALL ONEAPI_PIP VLLM_DEPS_FROM PRESET"
+    for key in kept.split():
+        assert args[key] == real[key], key
+    assert args["XPU_BASE_IMAGE"] == "arcvllm-standin/ubuntu:24.04"
 
 
-def test_ci_stand_in_of_a_cpu_stack_is_refused(stacks):
+def test_ci_build_args_of_a_cpu_stack_are_refused(stacks):
     by_name, _ = stacks
-    with pytest.raises(ArcvllmError, match="the CI stand-in is for xpu"):
-        stack.ci_build_args(by_name["cpu"], by_name["cpu"])
+    with pytest.raises(ArcvllmError, match="CI stand-ins are for xpu"):
+        stack.ci_build_args(by_name["cpu"])
 
 
 def test_each_stack_defaults_to_a_preset_that_lists_it(stacks):

@@ -1,0 +1,209 @@
+"""The base image stand-in: ubuntu:24.04's shape made from Debian's archive.
+
+No registry answers here, so the image is a minbase debootstrap from the mirror in apt's
+sources (configs/ci-standins.yaml says which suite and why), with what the XPU build relies
+on of ubuntu:24.04: glibc >= 2.39, `python3.12` and `python3.12-dev` installed as dpkg
+packages laid out as Ubuntu's (built here from the host's CPython 3.12, since Debian has no
+3.12), and the user `ubuntu` with UID/GID 1000.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from arcvllm.errors import ArcvllmError
+
+# Bump when the way the image is made changes: the image's label then differs (stale).
+VERSION = 1
+LABEL = "org.arcvllm.standin.fingerprint"
+MULTIARCH = "usr/lib/x86_64-linux-gnu"
+# Not packaged: tests, IDLE and Tk (whose X11 libraries the base does not carry), pip's own
+# site-packages of the host, byte code.
+SKIP = ("site-packages", "test", "idlelib", "tkinter", "turtledemo", "__pycache__", "_tkinter*")
+
+
+def _run(cmd: list[str], log: Path | None = None, **kwargs) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
+    if log is not None:
+        log.write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+        raise ArcvllmError(f"standins: {' '.join(cmd[:3])} failed: {tail}")
+
+
+def _control(name: str, version: str, depends: str, provides: str, what: str) -> str:
+    return (
+        f"Package: {name}\nVersion: {version}\nArchitecture: amd64\n"
+        f"Maintainer: arcvllm CI <ci@arcvllm.invalid>\nDepends: {depends}\n"
+        + (f"Provides: {provides}\n" if provides else "")
+        + f"Description: CI stand-in for Ubuntu 24.04's {name}\n {what}\n"
+    )
+
+
+def _rewrite_prefix(path: Path, prefix: str) -> None:
+    text = path.read_text()
+    path.write_text(text.replace(prefix, "/usr"))
+
+
+def python_debs(python: Path, entry: Mapping, out: Path) -> list[Path]:
+    """python3.12 and python3.12-dev as .debs, from the host CPython at PYTHON."""
+    ver = entry["python"]["version"]
+    deb_ver = entry["python"]["deb_version"]
+    runtime = ", ".join(["libc6 (>= 2.39)", *entry["runtime_debs"].split()])
+    prefix = str(python)
+    lib = python / "lib" / f"python{ver}"
+    config = next(lib.glob(f"config-{ver}-*"))
+
+    main = out / f"python{ver}"
+    (main / "usr/bin").mkdir(parents=True)
+    shutil.copy2(python / "bin" / f"python{ver}", main / "usr/bin")
+    skip = shutil.ignore_patterns(*SKIP, config.name)
+    shutil.copytree(lib, main / f"usr/lib/python{ver}", ignore=skip, symlinks=True)
+    for data in (main / f"usr/lib/python{ver}").glob("_sysconfigdata_*.py"):
+        _rewrite_prefix(data, prefix)
+    (main / MULTIARCH).mkdir(parents=True)
+    shutil.copy2(python / "lib" / f"libpython{ver}.so.1.0", main / MULTIARCH)
+    provides = f"python{ver}-minimal, python{ver}-venv, libpython{ver}-stdlib, libpython{ver}t64"
+    what = f"CPython {python.name} as /usr/bin/python{ver}, /usr/lib/python{ver}, {MULTIARCH}"
+    (main / "DEBIAN").mkdir()
+    (main / "DEBIAN/control").write_text(_control(main.name, deb_ver, runtime, provides, what))
+
+    dev = out / f"python{ver}-dev"
+    (dev / "usr/include").mkdir(parents=True)
+    shutil.copytree(python / "include" / f"python{ver}", dev / f"usr/include/python{ver}")
+    shutil.copytree(config, dev / f"usr/lib/python{ver}/{config.name}", symlinks=True)
+    (dev / "usr/bin").mkdir()
+    shutil.copy2(python / "bin" / f"python{ver}-config", dev / "usr/bin")
+    _rewrite_prefix(dev / f"usr/bin/python{ver}-config", prefix)
+    makefile = dev / f"usr/lib/python{ver}/{config.name}/Makefile"
+    if makefile.is_file():
+        _rewrite_prefix(makefile, prefix)
+    (dev / MULTIARCH).mkdir(parents=True)
+    (dev / MULTIARCH / f"libpython{ver}.so").symlink_to(f"libpython{ver}.so.1.0")
+    what = f"CPython {python.name}'s headers as /usr/include/python{ver}"
+    (dev / "DEBIAN").mkdir()
+    depends = f"python{ver} (= {deb_ver})"
+    (dev / "DEBIAN/control").write_text(
+        _control(dev.name, deb_ver, depends, f"libpython{ver}-dev", what)
+    )
+
+    debs = []
+    for tree in (main, dev):
+        deb = out / f"{tree.name}_{deb_ver}_amd64.deb"
+        _run(["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(tree), str(deb)])
+        debs.append(deb)
+    return debs
+
+
+def build(
+    entry: Mapping, python: Path, mirror: str, fingerprint: str, scratch: Path, docker: str
+) -> None:
+    """debootstrap, the python debs, the user; imported as entry['image'] with its label."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="standin-base.", dir=scratch))
+    try:
+        debs = python_debs(python, entry, work)
+        rootfs = work / "rootfs"
+        include = ",".join(entry["runtime_debs"].split())
+        _run(
+            ["debootstrap", "--variant=minbase", f"--include={include}", entry["suite"],
+             str(rootfs), mirror],
+            log=work / "debootstrap.log",
+        )  # fmt: skip
+        for deb in debs:
+            shutil.copy2(deb, rootfs / "tmp")
+        _run(["chroot", str(rootfs), "sh", "-c", "dpkg -i /tmp/*.deb && rm /tmp/*.deb"])
+        user = entry["user"]
+        _run(["chroot", str(rootfs), "groupadd", "-g", str(user["gid"]), user["name"]])
+        _run(
+            ["chroot", str(rootfs), "useradd", "-m", "-u", str(user["uid"]), "-g",
+             str(user["gid"]), "-s", "/bin/bash", user["name"]]
+        )  # fmt: skip
+        # apt inside the image as on this host (the same snippets scripts/ci/engine.sh copies)
+        for snippet in Path("/etc/apt/apt.conf.d").glob("99*"):
+            shutil.copy2(snippet, rootfs / "etc/apt/apt.conf.d")
+        for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
+            for f in (rootfs / junk).glob("*"):
+                if f.is_file():
+                    f.unlink()
+        tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
+        changes = [f"LABEL {LABEL}={fingerprint}", 'CMD ["/bin/bash"]']
+        cmd = [
+            docker,
+            "import",
+            *(x for c in changes for x in ("--change", c)),
+            "-",
+            entry["image"],
+        ]
+        imported = subprocess.run(cmd, stdin=tar.stdout, capture_output=True, text=True)
+        tar.wait()
+        if imported.returncode != 0 or tar.returncode != 0:
+            raise ArcvllmError(f"standins: docker import failed: {imported.stderr.strip()}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+# One container: the shape of ubuntu:24.04 the build relies on, then the Dockerfile's own
+# apt steps (python3.12 must already be there; the GPU debs must install and give ze_api.h).
+CHECK = r"""
+set -u
+echo "glibc=$(ldd --version | head -n 1 | grep -oE '[0-9]+\.[0-9]+$')"
+echo "uid1000=$(getent passwd 1000 | cut -d: -f1,4)"
+python3.12 -m venv /tmp/v >/dev/null 2>&1 \
+    && echo "pip=$(/tmp/v/bin/pip --version | cut -d' ' -f1,2)"
+python3.12 -c 'import ssl, sqlite3, ctypes, lzma, bz2, zlib' && echo "stdlib=ok"
+test -f /usr/include/python3.12/Python.h && test -e /usr/lib/x86_64-linux-gnu/libpython3.12.so.1.0 \
+    && echo "layout=ok"
+apt-get update -qq >/dev/null 2>&1 || echo "apt-update=failed"
+echo "python-upgrades=$(apt-get install -s python3.12 python3.12-dev python3-venv 2>/dev/null \
+    | grep -cE '^(Inst|Remv) python3\.12( |-dev )')"
+if [ -d /debs ]; then
+    apt-get install -y -qq --no-install-recommends /debs/*.deb >/tmp/debs.log 2>&1 \
+        && echo "debs=ok" || echo "debs=$(tail -n 3 /tmp/debs.log | tr '\n' ' ')"
+    test -f /usr/include/level_zero/ze_api.h && echo "ze_api=ok"
+fi
+"""
+
+
+def check(entry: Mapping, debs: Path | None, docker: str) -> list[str]:
+    """What differs from the shape the XPU build expects, one line each (empty: none)."""
+    mount = ["-v", f"{debs}:/debs:ro"] if debs is not None and debs.is_dir() else []
+    proc = subprocess.run(
+        [docker, "run", "--rm", *mount, entry["image"], "bash", "-c", CHECK],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0 and not proc.stdout:
+        return [f"{entry['image']}: does not run: {proc.stderr.strip()[-200:]}"]
+    got = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
+    return problems(got, entry, with_debs=bool(mount))
+
+
+def problems(got: Mapping[str, str], entry: Mapping, with_debs: bool) -> list[str]:
+    """The checks of `check`, on its KEY=VALUE lines (pure: unit-tested)."""
+    user = entry["user"]
+    found = []
+    glibc = got.get("glibc", "")
+    if not re.fullmatch(r"\d+\.\d+", glibc) or tuple(map(int, glibc.split("."))) < (2, 39):
+        found.append(f"glibc {glibc or '?'} < 2.39 (ubuntu:24.04 has 2.39)")
+    if got.get("uid1000") != f"{user['name']}:{user['gid']}":
+        found.append(f"UID 1000 is {got.get('uid1000') or 'nobody'}, not {user['name']}")
+    if not got.get("pip", "").startswith("pip "):
+        found.append("python3.12 -m venv gives no working pip")
+    for key, what in (("stdlib", "python3.12 lacks ssl/sqlite3/ctypes/lzma/bz2/zlib"),
+                      ("layout", "python3.12 not laid out as Ubuntu's")):  # fmt: skip
+        if got.get(key) != "ok":
+            found.append(what)
+    if got.get("python-upgrades") != "0":
+        found.append("apt would replace the python3.12 packages")
+    if with_debs:
+        if got.get("debs") != "ok":
+            found.append(f"the GPU debs do not install: {got.get('debs', '?')}")
+        if got.get("ze_api") != "ok":
+            found.append("no /usr/include/level_zero/ze_api.h after the GPU debs")
+    return found
