@@ -144,8 +144,8 @@ scale-images: $(VENV)/.stamp wheelhouse ## the router and Prometheus images dock
 # and oneCCL downloads). It stops where torch would have to run: arcvllm:STACK-ci is the
 # `vllm` stage (vLLM installed over the lock), arcvllm:STACK-ci-user the runtime's user.
 .PHONY: standins
-standins: $(VENV)/.stamp wheelhouse ## CI: make the stand-ins of configs/ci-standins.yaml for XPU_STACK (build/wheelhouse/standins)
-	scripts/ci/standins.sh $(XPU_STACK)
+standins: $(VENV)/.stamp wheelhouse ## CI: make the stand-ins of configs/ci-standins.yaml (build/wheelhouse/standins, arcvllm-standin/ubuntu:24.04)
+	scripts/ci/standins.sh
 
 .PHONY: build-xpu-ci
 build-xpu-ci: standins ## CI: the XPU build of STACK stage for stage with named stand-ins (arcvllm:STACK-ci, arcvllm:STACK-ci-user)
