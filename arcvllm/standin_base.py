@@ -19,7 +19,7 @@ from pathlib import Path
 from arcvllm.errors import ArcvllmError
 
 # Bump when the way the image is made changes: the image's label then differs (stale).
-VERSION = 1
+VERSION = 2
 LABEL = "org.arcvllm.standin.fingerprint"
 MULTIARCH = "usr/lib/x86_64-linux-gnu"
 # Not packaged: tests, IDLE and Tk (whose X11 libraries the base does not carry), pip's own
@@ -124,6 +124,12 @@ def build(
             ["chroot", str(rootfs), "useradd", "-m", "-u", str(user["uid"]), "-g",
              str(user["gid"]), "-s", "/bin/bash", user["name"]]
         )  # fmt: skip
+        # Ubuntu's pip (python3-pip-whl, which `python3.12 -m venv` installs) is patched to
+        # trust the system CA store; the host's CPython bundles pip's own certifi. A
+        # site-wide pip config gives venvs made here the same trust (the build's CA secret
+        # is mounted over that store).
+        pip_conf = "[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n"
+        (rootfs / "etc/pip.conf").write_text(pip_conf)
         # apt inside the image as on this host (the same snippets scripts/ci/engine.sh copies)
         for snippet in Path("/etc/apt/apt.conf.d").glob("99*"):
             shutil.copy2(snippet, rootfs / "etc/apt/apt.conf.d")
