@@ -408,7 +408,9 @@ def base_fingerprint(config: Config, python: Path) -> str:
     """What the base image is made of: a different one means the image is stale."""
     from arcvllm import standin_base
 
-    doc = {"entry": config.entry("base-image"), "python": str(python), "v": standin_base.VERSION}
+    entry = config.entry("base-image")
+    made_of = {k: entry[k] for k in standin_base.INPUTS}  # not the prose: reason, ...
+    doc = {"entry": made_of, "python": str(python), "v": standin_base.VERSION}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -337,6 +337,17 @@ GOOD = {
 }
 
 
+def test_the_base_is_made_again_when_what_it_is_made_of_changes_not_its_prose(config):
+    def fingerprint(**changes) -> str:
+        entry = {**config.entry("base-image"), **changes}
+        changed = standins.Config({**config.standins, "base-image": entry}, config.stacks)
+        return standins.base_fingerprint(changed, Path("/py/3.12.1"))
+
+    assert fingerprint(reason="reworded") == fingerprint()
+    assert fingerprint(suite="trixie") != fingerprint()
+    assert fingerprint(runtime_debs="libssl3t64") != fingerprint()
+
+
 def test_the_shape_check_passes_the_shape_it_wants(config):
     assert standin_base.problems(GOOD, config.entry("base-image"), with_debs=True) == []
 
