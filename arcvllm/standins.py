@@ -37,14 +37,14 @@ IN_BUILD = "file:///wheelhouse/standins"
 PARTS = ("debs", "wheels", "oneccl", "base")
 
 
-def scratch_dir(root: Path) -> Path:
-    """Scratch space next to the build context's wheelhouse, never inside it (nor /tmp)."""
-    return root.parent.parent / "tmp"
-
-
 # Every ZIP entry gets this time: the same wheel bytes on every run.
 ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 DOCKER = os.environ.get("DOCKER", "/usr/bin/docker")
+
+
+def scratch_dir(root: Path) -> Path:
+    """Scratch space next to the build context's wheelhouse, never inside it (nor /tmp)."""
+    return root.parent.parent / "tmp"
 
 
 def config_file() -> Path:
