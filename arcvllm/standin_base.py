@@ -21,6 +21,8 @@ from arcvllm.errors import ArcvllmError
 # Bump when the way the image is made changes: the image's label then differs (stale).
 VERSION = 2
 LABEL = "org.arcvllm.standin.fingerprint"
+# The fields of the stand-in's entry the image is made of (its label's fingerprint).
+INPUTS = ("image", "suite", "python", "runtime_debs", "user")
 MULTIARCH = "usr/lib/x86_64-linux-gnu"
 # Not packaged: tests, IDLE and Tk (whose X11 libraries the base does not carry), pip's own
 # site-packages of the host, byte code.

@@ -37,14 +37,14 @@ IN_BUILD = "file:///wheelhouse/standins"
 PARTS = ("debs", "wheels", "oneccl", "base")
 
 
-def scratch_dir(root: Path) -> Path:
-    """Scratch space next to the build context's wheelhouse, never inside it (nor /tmp)."""
-    return root.parent.parent / "tmp"
-
-
 # Every ZIP entry gets this time: the same wheel bytes on every run.
 ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 DOCKER = os.environ.get("DOCKER", "/usr/bin/docker")
+
+
+def scratch_dir(root: Path) -> Path:
+    """Scratch space next to the build context's wheelhouse, never inside it (nor /tmp)."""
+    return root.parent.parent / "tmp"
 
 
 def config_file() -> Path:
@@ -408,7 +408,9 @@ def base_fingerprint(config: Config, python: Path) -> str:
     """What the base image is made of: a different one means the image is stale."""
     from arcvllm import standin_base
 
-    doc = {"entry": config.entry("base-image"), "python": str(python), "v": standin_base.VERSION}
+    entry = config.entry("base-image")
+    made_of = {k: entry[k] for k in standin_base.INPUTS}  # not the prose: reason, ...
+    doc = {"entry": made_of, "python": str(python), "v": standin_base.VERSION}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 

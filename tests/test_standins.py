@@ -214,6 +214,7 @@ def test_torch_standin_answers_what_vllms_setup_py_reads(torch_site):
         "from torch.utils.cpp_extension import CUDA_HOME, ROCM_HOME\n"
         "assert CUDA_HOME is None and ROCM_HOME is None\n"
         "assert torch.version.cuda is None and torch.version.hip is None\n"
+        "import os; assert os.path.isdir(torch.utils.cmake_prefix_path + '/Torch')\n"
         "print(torch.__version__, torch.version.xpu)\n"
     )
     result = run_python(torch_site, code)
@@ -243,29 +244,60 @@ def configure(torch_site: Path, tmp_path: Path, **env: str) -> subprocess.Comple
         "cmake_minimum_required(VERSION 3.18)\nproject(probe NONE)\nfind_package(Torch REQUIRED)\n"
     )
     clean = {k: v for k, v in os.environ.items() if k not in ("SYCL_ROOT", "CMPLR_ROOT")}
-    prefix = torch_site / "torch" / "share" / "cmake"
-    return subprocess.run(
-        [cmake(), "-S", str(src), "-B", str(tmp_path / "build"), f"-DCMAKE_PREFIX_PATH={prefix}"],
+    prefix = run_python(torch_site, "import torch; print(torch.utils.cmake_prefix_path)").stdout
+    result = subprocess.run(
+        [
+            cmake(),
+            "-S",
+            str(src),
+            "-B",
+            str(tmp_path / "build"),
+            f"-DCMAKE_PREFIX_PATH={prefix.strip()}",
+        ],
         env={**clean, **env},
         capture_output=True,
         text=True,
     )
+    # CMake wraps its messages: compare words
+    result.stderr = " ".join(result.stderr.split())
+    return result
+
+
+def sycl_root(tmp_path: Path, *without: str) -> Path:
+    """A directory laid out as oneAPI's compiler (icx answering its version), less WITHOUT."""
+    root = tmp_path / "compiler"
+    files = {
+        "bin/icx": "#!/bin/sh\necho 'Intel(R) oneAPI DPC++/C++ Compiler 2025.3.2 (2025.3.2.1)'\n",
+        "include/sycl/sycl.hpp": "",
+        "lib/libsycl.so": "",
+        "lib/libOpenCL.so": "",
+    }
+    for name, text in files.items():
+        if name not in without:
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            (root / name).write_text(text)
+    if "bin/icx" not in without:
+        (root / "bin/icx").chmod(0o755)
+    return root
 
 
 def test_torch_cmake_config_stops_without_a_sycl_compiler(torch_site, tmp_path):
     result = configure(torch_site, tmp_path)
     assert result.returncode != 0
-    assert "torch +xpu needs the SYCL toolkit" in result.stderr
+    assert "torch +xpu needs the XPU runtime and SYCL toolkit" in result.stderr
+    assert "no SYCL_ROOT, CMPLR_ROOT" in result.stderr
+
+
+def test_torch_cmake_config_stops_at_a_sycl_root_without_icx(torch_site, tmp_path):
+    result = configure(torch_site, tmp_path, CMPLR_ROOT=str(sycl_root(tmp_path, "bin/icx")))
+    assert result.returncode != 0
+    assert "no icx with a version" in result.stderr
 
 
 def test_torch_cmake_config_passes_with_a_compiler_at_sycl_root(torch_site, tmp_path):
-    compiler = tmp_path / "compiler"
-    for f in ("bin/icpx", "include/sycl/sycl.hpp", "lib/libsycl.so"):
-        (compiler / f).parent.mkdir(parents=True, exist_ok=True)
-        (compiler / f).write_text("")
-    (compiler / "bin/icpx").chmod(0o755)
-    result = configure(torch_site, tmp_path, SYCL_ROOT=str(compiler))
+    result = configure(torch_site, tmp_path, SYCL_ROOT=str(sycl_root(tmp_path)))
     assert result.returncode == 0, result.stderr
+    assert "Found SYCL" in result.stdout and "20250302" in result.stdout
     assert "CI stand-in for torch 2.11.0+xpu" in result.stdout
 
 
@@ -303,6 +335,17 @@ GOOD = {
     "debs": "ok",
     "ze_api": "ok",
 }
+
+
+def test_the_base_is_made_again_when_what_it_is_made_of_changes_not_its_prose(config):
+    def fingerprint(**changes) -> str:
+        entry = {**config.entry("base-image"), **changes}
+        changed = standins.Config({**config.standins, "base-image": entry}, config.stacks)
+        return standins.base_fingerprint(changed, Path("/py/3.12.1"))
+
+    assert fingerprint(reason="reworded") == fingerprint()
+    assert fingerprint(suite="trixie") != fingerprint()
+    assert fingerprint(runtime_debs="libssl3t64") != fingerprint()
 
 
 def test_the_shape_check_passes_the_shape_it_wants(config):
