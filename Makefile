@@ -150,6 +150,7 @@ standins: $(VENV)/.stamp wheelhouse ## CI: make the stand-ins of configs/ci-stan
 .PHONY: build-xpu-ci
 build-xpu-ci: standins ## CI: the XPU build of STACK stage for stage with named stand-ins (arcvllm:STACK-ci, arcvllm:STACK-ci-user)
 	@$(ARCVLLM) stack build-args $(XPU_STACK) --flavor xpu >/dev/null || { $(ARCVLLM) stack list; exit 2; }
+	@$(ARCVLLM) stack build-args $(XPU_STACK) --ci >/dev/null
 	$(DOCKER_BUILD) --target vllm -t arcvllm:$(XPU_STACK)-ci \
 		$(shell $(ARCVLLM) stack build-args $(XPU_STACK) --ci 2>/dev/null) .
 	$(DOCKER_BUILD) --target runtime-user -t arcvllm:$(XPU_STACK)-ci-user \
