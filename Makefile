@@ -59,16 +59,28 @@ tools: ## install the Debian tools the tests need (prometheus, promtool, kubectl
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing
 
 .PHONY: test
-test: lint test-venvs tools ## everything: lint, unit, real vLLM code, image and smoke tests
-	scripts/ci/engine.sh run $(MAKE) --no-print-directory test-in-engine
+test: $(VENV)/.stamp ## everything, set-up included: lint, unit, real vLLM code, every image (XPU rehearsals too), compose, smoke, emulation
+	scripts/ci/engine.sh run scripts/ci/pipeline.sh
 
-# pytest's scratch under build/ (nothing left in /tmp), then the container smoke test of
-# the CPU image with the high-address emulation on, whatever the host (the plain smoke test
-# of that image runs in tests/test_deploy.py): `make smoke-test` alone is the operator's check.
-.PHONY: test-in-engine
-test-in-engine:
-	ARCVLLM_TEST_VENVS=$(abspath $(TEST_VENVS)) $(VENV)/bin/pytest --basetemp=$(BUILD)/pytest
+# pytest's scratch under build/ (nothing left in /tmp). The host part (no image) and the
+# image part (-m docker) run apart so the images can build while the host part runs
+# (scripts/ci/pipeline.sh); test-in-engine runs both, one after the other.
+PYTEST = ARCVLLM_TEST_VENVS=$(abspath $(TEST_VENVS)) $(VENV)/bin/pytest --basetemp=$(BUILD)/pytest
+
+.PHONY: test-host
+test-host: $(VENV)/.stamp ## the tests that need no image (unit, real vLLM code, servers on the host, compose config)
+	$(PYTEST) -m 'not docker'
+
+# Then the container smoke test of the CPU image with the high-address emulation on,
+# whatever the host (the plain smoke test of that image runs in tests/test_deploy.py):
+# `make smoke-test` alone is the operator's check.
+.PHONY: test-images
+test-images: $(VENV)/.stamp ## the tests of the built images (CPU, the XPU rehearsals, router, Prometheus), then the emulated smoke test
+	$(PYTEST) --basetemp=$(BUILD)/pytest-images -m docker
 	$(MAKE) --no-print-directory smoke-emulated STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu
+
+.PHONY: test-in-engine
+test-in-engine: test-host test-images
 
 # ---- images and compose (docker/) ----
 # The engine scripts/ci/engine.sh starts: used when DOCKER_HOST is not set.
