@@ -268,3 +268,42 @@ def test_a_down_replica_reaches_the_operators_webhook(tmp_path):
         sink.close()
     assert all(proc.returncode is not None for proc in procs)
     assert time.monotonic() - began < 90
+
+
+# ---- the single server of `make up` -----------------------------------------------------
+
+SINGLE = PROM / "prometheus-single.yml"
+
+
+def test_the_single_server_config_is_valid_and_has_no_router_job():
+    result = subprocess.run(
+        [tool("promtool"), "check", "config", str(SINGLE)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    config = yaml.safe_load(SINGLE.read_text())
+    assert [job["job_name"] for job in config["scrape_configs"]] == ["vllm"]
+    assert config["alerting"] == yaml.safe_load((PROM / "prometheus.yml").read_text())["alerting"]
+
+
+@pytest.mark.compose
+def test_compose_runs_the_single_servers_prometheus_as_the_image_does_with_its_config():
+    from test_compose import COMPOSE_FILE, config
+
+    result = config(COMPOSE_FILE, "--profile", "monitoring")
+    assert result.returncode == 0, result.stderr
+    service = yaml.safe_load(result.stdout)["services"]["prometheus-single"]
+    image = json.loads(re.search(r"^ENTRYPOINT (\[.*\])$", prometheus_stage(), re.M).group(1))
+    swapped = [a.replace("/prometheus.yml", "/prometheus-single.yml") for a in image]
+    assert service["entrypoint"] == swapped != image
+    assert service["profiles"] == ["monitoring"]
+    (port,) = service["ports"]
+    assert (port["host_ip"] if isinstance(port, dict) else port.split(":")[0]) == "127.0.0.1"
+
+
+def prometheus_stage() -> str:
+    text = DOCKERFILE.read_text()
+    stage = text[text.index(" AS prometheus\n") :]
+    return stage[: stage.index("\nFROM ")]
