@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -418,3 +419,20 @@ def test_the_model_claim_names_a_storage_class():
     claim = one(built("scale"), "PersistentVolumeClaim", "models")["spec"]
     assert claim["accessModes"] == ["ReadOnlyMany"]
     assert claim["storageClassName"]
+
+
+def test_the_docs_overlay_names_the_storage_class_of_the_model_claim(tmp_path):
+    text = (ROOT / "docs" / "scale.md").read_text()
+    (block,) = [
+        textwrap.dedent(b)
+        for b in re.findall(r"```yaml\n(.*?)```", text, flags=re.S)
+        if "storageClassName" in b
+    ]
+    shutil.copytree(KUBE, tmp_path / "deploy" / "kubernetes")
+    mine = tmp_path / "my-overlay"
+    mine.mkdir()
+    (mine / "kustomization.yaml").write_text(block)
+    result = kustomize(mine)
+    assert result.returncode == 0, result.stderr
+    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+    assert one(docs, "PersistentVolumeClaim", "models")["spec"]["storageClassName"] == "nfs-ro"
