@@ -225,8 +225,9 @@ def openmetrics(now: float) -> str:
         add("vllm:num_requests_waiting", eng, lambda k: 0)
         add("vllm:num_preemptions_total", eng, lambda k: 0)
         http = {**base, "handler": "/v1/completions", "method": "POST"}
+        # No 5xx series and no vllm_router_retries_exhausted_total: neither exists before
+        # the first failure, and the error rules must still say 0.
         add("http_requests_total", {**http, "status": "2xx"}, lambda k: 10 * k)
-        add("http_requests_total", {**http, "status": "5xx"}, lambda k: 0)
         for hist, edges in (
             ("vllm:time_to_first_token_seconds_bucket", ("0.1", "1.0", "+Inf")),
             ("vllm:inter_token_latency_seconds_bucket", ("0.01", "0.1", "+Inf")),
@@ -244,7 +245,6 @@ def openmetrics(now: float) -> str:
         add("vllm_router_cb_state", worker, lambda k: 0)
     router = {"job": "router", "instance": "router:29000", "replica": "router"}
     add("up", router, lambda k: 1)
-    add("vllm_router_retries_exhausted_total", {**router, "route": "/v1/completions"}, lambda k: 0)
     for outcome in ("prefix_hit", "prefix_miss"):
         add(
             "vllm_router_prefix_routing_decisions_total",
@@ -368,3 +368,14 @@ def test_console_renders_a_row_per_replica_with_every_value(prometheus):
 def test_a_misspelled_metric_returns_no_data(prometheus):
     """The data checks above can fail: a wrong metric name is an empty result, not an error."""
     assert query(prometheus, "max by (replica) (vllm:kv_cache_usage_percent)") == []
+
+
+def test_error_rules_say_zero_before_the_first_failure(prometheus):
+    """Neither the 5xx series nor the router's retries_exhausted counter exists until a
+    request fails: the recorded rates are 0, not missing (an empty series hides a broken
+    rule and leaves the console blank)."""
+    ratio = query(prometheus, "arcvllm:http_5xx_ratio:rate5m")
+    assert {s["metric"]["replica"]: s["value"][1] for s in ratio} == {"vllm-0": "0", "vllm-1": "0"}
+    (failed,) = query(prometheus, "arcvllm:router_failed_requests:rate5m")
+    assert failed["value"][1] == "0"
+    assert query(prometheus, "vllm_router_retries_exhausted_total") == []
