@@ -307,3 +307,72 @@ def prometheus_stage() -> str:
     text = DOCKERFILE.read_text()
     stage = text[text.index(" AS prometheus\n") :]
     return stage[: stage.index("\nFROM ")]
+
+
+def test_one_server_found_under_both_names_is_one_target_labelled_vllm(tmp_path):
+    """The single server's relabeling, on a real Prometheus: the DNS lookup is replaced by
+    the two targets it yields when vllm-cpu also answers as `vllm` (one address, two
+    names); they become one target, replica="vllm", instance="vllm:8000"."""
+    import httpx
+
+    class Metrics(QuietHandler):
+        def do_GET(self) -> None:
+            self.send(200, "vllm:num_requests_running 0\n", "text/plain")
+
+    from http.server import ThreadingHTTPServer
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    address = f"127.0.0.1:{server.server_address[1]}"
+    config = yaml.safe_load(SINGLE.read_text())
+    config["global"].update(scrape_interval="1s", scrape_timeout="1s")
+    config.pop("alerting")
+    config["rule_files"] = []
+    (job,) = config["scrape_configs"]
+    assert job.pop("dns_sd_configs")[0]["names"] == ["vllm", "vllm-cpu"]
+    job["static_configs"] = [
+        {"targets": [address], "labels": {"__meta_dns_name": name}} for name in ("vllm", "vllm-cpu")
+    ]
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    proc = started(
+        [
+            tool("prometheus"),
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        tmp_path / "prometheus.log",
+    )
+    try:
+
+        def scraped() -> list:
+            if proc.poll() is not None:
+                pytest.fail(f"prometheus exited: {(tmp_path / 'prometheus.log').read_text()}")
+            try:
+                r = httpx.get(
+                    f"http://127.0.0.1:{port}/api/v1/query", params={"query": "up"}, timeout=5
+                )
+            except httpx.HTTPError:
+                return []
+            return r.json()["data"]["result"] if r.status_code == 200 else []
+
+        try:
+            found = wait_until(scraped, 30, 0.5, "a scrape of the single server")
+        except WaitTimeout as exc:
+            pytest.fail(f"{exc}: {(tmp_path / 'prometheus.log').read_text()[-2000:]}")
+        time.sleep(2)  # a second target, had there been one, would be up by now
+        (up,) = scraped() or found
+        assert up["metric"] == {
+            "__name__": "up",
+            "job": "vllm",
+            "replica": "vllm",
+            "instance": "vllm:8000",
+        }
+        assert up["value"][1] == "1"
+        targets = httpx.get(f"http://127.0.0.1:{port}/api/v1/targets", timeout=5).json()
+        assert len(targets["data"]["activeTargets"]) == 1
+    finally:
+        stop_server(proc)
+        server.shutdown()
+        server.server_close()
