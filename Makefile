@@ -46,14 +46,16 @@ lint: $(VENV)/.stamp ## ruff, shellcheck, hadolint
 test-fast: $(VENV)/.stamp ## unit tests only (no vLLM, no Docker)
 	$(VENV)/bin/pytest -m 'not vllm and not docker and not server and not compose'
 
-# Debian tools the tests run: promtool and prometheus (deploy/prometheus), kubectl for
+# Debian tools the tests run: promtool and prometheus (deploy/prometheus), alertmanager
+# (deploy/alertmanager: prometheus-alertmanager 0.25), kubectl for
 # `kubectl kustomize` (deploy/kubernetes; Debian's kubernetes-client where none is there),
 # docker-compose where neither it nor the compose plugin is there (tests marked compose).
-TOOLS_DEBS = $(if $(shell command -v promtool),,prometheus) $(if $(shell command -v kubectl),,kubernetes-client) \
+TOOLS_DEBS = $(if $(shell command -v promtool),,prometheus) \
+	$(if $(shell command -v prometheus-alertmanager),,prometheus-alertmanager) $(if $(shell command -v kubectl),,kubernetes-client) \
 	$(if $(shell command -v docker-compose || $(DOCKER) compose version 2>/dev/null),,docker-compose)
 
 .PHONY: tools
-tools: ## install the Debian tools the tests need (prometheus, promtool, kubectl, docker-compose) when run as root
+tools: ## install the Debian tools the tests need (prometheus, promtool, alertmanager, kubectl, docker-compose) when run as root
 	@missing='$(strip $(TOOLS_DEBS))'; [ -z "$$missing" ] && exit 0; \
 	if [ "$$(id -u)" != 0 ]; then echo "make tools: missing Debian packages: $$missing (apt-get install them as root)" >&2; exit 3; fi; \
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing
@@ -146,9 +148,10 @@ build: $(VENV)/.stamp wheelhouse ## build the image of STACK (default: cpu, or x
 		.
 
 .PHONY: scale-images
-scale-images: $(VENV)/.stamp wheelhouse ## the router and Prometheus images docker/compose.scale.yaml runs (arcvllm-router, arcvllm-prometheus)
+scale-images: $(VENV)/.stamp wheelhouse ## the router, Prometheus and Alertmanager images docker/compose.scale.yaml runs
 	$(DOCKER_BUILD) --target router -t arcvllm-router:0.1.17 $(shell $(ARCVLLM) stack build-args cpu) .
 	$(DOCKER_BUILD) --target prometheus -t arcvllm-prometheus:2.42 $(shell $(ARCVLLM) stack build-args cpu) .
+	$(DOCKER_BUILD) --target alertmanager -t arcvllm-alertmanager:0.25 $(shell $(ARCVLLM) stack build-args cpu) .
 
 # CI's rehearsal of `make build STACK=<xpu stack>`: the same Dockerfile stages, scripts and
 # lock, with only what cannot be reached here replaced by the stand-ins that

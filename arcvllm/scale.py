@@ -19,6 +19,7 @@ from pathlib import Path
 from arcvllm import cli
 from arcvllm.client import Client, WaitTimeout, wait_until
 from arcvllm.errors import ArcvllmError
+from arcvllm.settings import load as load_settings
 from arcvllm.settings import render_node_gids
 
 PROJECT = "arcvllm-scale"
@@ -76,7 +77,7 @@ def layout(replicas: int, cpu: bool, monitoring: bool) -> Layout:
         names = tuple(f"vllm-{i}" for i in range(replicas))
         services = ("router", *names[2:])
     if monitoring:
-        profiles, services = (*profiles, "monitoring"), (*services, "prometheus")
+        profiles, services = (*profiles, "monitoring"), (*services, "prometheus", "alertmanager")
     return Layout(profiles, services, names)
 
 
@@ -207,8 +208,22 @@ def wait_router(url: str, timeout: float, interval: float = 2.0) -> None:
         ) from exc
 
 
+def check_alert_receiver(env_file: Path) -> None:
+    """--monitoring starts Alertmanager, which refuses to start without a receiver: say so
+    before anything starts (compose reads ALERT_WEBHOOK_URL from the shell or the file)."""
+    if os.environ.get("ALERT_WEBHOOK_URL") or load_settings(env_file).get("ALERT_WEBHOOK_URL"):
+        return
+    raise ArcvllmError(
+        "--monitoring: ALERT_WEBHOOK_URL is not set (the webhook Alertmanager sends alerts to;"
+        f" export it or put it in {env_file})",
+        3,
+    )
+
+
 def up(args: argparse.Namespace) -> int:
     p = layout(args.replicas, args.cpu, args.monitoring)
+    if args.monitoring:
+        check_alert_receiver(args.env_file.resolve())
     settings = p.settings()
     if not args.cpu:
         check_gpus(args.replicas, Path(args.dev_root))
@@ -260,7 +275,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     start = sub.add_parser("up", help="start N replicas + the router; wait until they serve")
     start.add_argument("--replicas", type=int, default=2, help="2 or 4 (one B70 each)")
     start.add_argument("--cpu", action="store_true", help="two CPU replicas of the tiny model")
-    start.add_argument("--monitoring", action="store_true", help="Prometheus too")
+    start.add_argument(
+        "--monitoring",
+        action="store_true",
+        help="Prometheus and Alertmanager too (ALERT_WEBHOOK_URL)",
+    )
     start.add_argument("--timeout", type=float, default=1800.0, help="replica health, s (1800)")
     start.add_argument("--router-timeout", type=float, default=60.0, help="router ready, s (60)")
     start.add_argument("--dev-root", default="/", help=argparse.SUPPRESS)

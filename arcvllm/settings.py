@@ -33,6 +33,7 @@ HOST_KEYS = (
     *("ROUTER_IMAGE", "ROUTER_POLICY", "ROUTER_WORKER_URLS", "ROUTER_CACHE_THRESHOLD"),
     *("ROUTER_BALANCE_ABS_THRESHOLD", "ROUTER_BALANCE_REL_THRESHOLD"),
     *("ROUTER_HEALTH_CHECK_INTERVAL_SECS", "ROUTER_HEALTH_FAILURE_THRESHOLD"),
+    *("ALERT_WEBHOOK_URL", "ALERTMANAGER_IMAGE", "ALERTMANAGER_BIND_ADDRESS", "ALERTMANAGER_PORT"),
 )
 # Read inside the container: the entrypoint and `arcvllm serve`, vLLM, Level Zero, oneCCL,
 # the Hugging Face hub. Every preset's `env:` key is known too (the operator may override

@@ -3,10 +3,12 @@ against a pinned Kubernetes release's schemas (kubernetes-validate, offline)."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -138,7 +140,7 @@ def test_every_pod_runs_as_non_root_without_privileges(overlay):
     for pod in pods:
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert pod["securityContext"]["runAsUser"] != 0
-        for c in pod["containers"]:
+        for c in pod["containers"] + pod.get("initContainers", []):
             assert c["securityContext"]["allowPrivilegeEscalation"] is False
             assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
     ns = one(docs, "Namespace", "arcvllm")
@@ -227,3 +229,210 @@ def test_the_docs_overlay_for_clusters_without_device_ownership_adds_the_nodes_g
     manifest.write_text(result.stdout)
     checked = validate(manifest)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+# ---- safe to expose: who reaches what, disruptions, shutdown, placement, key, model -----
+
+SHUTDOWN_TIMEOUT = 120  # vLLM's --shutdown-timeout the presets set (seconds)
+ROUTER = {"app.kubernetes.io/name": "arcvllm", "app.kubernetes.io/component": "router"}
+VLLM = {"app.kubernetes.io/name": "arcvllm", "app.kubernetes.io/component": "vllm"}
+PROMETHEUS = {
+    "namespaceSelector": {"matchLabels": {"arcvllm/prometheus": "true"}},
+    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+}
+GATEWAY = {"namespaceSelector": {"matchLabels": {"arcvllm/gateway": "true"}}}
+REPLICA_PEERS = [({"podSelector": {"matchLabels": ROUTER}}, 8000), (PROMETHEUS, 8000)]
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    assert set(selector) <= {"matchLabels"}, selector  # no matchExpressions here
+    return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+
+
+def allowed(docs: list[dict], pod_labels: dict) -> list[tuple[dict, int]]:
+    """(peer, port) for every ingress rule of every NetworkPolicy that selects the pod."""
+    out = []
+    for policy in (d for d in docs if d["kind"] == "NetworkPolicy"):
+        if not selects(policy["spec"]["podSelector"], pod_labels):
+            continue
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+        for rule in policy["spec"]["ingress"]:
+            for peer in rule["from"]:  # a rule without `from` would admit every source
+                for port in rule["ports"]:
+                    out.append((peer, port["port"]))
+    return out
+
+
+def canon(peer_port: tuple[dict, int]) -> str:
+    return json.dumps(peer_port, sort_keys=True)
+
+
+def pod_template(docs: list[dict], kind: str, name: str) -> dict:
+    return one(docs, kind, name)["spec"]["template"]
+
+
+@pytest.mark.parametrize("overlay", ("scale", "scale-xpu-0.33"))
+def test_the_replicas_accept_only_the_router_and_prometheus(overlay):
+    docs = built(overlay)
+    labels = pod_template(docs, "StatefulSet", "vllm")["metadata"]["labels"]
+    peers = allowed(docs, labels)
+    assert sorted(map(canon, peers)) == sorted(map(canon, REPLICA_PEERS))
+    # The router peer has no namespaceSelector: the router of this namespace only.
+    router = pod_template(docs, "Deployment", "router")["metadata"]["labels"]
+    assert any(selects(p.get("podSelector", {}), router) and len(p) == 1 for p, _ in peers)
+
+
+def test_the_router_accepts_the_gateway_and_prometheus_on_its_own_ports():
+    docs = built("scale")
+    labels = pod_template(docs, "Deployment", "router")["metadata"]["labels"]
+    assert sorted(map(canon, allowed(docs, labels))) == sorted(
+        map(canon, [(GATEWAY, 8000), (PROMETHEUS, 29000)])
+    )
+
+
+def test_one_replica_without_a_router_takes_clients_from_the_gateway_namespace():
+    docs = built("one-b70")
+    labels = pod_template(docs, "StatefulSet", "vllm")["metadata"]["labels"]
+    assert sorted(map(canon, allowed(docs, labels))) == sorted(
+        map(
+            canon,
+            [({"podSelector": {"matchLabels": ROUTER}}, 8000), (PROMETHEUS, 8000), (GATEWAY, 8000)],
+        )
+    )
+
+
+def test_a_policy_that_admits_everyone_is_caught():
+    docs = built("scale")
+    policy = one(docs, "NetworkPolicy", "vllm")
+    policy["spec"]["ingress"][0]["from"].append({"namespaceSelector": {}})
+    labels = pod_template(docs, "StatefulSet", "vllm")["metadata"]["labels"]
+    assert sorted(map(canon, allowed(docs, labels))) != sorted(map(canon, REPLICA_PEERS))
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_workload_has_a_disruption_budget(overlay):
+    docs = built(overlay)
+    budgets = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+    for workload in (d for d in docs if d["kind"] in ("Deployment", "StatefulSet")):
+        labels = workload["spec"]["template"]["metadata"]["labels"]
+        (pdb,) = [b for b in budgets if selects(b["spec"]["selector"], labels)]
+        spec = pdb["spec"]
+        if workload["kind"] == "StatefulSet":
+            assert spec == {**spec, "maxUnavailable": 1}  # one replica reloads at a time
+        else:
+            assert spec["minAvailable"] == 1 and workload["spec"]["replicas"] == 2
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_vllm_drops_out_of_the_endpoints_and_drains_within_its_grace_period(overlay):
+    pod = pod_template(built(overlay), "StatefulSet", "vllm")["spec"]
+    (vllm,) = pod["containers"]
+    command = vllm["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[0] == "sleep" and 5 <= int(command[1]) <= 15
+    assert pod["terminationGracePeriodSeconds"] > int(command[1]) + SHUTDOWN_TIMEOUT
+
+
+def test_two_routers_spread_over_nodes():
+    pod = pod_template(built("scale"), "Deployment", "router")["spec"]
+    (term,) = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"] == ROUTER
+    assert pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][0] == "sleep"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_replicas_land_on_b70_nodes_only(overlay):
+    """Every term (they are ORed) needs Intel's GPU label and the B70's PCI device label."""
+    pod = pod_template(built(overlay), "StatefulSet", "vllm")["spec"]
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert terms
+    for term in terms:
+        keys = {e["key"]: e for e in term["matchExpressions"]}
+        assert keys["intel.feature.node.kubernetes.io/gpu"]["values"] == ["true"]
+        (device,) = [k for k in keys if k.startswith("gpu.intel.com/device-id.")]
+        assert re.fullmatch(r"gpu\.intel\.com/device-id\.03[08]0-e223\.present", device)
+        assert keys[device]["operator"] == "In" and keys[device]["values"] == ["true"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_api_key_secret_is_required_and_a_file(overlay):
+    pod = pod_template(built(overlay), "StatefulSet", "vllm")["spec"]
+    assert "optional: true" not in yaml.safe_dump(pod)
+    (vllm,) = pod["containers"]
+    env = {e["name"]: e for e in vllm["env"]}
+    assert "VLLM_API_KEY" not in env  # never the key itself in the environment spec
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "api-key"]
+    assert volume["secret"]["secretName"] == "arcvllm-api-key"
+    assert volume["secret"]["optional"] is False
+    (mount,) = [m for m in vllm["volumeMounts"] if m["name"] == "api-key"]
+    assert mount["readOnly"] is True
+    (item,) = volume["secret"]["items"]
+    assert env["VLLM_API_KEY_FILE"]["value"] == f"{mount['mountPath']}/{item['path']}"
+
+
+def model_check(overlay: str = "scale") -> dict:
+    pod = pod_template(built(overlay), "StatefulSet", "vllm")["spec"]
+    (init,) = pod["initContainers"]
+    return init
+
+
+def test_the_model_check_looks_where_the_preset_serves_from():
+    sts = one(built("scale"), "StatefulSet", "vllm")["spec"]["template"]["spec"]
+    env = {e["name"]: e["value"] for e in sts["containers"][0]["env"] if "value" in e}
+    preset = yaml.safe_load(
+        (ROOT / "configs" / "presets" / f"{env['ARCVLLM_PRESET']}.yaml").read_text()
+    )
+    init = model_check()
+    assert {e["name"]: e["value"] for e in init["env"]}["MODEL_DIR"] == preset["model"]
+    assert init["securityContext"]["allowPrivilegeEscalation"] is False
+    assert init["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert {"mountPath": "/models", "name": "models", "readOnly": True} in init["volumeMounts"]
+
+
+@pytest.mark.parametrize("filled", [False, True])
+def test_an_empty_model_claim_stops_the_pod_in_one_line(tmp_path, filled):
+    init = model_check()
+    model = tmp_path / "models" / "m"
+    model.mkdir(parents=True)
+    if filled:
+        (model / "config.json").write_text("{}")
+    result = subprocess.run(
+        init["command"],
+        env={"PATH": "/usr/bin:/bin", "MODEL_DIR": str(model)},
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+    if filled:
+        assert result.returncode == 0 and result.stderr == ""
+    else:
+        assert result.returncode == 3
+        assert result.stderr.splitlines() == [
+            f"arcvllm: no model in {model} (no config.json): fill the claim models first"
+            " (docs/scale.md, Kubernetes prerequisites)"
+        ]
+
+
+def test_the_model_claim_names_a_storage_class():
+    claim = one(built("scale"), "PersistentVolumeClaim", "models")["spec"]
+    assert claim["accessModes"] == ["ReadOnlyMany"]
+    assert claim["storageClassName"]
+
+
+def test_the_docs_overlay_names_the_storage_class_of_the_model_claim(tmp_path):
+    text = (ROOT / "docs" / "scale.md").read_text()
+    (block,) = [
+        textwrap.dedent(b)
+        for b in re.findall(r"```yaml\n(.*?)```", text, flags=re.S)
+        if "storageClassName" in b
+    ]
+    shutil.copytree(KUBE, tmp_path / "deploy" / "kubernetes")
+    mine = tmp_path / "my-overlay"
+    mine.mkdir()
+    (mine / "kustomization.yaml").write_text(block)
+    result = kustomize(mine)
+    assert result.returncode == 0, result.stderr
+    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+    assert one(docs, "PersistentVolumeClaim", "models")["spec"]["storageClassName"] == "nfs-ro"

@@ -30,7 +30,15 @@ ALERTS = {
     "ArcvllmPrefixCacheHitRateCollapse",
     "ArcvllmTTFTHigh",
     "ArcvllmRouterMissingTokens",
+    "ArcvllmReplicaFlapping",
+    "ArcvllmRouterCircuitOpen",
+    "ArcvllmReplicaErrorRate",
+    "ArcvllmRouterRequestsFailing",
+    "ArcvllmPreemptions",
+    "ArcvllmTargetsAbsent",
 }
+RULE_TESTS = PROM / "tests" / "rules.test.yml"
+COLD_START = "a cold start and a rolling restart fire nothing"
 
 
 def tool(name: str) -> str:
@@ -93,27 +101,71 @@ def test_a_broken_rule_fails_the_check(tmp_path):
 
 
 def test_every_alert_fires_and_stays_quiet_in_the_unit_tests():
-    tests = PROM / "tests" / "rules.test.yml"
-    tested = {
-        t["alertname"]
-        for case in yaml.safe_load(tests.read_text())["tests"]
-        for t in case.get("alert_rule_test", [])
+    cases = yaml.safe_load(RULE_TESTS.read_text())["tests"]
+    firing = {
+        t["alertname"] for case in cases for t in case.get("alert_rule_test", []) if t["exp_alerts"]
     }
-    assert tested == ALERTS
-    result = promtool("test", "rules", str(tests))
+    assert firing == ALERTS
+    result = promtool("test", "rules", str(RULE_TESTS))
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_the_alert_unit_tests_catch_a_changed_threshold(tmp_path):
+def test_no_alert_may_fire_during_a_cold_start_or_a_rolling_restart():
+    (case,) = [
+        c for c in yaml.safe_load(RULE_TESTS.read_text())["tests"] if c["name"] == COLD_START
+    ]
+    checks = case["alert_rule_test"]
+    assert {t["alertname"] for t in checks} == ALERTS
+    assert all(t["exp_alerts"] == [] for t in checks)
+    # Checked from the end of the cold start (14 min) to after the restart (43 min).
+    assert {"14m", "20m", "43m"} <= {t["eval_time"] for t in checks}
+
+
+def write_rules(tmp_path: Path, text: str) -> Path:
     (tmp_path / "rules").mkdir()
     (tmp_path / "tests").mkdir()
+    (tmp_path / "rules" / "arcvllm.yml").write_text(text)
+    shutil.copy(RULE_TESTS, tmp_path / "tests")
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "alert"),
+    [
+        # The rules this replaced: any down target for 2 minutes, any unhealthy worker.
+        (
+            'expr: up{job="vllm"} == 0\n        for: 20m',
+            'expr: up{job="vllm"} == 0\n        for: 2m',
+            "ArcvllmReplicaDown",
+        ),
+        (
+            'arcvllm:router_worker_health == 0 and on (replica) up{job="vllm"} == 1',
+            "arcvllm:router_worker_health == 0",
+            "ArcvllmRouterWorkerUnhealthy",
+        ),
+        ('> 0 and on () sum(up{job="vllm"}) > 0', "> 0", "ArcvllmRouterRequestsFailing"),
+    ],
+)
+def test_the_cold_start_test_catches_rules_that_fire_on_a_model_load(
+    tmp_path, before, after, alert
+):
+    text = RULES.read_text()
+    assert before in text
+    cwd = write_rules(tmp_path, text.replace(before, after))
+    result = promtool("test", "rules", "tests/rules.test.yml", cwd=cwd)
+    assert result.returncode != 0
+    out = result.stdout + result.stderr
+    assert f"name: {COLD_START}" in out and f"alertname: {alert}" in out
+
+
+def test_the_alert_unit_tests_catch_a_changed_threshold(tmp_path):
     text = RULES.read_text()
     assert "arcvllm:kv_cache_usage:ratio > 0.95" in text
-    (tmp_path / "rules" / "arcvllm.yml").write_text(
-        text.replace("arcvllm:kv_cache_usage:ratio > 0.95", "arcvllm:kv_cache_usage:ratio > 0.99")
+    cwd = write_rules(
+        tmp_path,
+        text.replace("arcvllm:kv_cache_usage:ratio > 0.95", "arcvllm:kv_cache_usage:ratio > 0.99"),
     )
-    shutil.copy(PROM / "tests" / "rules.test.yml", tmp_path / "tests")
-    result = promtool("test", "rules", "tests/rules.test.yml", cwd=tmp_path)
+    result = promtool("test", "rules", "tests/rules.test.yml", cwd=cwd)
     assert result.returncode != 0
     assert "ArcvllmKvCacheFull" in result.stdout + result.stderr
 
@@ -171,6 +223,11 @@ def openmetrics(now: float) -> str:
         add("vllm:kv_cache_usage_perc", eng, lambda k, i=i: 0.25 + 0.1 * i)
         add("vllm:num_requests_running", eng, lambda k: 2)
         add("vllm:num_requests_waiting", eng, lambda k: 0)
+        add("vllm:num_preemptions_total", eng, lambda k: 0)
+        http = {**base, "handler": "/v1/completions", "method": "POST"}
+        # No 5xx series and no vllm_router_retries_exhausted_total: neither exists before
+        # the first failure, and the error rules must still say 0.
+        add("http_requests_total", {**http, "status": "2xx"}, lambda k: 10 * k)
         for hist, edges in (
             ("vllm:time_to_first_token_seconds_bucket", ("0.1", "1.0", "+Inf")),
             ("vllm:inter_token_latency_seconds_bucket", ("0.01", "0.1", "+Inf")),
@@ -185,6 +242,7 @@ def openmetrics(now: float) -> str:
         }
         add("vllm_router_worker_health", worker, lambda k: 1)
         add("vllm_router_processed_requests_total", worker, lambda k: 10 * k)
+        add("vllm_router_cb_state", worker, lambda k: 0)
     router = {"job": "router", "instance": "router:29000", "replica": "router"}
     add("up", router, lambda k: 1)
     for outcome in ("prefix_hit", "prefix_miss"):
@@ -310,3 +368,14 @@ def test_console_renders_a_row_per_replica_with_every_value(prometheus):
 def test_a_misspelled_metric_returns_no_data(prometheus):
     """The data checks above can fail: a wrong metric name is an empty result, not an error."""
     assert query(prometheus, "max by (replica) (vllm:kv_cache_usage_percent)") == []
+
+
+def test_error_rules_say_zero_before_the_first_failure(prometheus):
+    """Neither the 5xx series nor the router's retries_exhausted counter exists until a
+    request fails: the recorded rates are 0, not missing (an empty series hides a broken
+    rule and leaves the console blank)."""
+    ratio = query(prometheus, "arcvllm:http_5xx_ratio:rate5m")
+    assert {s["metric"]["replica"]: s["value"][1] for s in ratio} == {"vllm-0": "0", "vllm-1": "0"}
+    (failed,) = query(prometheus, "arcvllm:router_failed_requests:rate5m")
+    assert failed["value"][1] == "0"
+    assert query(prometheus, "vllm_router_retries_exhausted_total") == []

@@ -43,6 +43,44 @@ def test_more_replicas_than_gpus_is_one_line_and_starts_nothing(tmp_path):
     assert not called.exists()
 
 
+def test_monitoring_without_an_alert_receiver_is_one_line_and_starts_nothing(tmp_path):
+    called = tmp_path / "compose-was-called"
+    env_file = tmp_path / "mine.env"
+    env_file.write_text("VLLM_API_KEY=k\n")
+    env = {k: v for k, v in os.environ.items() if k != "ALERT_WEBHOOK_URL"}
+    result = subprocess.run(
+        [sys.executable, "-m", "arcvllm", "scale", "up", "--cpu", "--monitoring",
+         "--env-file", str(env_file)],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+        env={**env, "COMPOSE": f"touch {called}"},
+    )  # fmt: skip
+    assert result.returncode == 3
+    assert result.stderr.strip() == (
+        "arcvllm: --monitoring: ALERT_WEBHOOK_URL is not set (the webhook Alertmanager sends"
+        f" alerts to; export it or put it in {env_file})"
+    )
+    assert not called.exists()
+
+
+@pytest.mark.parametrize("where", ["environment", "settings file"])
+def test_monitoring_takes_the_receiver_from_the_environment_or_the_settings_file(tmp_path, where):
+    seen = tmp_path / "compose-args"
+    env_file = tmp_path / "mine.env"
+    url = "https://hooks.example.org/arcvllm"
+    env_file.write_text(f"ALERT_WEBHOOK_URL={url}\n" if where == "settings file" else "")
+    env = {k: v for k, v in os.environ.items() if k != "ALERT_WEBHOOK_URL"}
+    if where == "environment":
+        env["ALERT_WEBHOOK_URL"] = url
+    result = subprocess.run(
+        [sys.executable, "-m", "arcvllm", "scale", "up", "--cpu", "--monitoring",
+         "--env-file", str(env_file)],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+        env={**env, "COMPOSE": f"sh -c 'echo \"$*\" >> {seen}; exit 1' compose"},
+    )  # fmt: skip
+    assert result.returncode == 3 and "compose up failed" in result.stderr
+    assert "prometheus alertmanager" in seen.read_text().splitlines()[0]
+
+
 def test_xpu_replicas_get_the_render_nodes_gid(tmp_path):
     """compose.scale.yaml has no default render GID: `scale up` passes the nodes' own."""
     for node in ("renderD128", "renderD129"):
@@ -103,7 +141,7 @@ def test_a_router_that_does_not_answer_is_an_environment_error():
 def test_layout_names_the_services_of_each_profile():
     assert scale.layout(4, cpu=False, monitoring=True) == scale.Layout(
         ("scale", "scale-4", "monitoring"),
-        ("router", "vllm-2", "vllm-3", "prometheus"),
+        ("router", "vllm-2", "vllm-3", "prometheus", "alertmanager"),
         ("vllm-0", "vllm-1", "vllm-2", "vllm-3"),
     )
     assert scale.layout(2, cpu=True, monitoring=False).replicas == ("vllm-cpu-0", "vllm-cpu-1")
