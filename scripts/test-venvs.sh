@@ -76,3 +76,24 @@ if [[ ! -f $src/vllm/__init__.py ]]; then
 	tar -xzf "$src/vllm-0.33.0.tar.gz" -C "$src" --strip-components=1 vllm-0.33.0/vllm
 	rm "$src/vllm-0.33.0.tar.gz"
 fi
+
+# vLLM 0.23.0's source tree as its sdist ships it, and a Python that runs its setup.py the
+# way the XPU wheel build does (the build lock, and CPU torch in place of torch +xpu): the
+# build series' probe runs there on the pristine and the patched setup.py.
+src=$dest/sources/0.23.0
+if [[ ! -f $src/setup.py ]]; then
+	rm -rf "$src"
+	mkdir -p "$src"
+	sha256=$("$fetch" -m arcvllm stack get xpu-0.23 VLLM_SDIST_SHA256)
+	"$fetch" -m arcvllm.index vllm vllm-0.23.0.tar.gz "$sha256" "$src" >/dev/null
+	tar -xzf "$src/vllm-0.23.0.tar.gz" -C "$src" --strip-components=1
+	rm "$src/vllm-0.23.0.tar.gz"
+fi
+build_venv=$dest/vllm-build
+if [[ ! -f $build_venv/.stamp || $build_venv/.stamp -ot $root/configs/locks/vllm-build.txt ]]; then
+	rm -rf "$build_venv"
+	"$python" -m venv "$build_venv"
+	"$build_venv/bin/pip" install -q --no-deps --require-hashes -r "$root/configs/locks/vllm-build.txt"
+	"$build_venv/bin/pip" install -q torch==2.13.0
+	touch "$build_venv/.stamp"
+fi

