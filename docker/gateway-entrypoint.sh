@@ -45,9 +45,10 @@ check GATEWAY_DIAGNOSTIC_ROUTES "$DIAGNOSTIC" '^[01]$' 0
 	die 3 "VLLM_API_KEY_FILE=$VLLM_API_KEY_FILE is not a readable file"
 key=$(<"$VLLM_API_KEY_FILE")
 [[ -n $key ]] || die 3 "VLLM_API_KEY_FILE=$VLLM_API_KEY_FILE is empty"
-# RFC 6750's token characters: nothing nginx's config syntax could read differently.
-[[ $key =~ ^[A-Za-z0-9._~+/=-]+$ ]] ||
-	die 2 "VLLM_API_KEY_FILE=$VLLM_API_KEY_FILE: the key may hold only A-Z a-z 0-9 . _ ~ + / = - (one line)"
+# RFC 6750's token characters: nothing nginx's config syntax could read differently; up to
+# 256 of them (the key map's hash bucket holds "Bearer " and 256 characters).
+[[ $key =~ ^[A-Za-z0-9._~+/=-]{1,256}$ ]] ||
+	die 2 "VLLM_API_KEY_FILE=$VLLM_API_KEY_FILE: the key may hold only A-Z a-z 0-9 . _ ~ + / = - (one line, up to 256)"
 
 # ---- the resolver: the container's DNS server (Docker's 127.0.0.11, a cluster's DNS)
 resolver=${GATEWAY_RESOLVER:-$(awk '$1 == "nameserver" {print $2; exit}' /etc/resolv.conf 2>/dev/null || true)}

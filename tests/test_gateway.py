@@ -80,7 +80,7 @@ def test_without_a_key_file_the_gateway_refuses_to_start_in_one_line(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("key", ['k"; default 1; #', "two words", "k$1"])
+@pytest.mark.parametrize("key", ['k"; default 1; #', "two words", "k$1", "k" * 257])
 def test_a_key_nginx_could_read_differently_is_refused(tmp_path, key):
     (tmp_path / "api-key").write_text(key)
     one_line_error(entrypoint(tmp_path, "--render-only"), 2, "VLLM_API_KEY_FILE")
@@ -253,7 +253,7 @@ def gateway(cpu_image, tmp_path_factory):  # noqa: F811
     build_target("gateway", GATEWAY_IMAGE)
     MEASURED["gateway_build_s"] = round(time.monotonic() - start, 1)
     folder = tmp_path_factory.mktemp("gateway")  # 0700: only this user reaches the files
-    key = f"k-{secrets.token_hex(12)}"
+    key = secrets.token_hex(32)  # as docs/gateway.md makes one: openssl rand -hex 32
     key_file = folder / "api-key"
     key_file.write_text(key + "\n")
     key_file.chmod(0o644)  # the containers' UID 1000 reads the bind-mounted file
