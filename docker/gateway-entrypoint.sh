@@ -56,7 +56,7 @@ resolver=${GATEWAY_RESOLVER:-$(awk '$1 == "nameserver" {print $2; exit}' /etc/re
 [[ $resolver == *:* && $resolver != \[* ]] && resolver="[$resolver]" # IPv6
 
 # ---- TLS: the operator's certificate, else a self-signed one kept in GATEWAY_TLS_DIR
-given() { # a non-empty file; unset, empty or /dev/null (compose's default) is "not given"
+given() { # a non-empty file; unset or an empty file (compose's default) is "not given"
 	[[ -n ${!1-} ]] || return 1
 	[[ -e ${!1} ]] || die 3 "$1=${!1}: no such file"
 	[[ ! -d ${!1} ]] || die 3 "$1=${!1} is a directory, not a PEM file"
