@@ -262,7 +262,7 @@ FIELD_ARGS     ?=
 field-report: $(VENV)/.stamp ## the running service in one tarball: doctor, image, smoke, short bench, logs (no secrets)
 	@mkdir -p $(BUILD)
 	$(ARCVLLM) field-report --compose '$(ARCVLLM_COMPOSE)' --service $(SERVICE) \
-		--image $(IMAGE) --base-url http://127.0.0.1:$(PORT) --env-file $(ENV_PATH) \
+		--image $(IMAGE) --base-url https://127.0.0.1:$(PORT) --env-file $(ENV_PATH) \
 		--docker $(DOCKER) --scratch $(BUILD) --out $(FIELD_REPORT) $(FIELD_ARGS)
 
 # `make bench-image`: the CPU image against vLLM on this host, side by side in one run
