@@ -158,7 +158,7 @@ KEY_FILE       = $(or $(VLLM_API_KEY_FILE),$(call setting,VLLM_API_KEY_FILE),../
 .PHONY: up
 up: $(VENV)/.stamp ## start the server and its gateway with compose (XPU service; FLAVOR=cpu: the CPU service); settings: ENV_FILE
 	@$(ARCVLLM) settings check $(ENV_FILE)
-	@cd docker && test -f '$(KEY_FILE)' -a -r '$(KEY_FILE)' || { echo "make up: VLLM_API_KEY_FILE=$(KEY_FILE) is not a readable file (from docker/): make one, e.g. (umask 077; openssl rand -hex 24 > secrets/api-key), readable by UID 1000" >&2; exit 3; }
+	@cd docker && test -f '$(KEY_FILE)' -a -r '$(KEY_FILE)' || { echo "make up: VLLM_API_KEY_FILE=$(KEY_FILE) is not a readable file (from docker/): make one, e.g. (umask 077; openssl rand -hex 32 > secrets/api-key), readable by UID 1000" >&2; exit 3; }
 	$(ARCVLLM_COMPOSE) up -d $(SERVICE) gateway
 
 .PHONY: down
@@ -206,7 +206,7 @@ smoke-test: $(VENV)/.stamp ## build and start the image (STACK, PRESET), prove d
 
 .PHONY: smoke-secrets
 smoke-secrets: # the smoke project's throwaway key and self-signed certificate (SMOKE_SECRETS)
-	@mkdir -p $(SMOKE_SECRETS)
+	@mkdir -p -m 0700 $(SMOKE_SECRETS)
 	@openssl rand -hex 24 > $(SMOKE_SECRETS)/api-key
 	@openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=localhost \
 		-addext subjectAltName=DNS:localhost,IP:127.0.0.1 \
