@@ -288,3 +288,27 @@ def test_smoke_check_goes_through_the_gateway_with_a_key_file_never_a_key(tmp_pa
     assert f"--ca-cert {ROOT}/build/smoke-gateway/cert.pem" in out
     assert "--api-key " not in out and "k-zz9-secret" not in out
     assert "up -d vllm-cpu gateway" in out and "GATEWAY_DIAGNOSTIC_ROUTES=1 " in out
+
+
+def test_make_up_refuses_a_missing_key_file_before_compose_runs(tmp_path):
+    mine = tmp_path / "mine.env"
+    mine.write_text(f"VLLM_API_KEY_FILE={tmp_path / 'no-key'}\n")
+
+    def up() -> subprocess.CompletedProcess:
+        settings = [f"ENV_FILE={mine}", "FLAVOR=xpu", "COMPOSE=echo RAN"]
+        return subprocess.run(
+            ["make", "-s", "-C", str(ROOT), "-o", ".venv/.stamp", "up", *settings],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    refused = up()
+    assert refused.returncode != 0
+    said = f"make up: VLLM_API_KEY_FILE={tmp_path / 'no-key'} is not a readable file"
+    assert said in refused.stderr, refused.stderr
+    assert "RAN" not in refused.stdout
+    (tmp_path / "no-key").write_text("k-1\n")
+    ran = up()
+    assert ran.returncode == 0, ran.stderr
+    assert "RAN" in ran.stdout and "up -d vllm gateway" in ran.stdout
