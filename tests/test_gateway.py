@@ -350,6 +350,25 @@ def test_behind_the_gateway_vllm_does_serve_invocations_without_a_key(gateway):
 
 @pytest.mark.docker
 @pytest.mark.compose
+def test_vllm_behind_the_gateway_checks_the_same_key_itself(gateway):
+    """Defence in depth: the image's entrypoint read the key file into vLLM's --api-key."""
+    code = (
+        "import sys, urllib.request, urllib.error\n"
+        "def get(key):\n"
+        "    headers = {'Authorization': 'Bearer ' + key} if key else {}\n"
+        "    req = urllib.request.Request('http://127.0.0.1:8000/v1/models', headers=headers)\n"
+        "    try:\n        return urllib.request.urlopen(req, timeout=30).status\n"
+        "    except urllib.error.HTTPError as e:\n        return e.code\n"
+        "print(get(''), get(open('/run/secrets/api-key').read().strip()))\n"
+    )
+    done = docker("exec", gateway.container("vllm-cpu"), "python3", "-c", code, timeout=120)
+    assert done.stdout.split() == ["401", "200"]
+    env = docker("inspect", "-f", "{{json .Config.Env}}", gateway.container("vllm-cpu"))
+    assert gateway.key not in env.stdout  # only the file's path is in the container's config
+
+
+@pytest.mark.docker
+@pytest.mark.compose
 @pytest.mark.parametrize("method, path", [("GET", "/v1/models"), ("POST", "/v1/completions")])
 def test_the_api_needs_the_key(gateway, method, path):
     body = {"json": BODY} if method == "POST" else {}
