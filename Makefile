@@ -13,8 +13,10 @@ STACK         ?= $(if $(filter xpu,$(FLAVOR)),xpu-0.23,cpu)
 PRESET        ?= $(if $(filter xpu,$(FLAVOR)),qwen3.6-35b-a3b-w4a16-1xb70,tiny-hybrid-cpu)
 # The image: the settings file's IMAGE, else arcvllm:$(STACK) (IMAGE=... on the command line wins).
 IMAGE         ?= $(or $(call setting,IMAGE),arcvllm:$(STACK))
-# The published port: the settings file's PORT, else 8000 (PORT=N on the command line wins).
-PORT          ?= $(or $(call setting,PORT),8000)
+# The published port (the gateway's, https): the settings file's PORT, else 8443 (PORT=N on
+# the command line wins).
+PORT          ?= $(or $(call setting,PORT),8443)
+GATEWAY_IMAGE ?= arcvllm-gateway:1.22.1
 
 ARCVLLM       := $(VENV)/bin/arcvllm
 TEST_VENVS    := $(BUILD)/venvs
@@ -115,7 +117,7 @@ SERVICE       ?= $(if $(filter cpu,$(FLAVOR)),vllm-cpu,vllm)
 PROJECT       ?= arcvllm
 RENDER_GID    ?= $(firstword $(shell stat -c %g /dev/dri/renderD* 2>/dev/null))
 COMPOSE_FILES ?= --env-file $(ENV_PATH) -f docker/compose.yaml $(if $(filter cpu,$(FLAVOR)),--profile cpu)
-ARCVLLM_COMPOSE = ENV_FILE=$(ENV_PATH) IMAGE=$(IMAGE) PORT=$(PORT) \
+ARCVLLM_COMPOSE = ENV_FILE=$(ENV_PATH) IMAGE=$(IMAGE) PORT=$(PORT) GATEWAY_IMAGE=$(GATEWAY_IMAGE) \
 	$(if $(RENDER_GID),RENDER_GID=$(RENDER_GID)) \
 	$(COMPOSE) -p $(PROJECT) $(COMPOSE_FILES)
 BUILD_FLAGS   ?=
@@ -153,6 +155,11 @@ scale-images: $(VENV)/.stamp wheelhouse ## the router, Prometheus and Alertmanag
 	$(DOCKER_BUILD) --target prometheus -t arcvllm-prometheus:2.42 $(shell $(ARCVLLM) stack build-args cpu) .
 	$(DOCKER_BUILD) --target alertmanager -t arcvllm-alertmanager:0.25 $(shell $(ARCVLLM) stack build-args cpu) .
 
+.PHONY: gateway-image
+gateway-image: $(VENV)/.stamp ## the gateway image compose publishes (GATEWAY_IMAGE: Debian's nginx, TLS, the key, an allow-list)
+	$(DOCKER_BUILD) --target gateway -t $(GATEWAY_IMAGE) $(shell $(ARCVLLM) stack build-args cpu) .
+
+
 # CI's rehearsal of `make build STACK=<xpu stack>`: the same Dockerfile stages, scripts and
 # lock, with only what cannot be reached here replaced by the stand-ins that
 # configs/ci-standins.yaml names (base image, GPU debs, PyTorch's XPU index, the kernels
@@ -172,10 +179,14 @@ build-xpu-ci: standins ## CI: the XPU build of STACK stage for stage with named 
 		$(shell $(ARCVLLM) stack build-args $(XPU_STACK) --ci 2>/dev/null) .
 XPU_STACK     ?= $(if $(filter xpu-%,$(STACK)),$(STACK),xpu-0.23)
 
+# The API key file compose hands to the gateway and vLLM (a relative path is read from docker/).
+KEY_FILE       = $(or $(VLLM_API_KEY_FILE),$(call setting,VLLM_API_KEY_FILE),../secrets/api-key)
+
 .PHONY: up
-up: $(VENV)/.stamp ## start the server with compose (XPU service; FLAVOR=cpu: the CPU service); settings: ENV_FILE
+up: $(VENV)/.stamp ## start the server and its gateway with compose (XPU service; FLAVOR=cpu: the CPU service); settings: ENV_FILE
 	@$(ARCVLLM) settings check $(ENV_FILE)
-	$(ARCVLLM_COMPOSE) up -d $(SERVICE)
+	@cd docker && test -f '$(KEY_FILE)' -a -r '$(KEY_FILE)' || { echo "make up: VLLM_API_KEY_FILE=$(KEY_FILE) is not a readable file (from docker/): make one, e.g. (umask 077; openssl rand -hex 32 > secrets/api-key), readable by UID 1000" >&2; exit 3; }
+	$(ARCVLLM_COMPOSE) up -d $(SERVICE) gateway
 
 .PHONY: down
 down: ## stop and remove the compose service (cache volumes are kept; DOWN_FLAGS=-v drops them)
@@ -191,10 +202,14 @@ engine: ## start a local Docker engine if none answers (scripts/ci/engine.sh)
 
 
 # ---- smoke test ----
-# Starts the image of STACK under its own compose project and port (a `make up` deployment
-# is left alone), runs `arcvllm smoke` from the tooling venv against it with the
-# container's log as the log source, and stops what it started, pass or fail.
+# Starts the image of STACK and the gateway under their own compose project and port (a
+# `make up` deployment is left alone), runs `arcvllm smoke` from the tooling venv through
+# the gateway (https, a throwaway key and certificate made here, the gateway's diagnostic
+# routes /tokenize and /metrics on: the smoke test reads both) with the container's log as
+# the log source, and stops what it started, pass or fail.
 SMOKE_PORT           ?= 8001
+# The throwaway key and certificate (readable by the containers' UID 1000), removed at stop
+SMOKE_SECRETS        ?= $(abspath $(BUILD))/smoke-gateway
 SMOKE_PROJECT        ?= arcvllm-smoke
 SMOKE_HEALTH_TIMEOUT ?= $(if $(filter xpu,$(FLAVOR)),900,600)
 SMOKE_REPORT         ?= reports/smoke-$(STACK).json
@@ -202,23 +217,36 @@ SMOKE_REPORT         ?= reports/smoke-$(STACK).json
 SMOKE_LOG            ?= $(SMOKE_REPORT:.json=.log)
 SMOKE_ARGS           ?=
 SMOKE_COMPOSE         = ENV_FILE=$(ENV_PATH) IMAGE=$(IMAGE) PORT=$(SMOKE_PORT) \
+	GATEWAY_IMAGE=$(GATEWAY_IMAGE) GATEWAY_DIAGNOSTIC_ROUTES=1 \
+	VLLM_API_KEY_FILE=$(SMOKE_SECRETS)/api-key GATEWAY_TLS_CERT=$(SMOKE_SECRETS)/cert.pem \
+	GATEWAY_TLS_KEY=$(SMOKE_SECRETS)/key.pem \
 	$(if $(RENDER_GID),RENDER_GID=$(RENDER_GID)) \
 	$(COMPOSE) -p $(SMOKE_PROJECT) $(COMPOSE_FILES)
 # Save the server's log, then remove the project with its volumes (pass or fail).
 SMOKE_STOP            = mkdir -p $(dir $(SMOKE_LOG)); \
-	$(SMOKE_COMPOSE) logs --no-color $(SERVICE) > $(SMOKE_LOG) 2>&1; $(SMOKE_COMPOSE) down -v
+	$(SMOKE_COMPOSE) logs --no-color $(SERVICE) > $(SMOKE_LOG) 2>&1; $(SMOKE_COMPOSE) down -v; \
+	rm -rf $(SMOKE_SECRETS)
 
 .PHONY: smoke-test
 smoke-test: $(VENV)/.stamp ## build and start the image (STACK, PRESET), prove decode across mamba blocks, stop it
-	scripts/ci/engine.sh run $(MAKE) --no-print-directory build smoke-check
+	scripts/ci/engine.sh run $(MAKE) --no-print-directory build gateway-image smoke-check
+
+.PHONY: smoke-secrets
+smoke-secrets: # the smoke project's throwaway key and self-signed certificate (SMOKE_SECRETS)
+	@mkdir -p -m 0700 $(SMOKE_SECRETS)
+	@openssl rand -hex 24 > $(SMOKE_SECRETS)/api-key
+	@openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=localhost \
+		-addext subjectAltName=DNS:localhost,IP:127.0.0.1 \
+		-keyout $(SMOKE_SECRETS)/key.pem -out $(SMOKE_SECRETS)/cert.pem 2>/dev/null
+	@chmod 0644 $(SMOKE_SECRETS)/api-key $(SMOKE_SECRETS)/key.pem
 
 .PHONY: smoke-check
-smoke-check: $(VENV)/.stamp ## the smoke test against the image as built (no build step)
-	$(ARCVLLM) smoke --base-url http://127.0.0.1:$(SMOKE_PORT) --preset $(PRESET) \
-		--start-cmd '$(SMOKE_COMPOSE) up -d $(SERVICE)' --stop-cmd '$(SMOKE_STOP)' \
+smoke-check: $(VENV)/.stamp smoke-secrets ## the smoke test against the image as built, through the gateway (no build step)
+	$(ARCVLLM) smoke --base-url https://127.0.0.1:$(SMOKE_PORT) --preset $(PRESET) \
+		--ca-cert $(SMOKE_SECRETS)/cert.pem --api-key-file $(SMOKE_SECRETS)/api-key \
+		--start-cmd '$(SMOKE_COMPOSE) up -d $(SERVICE) gateway' --stop-cmd '$(SMOKE_STOP)' \
 		--log-cmd '$(SMOKE_COMPOSE) logs --no-color $(SERVICE)' \
-		--health-timeout $(SMOKE_HEALTH_TIMEOUT) --out $(SMOKE_REPORT) $(SMOKE_ARGS) \
-		$(if $(call setting,VLLM_API_KEY),--api-key "$$(sed -n 's/^VLLM_API_KEY=//p' $(ENV_PATH) | tail -n 1)")
+		--health-timeout $(SMOKE_HEALTH_TIMEOUT) --out $(SMOKE_REPORT) $(SMOKE_ARGS)
 
 # The same smoke test with ARCVLLM_EMULATE_HIGH_ADDRESSES=1 in the container (the settings
 # file plus that line): mamba copy pointers get bit 63, as on XPU. A vLLM with the fix (the
@@ -261,7 +289,7 @@ FIELD_ARGS     ?=
 field-report: $(VENV)/.stamp ## the running service in one tarball: doctor, image, smoke, short bench, logs (no secrets)
 	@mkdir -p $(BUILD)
 	$(ARCVLLM) field-report --compose '$(ARCVLLM_COMPOSE)' --service $(SERVICE) \
-		--image $(IMAGE) --base-url http://127.0.0.1:$(PORT) --env-file $(ENV_PATH) \
+		--image $(IMAGE) --base-url https://127.0.0.1:$(PORT) --env-file $(ENV_PATH) \
 		--docker $(DOCKER) --scratch $(BUILD) --out $(FIELD_REPORT) $(FIELD_ARGS)
 
 # `make bench-image`: the CPU image against vLLM on this host, side by side in one run

@@ -84,6 +84,17 @@ class Parser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", _Formatter)
         super().__init__(*args, **kwargs)
 
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        """As argparse's, and then the environment's API key where add_server's options
+        were not given (an unreadable $VLLM_API_KEY_FILE: one line, exit 3)."""
+        namespace, rest = super().parse_known_args(args, namespace)
+        if getattr(namespace, "api_key", None) is ENV_KEY:
+            try:
+                namespace.api_key = env_api_key()
+            except ArcvllmError as exc:
+                self.exit(exc.exit_code, f"arcvllm: {exc}\n")
+        return namespace, rest
+
     def error(self, message: str):  # type: ignore[override]
         where = self.prog.removeprefix("arcvllm").strip()
         where = f"{where}: " if where else ""
@@ -113,20 +124,73 @@ def url(value: str) -> str:
 
 
 def add_server(parser: argparse.ArgumentParser, required: bool = True) -> None:
-    """`--base-url URL` (validated) and `--api-key KEY` (default: $VLLM_API_KEY)."""
+    """`--base-url URL` (validated), the key (`--api-key-file FILE`, `--api-key KEY`; default
+    $VLLM_API_KEY_FILE, then $VLLM_API_KEY: see `env_api_key`) and `--ca-cert FILE`."""
     parser.add_argument(
         "--base-url",
         type=url,
         required=required,
         metavar="URL",
-        help="the server, e.g. http://127.0.0.1:8000",
+        help="the server, e.g. http://127.0.0.1:8000 or https://127.0.0.1:8443 (the gateway)",
+    )
+    key = parser.add_mutually_exclusive_group()
+    key.add_argument(
+        "--api-key-file",
+        dest="api_key",
+        type=key_file,
+        metavar="FILE",
+        help="a file holding the server's API key, which stays off the command line "
+        "(default: $VLLM_API_KEY_FILE)",
+    )
+    key.add_argument(
+        "--api-key",
+        metavar="KEY",
+        help="the server's API key (default: $VLLM_API_KEY); prefer --api-key-file",
     )
     parser.add_argument(
-        "--api-key",
-        default=os.environ.get("VLLM_API_KEY") or None,
-        metavar="KEY",
-        help="the server's API key (default: $VLLM_API_KEY)",
+        "--ca-cert",
+        type=existing_file,
+        metavar="FILE",
+        help="a PEM certificate to trust for https, e.g. the gateway's self-signed one",
     )
+    parser.set_defaults(api_key=ENV_KEY)
+
+
+# The default of --api-key / --api-key-file: Parser reads the environment's key after parsing,
+# when neither was given (a default read here would run for every command's parser).
+ENV_KEY = object()
+
+
+def read_key(path: Path) -> str:
+    """The key in PATH: its first line, stripped; an empty file is no key."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    key = text.strip().splitlines()[0].strip() if text.strip() else ""
+    if not key:
+        raise ValueError(f"{path} is empty")
+    return key
+
+
+def key_file(value: str) -> str:
+    """argparse type for `--api-key-file`: the key inside the file (else exit 2)."""
+    try:
+        return read_key(Path(value))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def env_api_key(environ: dict[str, str] | os._Environ = os.environ) -> str | None:
+    """The key from the environment: the file $VLLM_API_KEY_FILE, else $VLLM_API_KEY, else
+    None. A named file that cannot be read is the environment's fault (exit 3)."""
+    path = environ.get("VLLM_API_KEY_FILE")
+    if path:
+        try:
+            return read_key(Path(path))
+        except ValueError as exc:
+            raise ArcvllmError(f"VLLM_API_KEY_FILE: {exc}", 3) from exc
+    return environ.get("VLLM_API_KEY") or None
 
 
 def existing_file(value: str) -> Path:

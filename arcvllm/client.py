@@ -123,6 +123,7 @@ class Client:
     api_key: str | None = None
     timeout: float = 300.0
     metrics_urls: tuple[str, ...] = ()
+    ca_cert: str | None = None  # PEM file trusted for https (e.g. a self-signed gateway's)
 
     @property
     def root(self) -> str:
@@ -131,6 +132,17 @@ class Client:
     def headers(self) -> dict[str, str]:
         return auth_headers(self.api_key)
 
+    @cached_property
+    def verify(self) -> Any:
+        """httpx's `verify`: the system's CAs, or a context that trusts CA_CERT too."""
+        if not self.ca_cert:
+            return True
+        import ssl
+
+        context = ssl.create_default_context()
+        context.load_verify_locations(cafile=self.ca_cert)
+        return context
+
     # ---- plain HTTP
 
     def get(self, path: str, timeout: float | None = None):
@@ -138,7 +150,10 @@ class Client:
         import httpx
 
         return httpx.get(
-            f"{self.root}{path}", headers=self.headers(), timeout=timeout or self.timeout
+            f"{self.root}{path}",
+            headers=self.headers(),
+            timeout=timeout or self.timeout,
+            verify=self.verify,
         )
 
     def get_json(self, path: str) -> Any:
@@ -193,6 +208,7 @@ class Client:
             json={"model": model, "prompt": text, "add_special_tokens": False},
             headers=self.headers(),
             timeout=self.timeout,
+            verify=self.verify,
         )
         response.raise_for_status()
         return list(response.json()["tokens"])
@@ -201,7 +217,7 @@ class Client:
         """One scrape of /metrics (of every replica in METRICS_URLS, samples concatenated)."""
         scrapes = []
         for url in self.metrics_urls or (self.root,):
-            response = Client(url, self.api_key, self.timeout).get("/metrics")
+            response = Client(url, self.api_key, self.timeout, ca_cert=self.ca_cert).get("/metrics")
             response.raise_for_status()
             scrapes.append(m.Metrics.parse(response.text))
         return m.Metrics(tuple(sample for one in scrapes for sample in one.samples))
@@ -227,6 +243,7 @@ class Client:
     @cached_property
     def openai(self):
         """The official openai client for ROOT/v1 (no retries: a fault must show)."""
+        import httpx
         from openai import OpenAI
 
         return OpenAI(
@@ -234,6 +251,7 @@ class Client:
             api_key=self.api_key or "EMPTY",
             timeout=self.timeout,
             max_retries=0,
+            http_client=httpx.Client(verify=self.verify, timeout=self.timeout),
         )
 
     def stream(

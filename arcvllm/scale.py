@@ -181,29 +181,49 @@ def wait_replicas(dep: Deployment, p: Layout, timeout: float, interval: float = 
         ) from exc
 
 
-def wait_router(url: str, timeout: float, interval: float = 2.0) -> None:
-    """The router's /readiness answers 200 once it has a healthy worker."""
+def http_status(url: str) -> int | None:
+    """The HTTP status URL answers a GET with (None: no answer)."""
     import httpx
 
-    router = Client(url, timeout=5)
-    status = "no answer"
+    try:
+        return Client(url, timeout=5).get("").status_code
+    except httpx.HTTPError:
+        return None
+
+
+def status_inside(dep: Deployment, service: str, profiles: tuple[str, ...]):
+    """A status function like http_status, run in SERVICE's container (the router publishes
+    no port: the gateway in front serves none of its paths)."""
+    code = (
+        "import sys, urllib.request, urllib.error\n"
+        "try:\n    print(urllib.request.urlopen(sys.argv[1], timeout=5).status)\n"
+        "except urllib.error.HTTPError as e:\n    print(e.code)\n"
+        "except Exception:\n    print(0)\n"
+    )
+
+    def status(url: str) -> int | None:
+        done = dep.run("exec", "-T", service, "python3", "-c", code, url, profiles=profiles)
+        answer = done.stdout.strip()
+        return int(answer) if done.returncode == 0 and answer.isdigit() and answer != "0" else None
+
+    return status
+
+
+def wait_router(url: str, timeout: float, interval: float = 2.0, status=http_status) -> None:
+    """The router's /readiness answers 200 once it has a healthy worker. STATUS asks it."""
+    last = "no answer"
 
     def ready() -> bool:
-        nonlocal status
-        try:
-            response = router.get("/readiness")
-        except httpx.HTTPError:
-            status = "no answer"
-            return False
-        status = f"HTTP {response.status_code}"
-        return response.status_code == 200
+        nonlocal last
+        code = status(f"{url}/readiness")
+        last = "no answer" if code is None else f"HTTP {code}"
+        return code == 200
 
     try:
         wait_until(ready, timeout, interval, "a healthy worker behind the router")
     except WaitTimeout as exc:
         raise ArcvllmError(
-            f"the router at {url} has no healthy worker after {timeout:.0f} s "
-            f"(/readiness: {status})",
+            f"the router at {url} has no healthy worker after {timeout:.0f} s (/readiness: {last})",
             3,
         ) from exc
 
@@ -232,23 +252,26 @@ def up(args: argparse.Namespace) -> int:
         gids = render_node_gids(Path(args.dev_root) / "dev" / "dri")
         settings["RENDER_GID"] = str(next(iter(gids.values())))
     dep = Deployment(args.env_file.resolve(), settings=settings)
-    port = os.environ.get("PORT", "8000")
-    result = dep.run("up", "-d", *p.services, profiles=p.profiles, timeout=1800)
+    port = os.environ.get("PORT", "8443")
+    # compose.yaml's gateway (https, the key) is the published port, in front of the router.
+    result = dep.run("up", "-d", *p.services, "gateway", profiles=p.profiles, timeout=1800)
     try:
         if result.returncode != 0:
             lines = result.stderr.strip().splitlines() or ["(no output)"]
             raise ArcvllmError(f"compose up failed: {lines[-1]}", 3)
         wait_replicas(dep, p, args.timeout)
-        wait_router(f"http://127.0.0.1:{port}", args.router_timeout)
+        router = p.services[0]
+        status = status_inside(dep, router, p.profiles)
+        wait_router("http://127.0.0.1:8000", args.router_timeout, status=status)
     except BaseException:
         dep.down(p.profiles)  # nothing left half-started
         raise
     if args.json:
-        router = f"http://127.0.0.1:{port}"
-        doc = {"project": PROJECT, "replicas": list(p.replicas), "router": router}
+        gateway = f"https://127.0.0.1:{port}"
+        doc = {"project": PROJECT, "replicas": list(p.replicas), "gateway": gateway}
         print(json.dumps({**doc, "profiles": list(p.profiles)}, indent=2))
     else:
-        print(f"{len(p.replicas)} replicas healthy behind the router on port {port}")
+        print(f"{len(p.replicas)} replicas healthy behind the router, gateway on port {port}")
     return 0
 
 

@@ -30,6 +30,21 @@ check_render_nodes() {
 	done
 }
 
+# The API key from a file (compose: the api-key secret) into VLLM_API_KEY, which vLLM reads
+# as its --api-key: in this process's environment only, never in an argument.
+if [[ -n ${VLLM_API_KEY_FILE-} ]]; then
+	if [[ ! -f $VLLM_API_KEY_FILE || ! -r $VLLM_API_KEY_FILE ]]; then
+		echo "arcvllm-entrypoint: VLLM_API_KEY_FILE=$VLLM_API_KEY_FILE is not a readable file" >&2
+		exit 3
+	fi
+	VLLM_API_KEY=$(<"$VLLM_API_KEY_FILE")
+	if [[ -z $VLLM_API_KEY ]]; then
+		echo "arcvllm-entrypoint: VLLM_API_KEY_FILE=$VLLM_API_KEY_FILE is empty" >&2
+		exit 3
+	fi
+	export VLLM_API_KEY
+fi
+
 if [[ $# -eq 0 ]]; then
 	set -- "${ARCVLLM_PRESET:?no arguments and no ARCVLLM_PRESET: give vLLM arguments or a preset}"
 fi

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -93,6 +94,44 @@ def test_add_server_takes_the_api_key_from_the_environment(monkeypatch):
     parser = cli.Parser(prog="arcvllm x")
     cli.add_server(parser, required=False)
     assert parser.parse_args([]).api_key is None
+
+
+def test_the_key_comes_from_a_file_named_on_the_command_line_or_in_the_environment(
+    tmp_path, monkeypatch
+):
+    key = tmp_path / "api-key"
+    key.write_text("sk-file\n")
+    monkeypatch.delenv("VLLM_API_KEY_FILE", raising=False)
+    monkeypatch.setenv("VLLM_API_KEY", "sk-env")
+    parser = cli.Parser(prog="arcvllm x")
+    cli.add_server(parser)
+    given = parser.parse_args(["--base-url", "http://h", "--api-key-file", str(key)])
+    assert given.api_key == "sk-file"
+    monkeypatch.setenv("VLLM_API_KEY_FILE", str(key))
+    assert parser.parse_args(["--base-url", "http://h"]).api_key == "sk-file"  # file first
+    assert parser.parse_args(["--base-url", "http://h", "--api-key", "k"]).api_key == "k"
+    assert parser.parse_args(["--base-url", "https://h", "--ca-cert", str(key)]).ca_cert == key
+
+
+@pytest.mark.parametrize(
+    "args, env, code, says",
+    [
+        (["--api-key-file", "/nonexistent/key"], {}, 2, "--api-key-file: cannot read"),
+        ([], {"VLLM_API_KEY_FILE": "/nonexistent/key"}, 3, "VLLM_API_KEY_FILE: cannot read"),
+        (["--ca-cert", "/nonexistent/ca.pem"], {}, 2, "--ca-cert: no such file"),
+    ],
+)
+def test_a_key_or_certificate_file_that_is_not_there_is_one_line(args, env, code, says):
+    done = subprocess.run(
+        [sys.executable, "-m", "arcvllm", "smoke", "--base-url", "https://127.0.0.1:1", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **env},
+    )
+    assert done.returncode == code, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("arcvllm: ") and says in line, line
 
 
 def test_a_missing_extra_names_it():

@@ -117,12 +117,43 @@ def test_without_render_gid_every_profile_validates_and_no_gid_is_made_up(
         assert "group_add" not in services.get(name, {})
 
 
+def _port(port) -> tuple[str, str, str]:
+    """(host address, published, target) of a port in the long or the short form."""
+    if isinstance(port, dict):
+        return port.get("host_ip", ""), str(port["published"]), str(port["target"])
+    host, published, target = port.split("/")[0].rsplit(":", 2)
+    return host, published, target
+
+
 @pytest.mark.compose
-def test_ports_bind_to_localhost_by_default(rendered):
+def test_only_the_gateway_is_published_on_localhost_by_default(rendered):
+    (port,) = rendered["services"]["gateway"]["ports"]
+    assert _port(port) == ("127.0.0.1", "8443", "8443")
     for name in ("vllm", "vllm-cpu"):
-        (port,) = rendered["services"][name]["ports"]
-        host_ip = port["host_ip"] if isinstance(port, dict) else port.split(":")[0]
-        assert host_ip == "127.0.0.1"
+        assert "ports" not in rendered["services"][name]
+        assert [str(p) for p in rendered["services"][name]["expose"]] == ["8000"]
+
+
+@pytest.mark.compose
+def test_the_key_is_a_secret_file_for_the_gateway_and_vllm(rendered, tmp_path):
+    for name in ("vllm", "vllm-cpu", "gateway"):
+        service = rendered["services"][name]
+        assert "api-key" in [s if isinstance(s, str) else s["source"] for s in service["secrets"]]
+        assert service["environment"]["VLLM_API_KEY_FILE"] == "/run/secrets/api-key"
+    assert rendered["secrets"]["api-key"]["file"] == str(ROOT / "secrets" / "api-key")
+    mine = tmp_path / "key"
+    result = config(COMPOSE_FILE, env={"VLLM_API_KEY_FILE": str(mine)})
+    assert yaml.safe_load(result.stdout)["secrets"]["api-key"]["file"] == str(mine)
+
+
+@pytest.mark.compose
+def test_the_gateway_fronts_either_profile_without_a_setting(rendered):
+    gateway = rendered["services"]["gateway"]
+    assert gateway["environment"]["GATEWAY_UPSTREAM"] == "http://vllm:8000"
+    assert rendered["services"]["vllm-cpu"]["networks"]["default"]["aliases"] == ["vllm"]
+    assert gateway["read_only"] is True and "ALL" in gateway["cap_drop"]
+    assert "env_file" not in gateway  # the settings file (and any VLLM_API_KEY) stays out
+    assert "profiles" not in gateway  # started with either: make up names it beside the server
 
 
 @pytest.mark.compose
@@ -182,8 +213,8 @@ def test_the_settings_file_named_by_env_file_is_the_containers_environment(tmp_p
     services = yaml.safe_load(result.stdout)["services"]
     for name in ("vllm", "vllm-cpu"):
         assert services[name]["environment"]["VLLM_API_KEY"] == "k-123"
-        (port,) = services[name]["ports"]
-        assert str(port["published"] if isinstance(port, dict) else port.split(":")[1]) == "8123"
+    (port,) = services["gateway"]["ports"]
+    assert _port(port)[1] == "8123"
 
 
 @pytest.mark.compose
@@ -349,13 +380,16 @@ def test_make_up_refuses_an_unknown_setting_before_compose_runs(tmp_path):
     assert "RAN" not in done.stdout
 
 
-def test_smoke_check_reads_the_key_from_the_settings_file_without_printing_it(tmp_path):
+def test_smoke_check_goes_through_the_gateway_with_a_key_file_never_a_key(tmp_path):
     mine = tmp_path / "mine.env"
     mine.write_text("VLLM_API_KEY=k-zz9-secret\n")
-    keyed = make_dry("smoke-check", "FLAVOR=cpu", f"ENV_FILE={mine}")
-    assert f"--api-key \"$(sed -n 's/^VLLM_API_KEY=//p' {mine}" in keyed
-    assert "k-zz9-secret" not in keyed
-    assert "--api-key" not in make_dry("smoke-check", "FLAVOR=cpu")
+    out = make_dry("smoke-check", "FLAVOR=cpu", f"ENV_FILE={mine}")
+    smoke = next(line for line in out.splitlines() if " smoke --base-url " in line)
+    assert "--base-url https://127.0.0.1:8001 " in smoke
+    assert f"--api-key-file {ROOT}/build/smoke-gateway/api-key" in out
+    assert f"--ca-cert {ROOT}/build/smoke-gateway/cert.pem" in out
+    assert "--api-key " not in out and "k-zz9-secret" not in out
+    assert "up -d vllm-cpu gateway" in out and "GATEWAY_DIAGNOSTIC_ROUTES=1 " in out
 
 
 def up_line(*args: str) -> str:
@@ -387,3 +421,27 @@ def test_make_doctor_checks_the_settings_file_of_make_up(tmp_path):
     assert f"doctor --preset tiny-hybrid-cpu --env-file {mine}" in make_dry(
         "doctor", "FLAVOR=cpu", f"ENV_FILE={mine}"
     )
+
+
+def test_make_up_refuses_a_missing_key_file_before_compose_runs(tmp_path):
+    mine = tmp_path / "mine.env"
+    mine.write_text(f"VLLM_API_KEY_FILE={tmp_path / 'no-key'}\n")
+
+    def up() -> subprocess.CompletedProcess:
+        settings = [f"ENV_FILE={mine}", "FLAVOR=xpu", "COMPOSE=echo RAN"]
+        return subprocess.run(
+            ["make", "-s", "-C", str(ROOT), "-o", ".venv/.stamp", "up", *settings],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    refused = up()
+    assert refused.returncode != 0
+    said = f"make up: VLLM_API_KEY_FILE={tmp_path / 'no-key'} is not a readable file"
+    assert said in refused.stderr, refused.stderr
+    assert "RAN" not in refused.stdout
+    (tmp_path / "no-key").write_text("k-1\n")
+    ran = up()
+    assert ran.returncode == 0, ran.stderr
+    assert "RAN" in ran.stdout and "up -d vllm gateway" in ran.stdout

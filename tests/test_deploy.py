@@ -1,14 +1,17 @@
-"""`make up` as an operator runs it: the CPU service started from a settings file of their own
-(ENV_FILE) under its own compose project and port, then torn down.
+"""`make up` as an operator runs it: the CPU service and its gateway started from a settings
+file of their own (ENV_FILE) under its own compose project and port, then torn down.
 
-Proves the settings file reaches the container: a VLLM_API_KEY written there makes the
-server answer 401 without the key and 200 with it; and the container's environment,
-which is that file, leaves the TP=2 preset both GPUs (ZE_AFFINITY_MASK empty).
+Proves the settings file reaches the deployment: the key file it names (VLLM_API_KEY_FILE)
+makes the API answer 401 without the key and 200 with it, through the gateway; and the
+container's environment, which is that file, leaves the TP=2 preset both GPUs
+(ZE_AFFINITY_MASK empty). tests/test_gateway.py looks at the gateway itself.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import ssl
 import subprocess
 from pathlib import Path
 from typing import NamedTuple
@@ -16,11 +19,15 @@ from typing import NamedTuple
 import pytest
 from conftest import free_port
 from test_image import cpu_image, docker, engine  # noqa: F401  (fixtures)
+from test_scale import build_target
+
+from arcvllm.client import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = ROOT / "docker" / "arcvllm.env"
 KEY = "k-7f3e9a1c2b"
 MODEL = "tiny-hybrid"
+GATEWAY_IMAGE = os.environ.get("ARCVLLM_TEST_GATEWAY_IMAGE", "arcvllm-gateway:1.22.1")
 
 
 def make(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -40,21 +47,30 @@ class Service(NamedTuple):
     port: int
     settings: Path
     image: str
+    ca_cert: Path
 
 
 @pytest.fixture(scope="module")
 def keyed_service(cpu_image, tmp_path_factory):  # noqa: F811
     """`make up FLAVOR=cpu ENV_FILE=mine.env` with a key in mine.env, under its own project."""
+    build_target("gateway", GATEWAY_IMAGE)
     port = free_port()
     project = f"arcvllm-keytest-{port}"
-    mine = tmp_path_factory.mktemp("deploy") / "mine.env"
-    text = TEMPLATE.read_text().replace("\nVLLM_API_KEY=\n", f"\nVLLM_API_KEY={KEY}\n")
-    assert f"VLLM_API_KEY={KEY}" in text
+    folder = tmp_path_factory.mktemp("deploy")  # 0700: only this user reaches the files
+    key_file = folder / "api-key"
+    key_file.write_text(f"{KEY}\n")
+    key_file.chmod(0o644)  # the containers' UID 1000 reads the bind-mounted file
+    mine = folder / "mine.env"
+    text = TEMPLATE.read_text().replace(
+        "\nVLLM_API_KEY_FILE=../secrets/api-key\n", f"\nVLLM_API_KEY_FILE={key_file}\n"
+    )
+    assert f"VLLM_API_KEY_FILE={key_file}" in text
     mine.write_text(text.replace("\nSHM_SIZE=16g\n", "\nSHM_SIZE=1g\n"))
     args = [
         "FLAVOR=cpu",
         "STACK=cpu",
         f"IMAGE={cpu_image}",
+        f"GATEWAY_IMAGE={GATEWAY_IMAGE}",
         f"ENV_FILE={mine}",
         f"PROJECT={project}",
         f"PORT={port}",
@@ -62,17 +78,25 @@ def keyed_service(cpu_image, tmp_path_factory):  # noqa: F811
     up = make("up", *args)
     try:
         assert up.returncode == 0, up.stdout + up.stderr
-        cid = docker(
-            "ps", "-q", "--filter", f"label=com.docker.compose.project={project}"
-        ).stdout.strip()
-        assert cid, f"no container for compose project {project}"
-        yield Service(f"http://127.0.0.1:{port}", cid, project, port, mine, cpu_image)
+        label = f"label=com.docker.compose.project={project}"
+        service = "label=com.docker.compose.service=vllm-cpu"
+        cid = docker("ps", "-q", "--filter", label, "--filter", service).stdout.strip()
+        gateway = "label=com.docker.compose.service=gateway"
+        gid = docker("ps", "-q", "--filter", label, "--filter", gateway).stdout.strip()
+        assert cid and gid, f"no containers for compose project {project}"
+        ca_cert = folder / "ca.pem"
+        cert = "/var/lib/arcvllm-gateway/tls/cert.pem"
+        wait_until(lambda: docker("exec", gid, "test", "-s", cert, check=False).returncode == 0,
+                   60, 0.5, "the gateway's certificate")  # fmt: skip
+        ca_cert.write_text(docker("exec", gid, "cat", cert).stdout)
+        url = f"https://127.0.0.1:{port}"
+        yield Service(url, cid, project, port, mine, cpu_image, ca_cert)
     finally:
         # -v: the project's cache volumes and the image's anonymous /var/cache/arcvllm
         make("down", *args, "DOWN_FLAGS=-v")
 
 
-def wait_healthy(url: str, cid: str, timeout: float = 600) -> None:
+def wait_healthy(url: str, cid: str, ca_cert: Path, timeout: float = 600) -> None:
     from arcvllm.client import Client, WaitTimeout
 
     def running() -> None:
@@ -80,7 +104,7 @@ def wait_healthy(url: str, cid: str, timeout: float = 600) -> None:
             raise WaitTimeout("the service's container exited")
 
     try:
-        Client(url).wait_healthy(timeout, interval=2, alive=running)
+        Client(url, ca_cert=str(ca_cert)).wait_healthy(timeout, interval=2, alive=running)
     except WaitTimeout as exc:
         logs = docker("logs", "--tail", "40", cid, check=False)
         pytest.fail(f"service not healthy: {exc}\n{logs.stdout[-3000:]}{logs.stderr[-3000:]}")
@@ -91,21 +115,18 @@ def test_a_key_in_the_settings_file_is_required_by_the_served_api(keyed_service)
     import httpx
 
     url, cid = keyed_service.url, keyed_service.cid
-    wait_healthy(url, cid)
+    wait_healthy(url, cid, keyed_service.ca_cert)
+    verify = ssl.create_default_context(cafile=str(keyed_service.ca_cert))
     body = {"model": MODEL, "prompt": "block state", "max_tokens": 4, "temperature": 0}
-    without = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
-    wrong = httpx.post(
-        f"{url}/v1/completions",
-        json=body,
-        headers={"Authorization": "Bearer not-the-key"},
-        timeout=120,
-    )
-    with_key = httpx.post(
-        f"{url}/v1/completions",
-        json=body,
-        headers={"Authorization": f"Bearer {KEY}"},
-        timeout=120,
-    )
+
+    def post(headers: dict[str, str]) -> httpx.Response:
+        return httpx.post(
+            f"{url}/v1/completions", json=body, headers=headers, verify=verify, timeout=120
+        )
+
+    without = post({})
+    wrong = post({"Authorization": "Bearer not-the-key"})
+    with_key = post({"Authorization": f"Bearer {KEY}"})
     assert (without.status_code, wrong.status_code) == (401, 401)
     assert with_key.status_code == 200, with_key.text
     assert with_key.json()["usage"]["completion_tokens"] == 4
@@ -136,13 +157,14 @@ def test_field_report_tarball_has_every_part_and_never_the_key(keyed_service, tm
     import tarfile
 
     svc = keyed_service
-    wait_healthy(svc.url, svc.cid)
+    wait_healthy(svc.url, svc.cid, svc.ca_cert)
     out = tmp_path / "field-report.tar.gz"
     done = make(
         "field-report",
         "FLAVOR=cpu",
         "STACK=cpu",
         f"IMAGE={svc.image}",
+        f"GATEWAY_IMAGE={GATEWAY_IMAGE}",
         f"ENV_FILE={svc.settings}",
         f"PROJECT={svc.project}",
         f"PORT={svc.port}",

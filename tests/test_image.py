@@ -137,6 +137,31 @@ def test_entrypoint_runs_other_commands_as_they_are(fake_image):
     assert fake_image("echo", "hello") == "hello"
 
 
+def test_entrypoint_reads_the_key_file_into_the_environment_never_an_argument(fake_image, tmp_path):
+    key = tmp_path / "api-key"
+    key.write_text("k-from-file\n")
+    env = {"VLLM_API_KEY_FILE": str(key), "VLLM_API_KEY": "k-value"}
+    assert fake_image("printenv", "VLLM_API_KEY", **env) == "k-from-file"  # the file wins
+    assert fake_image("tiny-hybrid-cpu", **env) == "arcvllm serve --preset tiny-hybrid-cpu --"
+
+
+@pytest.mark.parametrize("content", [None, ""])
+def test_entrypoint_with_a_missing_or_empty_key_file_stops_in_one_line(tmp_path, content):
+    key = tmp_path / "api-key"
+    if content is not None:
+        key.write_text(content)
+    result = subprocess.run(
+        ["bash", str(ENTRYPOINT), "echo", "served"],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "VLLM_API_KEY_FILE": str(key)},
+    )
+    assert result.returncode == 3
+    assert result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"arcvllm-entrypoint: VLLM_API_KEY_FILE={key} ")
+
+
 def test_entrypoint_unknown_word_is_a_command_not_a_preset(fake_image, tmp_path):
     result = subprocess.run(
         ["bash", str(ENTRYPOINT), "no-such-preset-or-command"],

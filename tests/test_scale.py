@@ -102,7 +102,9 @@ def test_one_b70_per_replica_no_host_ports_behind_the_router():
         assert replica["devices"] == ["/dev/dri:/dev/dri"]
         assert "--enable-scale-out" not in replica["command"]  # xpu-0.23: not needed
     router = svc["router"]
-    assert ports(router) == [("0.0.0.0", 8080, 8000)]
+    assert "ports" not in router  # the gateway is the way in
+    assert ports(svc["gateway"]) == [("0.0.0.0", 8080, 8443)]
+    assert svc["gateway"]["environment"]["GATEWAY_UPSTREAM"] == "http://router:8000"
     assert router["environment"]["ROUTER_POLICY"] == "cache_aware"
     assert router["command"] == "--worker-urls http://vllm-0:8000 http://vllm-1:8000"
     assert router["build"]["target"] == "router"
@@ -132,6 +134,13 @@ def test_cpu_replicas_answer_as_vllm_0_and_1_with_scale_out_and_a_cpu_set_each()
         assert replica["cpuset"] == str(i)
         assert "ports" not in replica
     assert svc["router-cpu"]["networks"]["default"]["aliases"] == ["router"]
+
+
+def test_prometheus_has_its_own_bind_address_on_localhost_by_default():
+    svc = services("monitoring", env={"BIND_ADDRESS": "0.0.0.0"})
+    assert ports(svc["prometheus"]) == [("127.0.0.1", 9090, 9090)]
+    svc = services("monitoring", env={"PROMETHEUS_BIND_ADDRESS": "10.0.0.5"})
+    assert ports(svc["prometheus"]) == [("10.0.0.5", 9090, 9090)]
 
 
 def test_prometheus_mounts_the_targets_of_its_n():
@@ -251,7 +260,7 @@ def wait_for(condition, timeout: float, what: str, deployment: Deployment | None
 
 
 @pytest.fixture(scope="module")
-def deployment(request):
+def deployment(request, tmp_path_factory):
     image = request.getfixturevalue("cpu_image")  # tests/test_image.py: make build's image
     start = t0 = time.monotonic()
     build_target("router", ROUTER_IMAGE)
@@ -268,6 +277,10 @@ def deployment(request):
         "ROUTER_HEALTH_CHECK_INTERVAL_SECS": str(CHECK_INTERVAL),
         "ROUTER_HEALTH_FAILURE_THRESHOLD": str(FAILURE_THRESHOLD),
     }
+    # The router publishes no port (the gateway is the way in: tests/test_gateway.py); this
+    # test measures routing, so it publishes the router on loopback for itself.
+    published = tmp_path_factory.mktemp("scale") / "router-published.yaml"
+    published.write_text("services:\n  router-cpu:\n    ports: ['127.0.0.1:${PORT}:8000']\n")
     compose = [
         *compose_binary(),
         "-p",
@@ -278,6 +291,8 @@ def deployment(request):
         str(BASE),
         "-f",
         str(SCALE),
+        "-f",
+        str(published),
         "--profile",
         "cpu-scale",
         "--profile",

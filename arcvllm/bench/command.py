@@ -66,7 +66,9 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     (out / REPORT_PNG).unlink(missing_ok=True)  # never leave an older run's plot beside
     import httpx
 
-    client = Client(args.base_url, args.api_key, timeout=600.0)
+    client = Client(
+        args.base_url, args.api_key, timeout=600.0, ca_cert=str(args.ca_cert or "") or None
+    )
     root = client.root
     try:
         max_len = client.max_model_len(model)

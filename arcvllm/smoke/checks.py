@@ -145,6 +145,7 @@ class SmokeOptions:
     health_timeout: float = 300.0
     request_timeout: float = 300.0
     metrics_urls: tuple[str, ...] = ()
+    ca_cert: str | None = None
 
 
 def model_name(model: str | None, preset: str | None) -> str | None:
@@ -389,7 +390,9 @@ def run(opts: SmokeOptions) -> SmokeReport:
     """Start the server if asked, run the checks, stop what was started."""
     t0 = time.perf_counter()
     report = SmokeReport()
-    client = Client(opts.base_url, opts.api_key, opts.request_timeout, opts.metrics_urls)
+    client = Client(
+        opts.base_url, opts.api_key, opts.request_timeout, opts.metrics_urls, opts.ca_cert
+    )
     model = model_name(opts.model, opts.preset)  # a bad preset stops here, nothing started
     started = False
     try:

@@ -31,6 +31,7 @@ def _cmd(args: argparse.Namespace) -> int:
         health_timeout=args.health_timeout,
         request_timeout=args.request_timeout,
         metrics_urls=tuple(args.metrics_url or ()),
+        ca_cert=str(args.ca_cert) if args.ca_cert else None,
     )
     report = run(opts)
     if args.json:

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# The gateway image's entrypoint: checks the settings, fills deploy/gateway's nginx.conf
+# template into GATEWAY_RUN_DIR and runs nginx in the foreground.
+#   gateway-entrypoint.sh                 render, then exec nginx
+#   gateway-entrypoint.sh --render-only   render and print the folder (tests, debugging)
+# A missing file is one line and exit 3; a bad value one line and exit 2.
+# The key is read from VLLM_API_KEY_FILE into a file only this user reads; it is never an
+# argument of any process.
+set -euo pipefail
+
+TEMPLATE=${GATEWAY_TEMPLATE:-/etc/arcvllm/gateway/nginx.conf.template}
+RUN_DIR=${GATEWAY_RUN_DIR:-${TMPDIR:-/tmp}/arcvllm-gateway}
+TLS_DIR=${GATEWAY_TLS_DIR:-/var/lib/arcvllm-gateway/tls}
+UPSTREAM=${GATEWAY_UPSTREAM:-http://vllm:8000}
+PORT=${GATEWAY_PORT:-8443}
+RATE=${GATEWAY_RATE:-10r/s}
+BURST=${GATEWAY_BURST:-20}
+MAX_BODY=${GATEWAY_MAX_BODY:-4m}
+READ_TIMEOUT=${GATEWAY_READ_TIMEOUT:-3600s}
+SERVER_NAME=${GATEWAY_SERVER_NAME:-localhost}
+DIAGNOSTIC=${GATEWAY_DIAGNOSTIC_ROUTES:-0}
+umask 077 # every file written here (key map, config, self-signed key): this user only
+
+die() { # die CODE MESSAGE
+	echo "gateway: $2" >&2
+	exit "$1"
+}
+
+check() { # check SETTING VALUE REGEX EXAMPLE
+	[[ $2 =~ $3 ]] || die 2 "$1=$2 is not valid (e.g. $4)"
+}
+
+check GATEWAY_UPSTREAM "$UPSTREAM" '^https?://[A-Za-z0-9.-]+(:[0-9]+)?$' http://vllm:8000
+check GATEWAY_PORT "$PORT" '^[0-9]+$' 8443
+check GATEWAY_RATE "$RATE" '^[1-9][0-9]*r/[sm]$' 10r/s
+check GATEWAY_BURST "$BURST" '^[0-9]+$' 20
+check GATEWAY_MAX_BODY "$MAX_BODY" '^[1-9][0-9]*[kKmM]?$' 4m
+check GATEWAY_READ_TIMEOUT "$READ_TIMEOUT" '^[1-9][0-9]*[smh]?$' 3600s
+check GATEWAY_SERVER_NAME "$SERVER_NAME" '^[A-Za-z0-9.-]+$' api.example.org
+check GATEWAY_DIAGNOSTIC_ROUTES "$DIAGNOSTIC" '^[01]$' 0
+
+# ---- the key
+[[ -n ${VLLM_API_KEY_FILE-} ]] || die 3 "VLLM_API_KEY_FILE is not set: the file holding the API key (compose: the api-key secret)"
+[[ -f $VLLM_API_KEY_FILE && -r $VLLM_API_KEY_FILE ]] ||
+	die 3 "VLLM_API_KEY_FILE=$VLLM_API_KEY_FILE is not a readable file"
+key=$(<"$VLLM_API_KEY_FILE")
+[[ -n $key ]] || die 3 "VLLM_API_KEY_FILE=$VLLM_API_KEY_FILE is empty"
+# RFC 6750's token characters: nothing nginx's config syntax could read differently; up to
+# 256 of them (the key map's hash bucket holds "Bearer " and 256 characters).
+[[ $key =~ ^[A-Za-z0-9._~+/=-]{1,256}$ ]] ||
+	die 2 "VLLM_API_KEY_FILE=$VLLM_API_KEY_FILE: the key may hold only A-Z a-z 0-9 . _ ~ + / = - (one line, up to 256)"
+
+# ---- the resolver: the container's DNS server (Docker's 127.0.0.11, a cluster's DNS)
+resolver=${GATEWAY_RESOLVER:-$(awk '$1 == "nameserver" {print $2; exit}' /etc/resolv.conf 2>/dev/null || true)}
+[[ -n $resolver ]] || die 3 "no nameserver in /etc/resolv.conf: set GATEWAY_RESOLVER"
+[[ $resolver == *:* && $resolver != \[* ]] && resolver="[$resolver]" # IPv6
+
+# ---- TLS: the operator's certificate, else a self-signed one kept in GATEWAY_TLS_DIR
+given() { # a non-empty file; unset or an empty file (compose's default) is "not given"
+	[[ -n ${!1-} ]] || return 1
+	[[ -e ${!1} ]] || die 3 "$1=${!1}: no such file"
+	[[ ! -d ${!1} ]] || die 3 "$1=${!1} is a directory, not a PEM file"
+	[[ -s ${!1} ]] || return 1
+	[[ -r ${!1} ]] || die 3 "$1=${!1} is not readable by this user (UID $(id -u))"
+}
+if given GATEWAY_TLS_CERT; then
+	given GATEWAY_TLS_KEY || die 2 "GATEWAY_TLS_CERT is given but GATEWAY_TLS_KEY is not: give both"
+	cert=$GATEWAY_TLS_CERT cert_key=$GATEWAY_TLS_KEY
+	echo "gateway: TLS with the given certificate $(openssl x509 -in "$cert" -noout -subject -enddate | tr '\n' ' ')"
+elif given GATEWAY_TLS_KEY; then
+	die 2 "GATEWAY_TLS_KEY is given but GATEWAY_TLS_CERT is not: give both"
+else
+	cert=$TLS_DIR/cert.pem cert_key=$TLS_DIR/key.pem
+	made="kept from an earlier start"
+	if [[ ! -s $cert || ! -s $cert_key ]]; then
+		mkdir -p "$TLS_DIR" 2>/dev/null || die 3 "GATEWAY_TLS_DIR=$TLS_DIR cannot be created by UID $(id -u)"
+		openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
+			-days 825 -subj "/CN=$SERVER_NAME" \
+			-addext "subjectAltName=DNS:$SERVER_NAME,DNS:localhost,IP:127.0.0.1" \
+			-keyout "$cert_key" -out "$cert" 2>/dev/null ||
+			die 3 "cannot write a self-signed certificate to GATEWAY_TLS_DIR=$TLS_DIR"
+		made="made now"
+	fi
+	echo "gateway: no certificate given (GATEWAY_TLS_CERT, GATEWAY_TLS_KEY): self-signed for $SERVER_NAME, $made in $TLS_DIR, $(openssl x509 -in "$cert" -noout -fingerprint -sha256)"
+fi
+
+# ---- render
+[[ -r $TEMPLATE ]] || die 3 "GATEWAY_TEMPLATE=$TEMPLATE is not a readable file"
+mkdir -p "$RUN_DIR" 2>/dev/null || die 3 "GATEWAY_RUN_DIR=$RUN_DIR cannot be created by UID $(id -u)"
+# printf is a shell builtin: the key is in no process's arguments.
+printf '"Bearer %s" 1;\n' "$key" >"$RUN_DIR/key.map"
+unset key
+if [[ $DIAGNOSTIC == 1 ]]; then
+	cat >"$RUN_DIR/diagnostic-routes.conf" <<-'EOF'
+		location = /tokenize {
+		    auth_request /_key;
+		    proxy_pass $upstream;
+		}
+		location = /metrics {
+		    auth_request /_key;
+		    proxy_pass $upstream;
+		}
+	EOF
+	echo "gateway: GATEWAY_DIAGNOSTIC_ROUTES=1: /tokenize and /metrics are served too (with the key)"
+else
+	: >"$RUN_DIR/diagnostic-routes.conf"
+fi
+sed -e "s|@RUN_DIR@|$RUN_DIR|g" -e "s|@UPSTREAM@|$UPSTREAM|g" -e "s|@PORT@|$PORT|g" \
+	-e "s|@RATE@|$RATE|g" -e "s|@BURST@|$BURST|g" -e "s|@MAX_BODY@|$MAX_BODY|g" \
+	-e "s|@READ_TIMEOUT@|$READ_TIMEOUT|g" -e "s|@RESOLVER@|$resolver|g" \
+	-e "s|@CERT@|$cert|g" -e "s|@CERT_KEY@|$cert_key|g" "$TEMPLATE" >"$RUN_DIR/nginx.conf"
+echo "gateway: https port $PORT -> $UPSTREAM; rate $RATE per client (burst $BURST), body up to $MAX_BODY"
+
+if [[ ${1-} == --render-only ]]; then
+	echo "$RUN_DIR"
+	exit 0
+fi
+exec nginx -e stderr -c "$RUN_DIR/nginx.conf" -g 'daemon off;'
