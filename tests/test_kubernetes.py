@@ -211,10 +211,13 @@ def test_no_shipped_manifest_carries_a_numeric_group():
         assert not re.search(r"supplementalGroups:\s*\[?\s*-?\s*\d", text), path
 
 
-def test_the_docs_overlay_for_clusters_without_device_ownership_adds_the_nodes_gid(tmp_path):
-    text = DEPLOY_DOC.read_text()
+def docs_overlay(doc: Path, marker: str, tmp_path: Path) -> list[dict]:
+    """The one kustomization in DOC's yaml blocks that mentions MARKER, built over a copy
+    of deploy/kubernetes as an operator's own overlay would be."""
     (block,) = [
-        b for b in re.findall(r"```yaml\n(.*?)```", text, flags=re.S) if "supplementalGroups" in b
+        textwrap.dedent(b)
+        for b in re.findall(r"```yaml\n(.*?)```", doc.read_text(), flags=re.S)
+        if marker in b
     ]
     shutil.copytree(KUBE, tmp_path / "deploy" / "kubernetes")
     mine = tmp_path / "my-overlay"
@@ -222,11 +225,15 @@ def test_the_docs_overlay_for_clusters_without_device_ownership_adds_the_nodes_g
     (mine / "kustomization.yaml").write_text(block)
     result = kustomize(mine)
     assert result.returncode == 0, result.stderr
-    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
+
+
+def test_the_docs_overlay_for_clusters_without_device_ownership_adds_the_nodes_gid(tmp_path):
+    docs = docs_overlay(DEPLOY_DOC, "supplementalGroups", tmp_path)
     context = one(docs, "StatefulSet", "vllm")["spec"]["template"]["spec"]["securityContext"]
     assert context["supplementalGroups"] == [993] and context["runAsUser"] == image_uid()
     manifest = tmp_path / "mine.yaml"
-    manifest.write_text(result.stdout)
+    manifest.write_text(yaml.safe_dump_all(docs))
     checked = validate(manifest)
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
@@ -422,17 +429,5 @@ def test_the_model_claim_names_a_storage_class():
 
 
 def test_the_docs_overlay_names_the_storage_class_of_the_model_claim(tmp_path):
-    text = (ROOT / "docs" / "scale.md").read_text()
-    (block,) = [
-        textwrap.dedent(b)
-        for b in re.findall(r"```yaml\n(.*?)```", text, flags=re.S)
-        if "storageClassName" in b
-    ]
-    shutil.copytree(KUBE, tmp_path / "deploy" / "kubernetes")
-    mine = tmp_path / "my-overlay"
-    mine.mkdir()
-    (mine / "kustomization.yaml").write_text(block)
-    result = kustomize(mine)
-    assert result.returncode == 0, result.stderr
-    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+    docs = docs_overlay(ROOT / "docs" / "scale.md", "storageClassName", tmp_path)
     assert one(docs, "PersistentVolumeClaim", "models")["spec"]["storageClassName"] == "nfs-ro"
