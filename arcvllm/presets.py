@@ -30,6 +30,11 @@ from arcvllm.text import columns
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 DEVICES = ("xpu", "cpu")
+# `shutdown_timeout: N` renders as `--shutdown-timeout N`: on SIGTERM the server refuses
+# new requests and lets the running ones finish for up to N seconds. vLLM's default is 0
+# (abort them). The flag came with vllm-project/vllm#36666 (v0.18.0); the releases of the
+# stacks (0.20.2, 0.23.0, 0.32.0, 0.33.0) all declare it in vllm/engine/arg_utils.py.
+SHUTDOWN_TIMEOUT_SINCE = "0.18.0"
 _REQUIRED = ("name", "description", "model", "served_model_name", "device", "gpus", "stacks")
 
 
@@ -53,6 +58,8 @@ class Preset:
     # config.json that kernel selection and the memory fit read (arcvllm/kernels.py).
     checkpoint: Mapping[str, Any] = field(default_factory=dict)
     model_config: Mapping[str, Any] = field(default_factory=dict)
+    # Seconds the server drains in-flight requests after SIGTERM (None: vLLM's 0, abort).
+    shutdown_timeout: int | None = None
 
 
 @dataclass(frozen=True)
@@ -80,6 +87,7 @@ def preset_from_mapping(data: Mapping[str, Any], source: str = "<preset>") -> Pr
     if missing:
         raise ArcvllmError(f"{source}: missing key(s): {', '.join(missing)}")
     known = {*_REQUIRED, "vllm_args", "env", "needs", "reference", "checkpoint", "model_config"}
+    known.add("shutdown_timeout")
     unknown = sorted(set(data) - known)
     if unknown:
         raise ArcvllmError(f"{source}: unknown key(s): {', '.join(unknown)}")
@@ -108,11 +116,14 @@ def preset_from_mapping(data: Mapping[str, Any], source: str = "<preset>") -> Pr
             "sizes): its stacks are checked against each release's kernel selection"
         )
     for flag in vllm_args:
-        if flag.startswith("-") or flag in ("model", "served-model-name"):
+        if flag.startswith("-") or flag in ("model", "served-model-name", "shutdown-timeout"):
             raise ArcvllmError(
                 f"{source}: vllm_args key {flag!r}: write flags without dashes; "
-                "model and served_model_name are top-level keys"
+                "model, served_model_name and shutdown_timeout are top-level keys"
             )
+    timeout = data.get("shutdown_timeout")
+    if timeout is not None and (type(timeout) is not int or timeout < 0):
+        raise ArcvllmError(f"{source}: shutdown_timeout must be whole seconds >= 0")
     return Preset(
         name=str(data["name"]),
         description=str(data["description"]),
@@ -128,6 +139,7 @@ def preset_from_mapping(data: Mapping[str, Any], source: str = "<preset>") -> Pr
         reference=data.get("reference"),
         checkpoint=dict(checkpoint),
         model_config=dict(model_config),
+        shutdown_timeout=timeout,
     )
 
 
@@ -251,14 +263,55 @@ def check_mamba_block_size(args: Sequence[str]) -> None:
         )
 
 
-def render(preset: Preset, extra: Sequence[str] = (), python: str | None = None) -> Command:
-    """The exact server command for PRESET, EXTRA vLLM arguments winning over the preset's."""
+def has_shutdown_timeout(version: str) -> bool:
+    """Whether vLLM VERSION's server takes --shutdown-timeout."""
+    from packaging.version import Version
+
+    return Version(Version(version).base_version) >= Version(SHUTDOWN_TIMEOUT_SINCE)
+
+
+def shutdown_timeout_problem(preset: Preset, version: str) -> str | None:
+    """Why vLLM VERSION cannot take PRESET's shutdown_timeout, in one line (None: it can)."""
+    if preset.shutdown_timeout is None or has_shutdown_timeout(version):
+        return None
+    return (
+        f"preset {preset.name}: shutdown_timeout needs vLLM >= {SHUTDOWN_TIMEOUT_SINCE} "
+        f"(--shutdown-timeout); vLLM {version} has no such flag"
+    )
+
+
+def stack_problems(preset: Preset, stack_versions: Mapping[str, str]) -> list[str]:
+    """Preset fields the vLLM of one of its stacks cannot take, one line each."""
+    problems = []
+    for name in preset.stacks:
+        version = stack_versions.get(name)
+        problem = shutdown_timeout_problem(preset, version) if version else None
+        if problem:
+            problems.append(f"{problem} (stack {name})")
+    return problems
+
+
+def render(
+    preset: Preset,
+    extra: Sequence[str] = (),
+    python: str | None = None,
+    vllm_version: str | None = None,
+) -> Command:
+    """The exact server command for PRESET, EXTRA vLLM arguments winning over the preset's.
+
+    With VLLM_VERSION, a preset field that release cannot take is refused rather than
+    rendered into a flag its parser rejects, or dropped so the server aborts requests
+    on stop.
+    """
+    if vllm_version is not None and (problem := shutdown_timeout_problem(preset, vllm_version)):
+        raise ArcvllmError(problem)
+    drain = {} if preset.shutdown_timeout is None else {"shutdown-timeout": preset.shutdown_timeout}
     base = [
         "--model",
         preset.model,
         "--served-model-name",
         preset.served_model_name,
-        *flag_args(preset.vllm_args),
+        *flag_args({**preset.vllm_args, **drain}),
     ]
     args = merge_args(base, list(extra))
     check_mamba_block_size(args)
@@ -522,9 +575,10 @@ def check_all(
             spans = ", ".join(f"{s}={stack_versions.get(s, '?')}" for s in preset.stacks)
             results.append((preset.name, f"skipped: stacks {spans} do not span vLLM {version}"))
             continue
-        server = server or vllm_server_parser()
         try:
-            error = parse_with_vllm(render(preset).args, *server)
+            args = render(preset, vllm_version=version).args
+            server = server or vllm_server_parser()
+            error = parse_with_vllm(args, *server)
         except ArcvllmError as exc:
             error = str(exc)
         results.append((preset.name, "ok" if error is None else f"FAIL: {error}"))
@@ -678,11 +732,15 @@ def _cmd_presets(args: argparse.Namespace) -> int:
         print(columns(rows))
         return 0
     doc: dict[str, Any] = {"json": args.json, "vllm": None, "problems": []}
+    versions = stack_vllm_versions()
+    doc["problems"] += [line for p in presets.values() for line in stack_problems(p, versions)]
     status = _check_arguments(presets, doc)
     if status is None:
         if not args.json:
             print("no vLLM in this Python: argument check left to the release's Python")
         status = 0
+    if doc["problems"]:
+        status = max(status, 1)
     if args.kernels:
         status = max(status, _check_kernels(presets, args.release, doc))
     del doc["json"]

