@@ -445,3 +445,46 @@ def test_make_up_refuses_a_missing_key_file_before_compose_runs(tmp_path):
     ran = up()
     assert ran.returncode == 0, ran.stderr
     assert "RAN" in ran.stdout and "up -d vllm gateway" in ran.stdout
+
+
+def seconds(duration) -> float:
+    """A compose duration as compose config prints it ("2m30s", "150s", 150) in seconds."""
+    if isinstance(duration, int | float):
+        return float(duration)
+    parts = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s)?", str(duration))
+    assert parts and any(parts.groups()), f"not a duration: {duration!r}"
+    hours, minutes, secs = (float(g or 0) for g in parts.groups())
+    return hours * 3600 + minutes * 60 + secs
+
+
+def test_seconds_reads_every_spelling_and_refuses_garbage():
+    assert seconds("2m30s") == seconds("150s") == seconds(150) == 150
+    with pytest.raises(AssertionError):
+        seconds("soon")
+
+
+@pytest.mark.compose
+@pytest.mark.parametrize(
+    ("compose_files", "profiles"),
+    [
+        ((COMPOSE_FILE,), ("cpu",)),
+        ((COMPOSE_FILE, SCALE_FILE), ("scale", "scale-4", "cpu-scale")),
+    ],
+)
+def test_every_vllm_service_waits_longer_than_any_presets_drain(compose_files, profiles):
+    """On stop, vLLM drains for up to its preset's --shutdown-timeout; the engine kills at
+    the end of stop_grace_period, which must be longer than the longest drain."""
+    from arcvllm import presets
+
+    longest = max(p.shutdown_timeout or 0 for p in presets.load_all().values())
+    assert longest > 0
+    files = [arg for f in compose_files[1:] for arg in ("-f", str(f))]
+    flags = [arg for p in profiles for arg in ("--profile", p)]
+    result = config(compose_files[0], *files, *flags, env={"RENDER_GID": "4242"})
+    assert result.returncode == 0, result.stderr
+    services = yaml.safe_load(result.stdout)["services"]
+    servers = [name for name in services if name.startswith("vllm")]
+    assert len(servers) >= 2, servers
+    for name in servers:
+        grace = seconds(services[name].get("stop_grace_period", "10s"))  # the engine's default
+        assert grace >= longest + 20, f"{name}: stop_grace_period {grace:.0f} s"

@@ -15,6 +15,8 @@ import pytest
 import yaml
 from conftest import ROOT
 
+from arcvllm import presets
+
 KUBE = ROOT / "deploy" / "kubernetes"
 OVERLAYS = ("one-b70", "scale", "scale-xpu-0.33")
 KUBERNETES_VERSION = "1.32.0"  # the release the manifests are validated against
@@ -240,7 +242,6 @@ def test_the_docs_overlay_for_clusters_without_device_ownership_adds_the_nodes_g
 
 # ---- safe to expose: who reaches what, disruptions, shutdown, placement, key, model -----
 
-SHUTDOWN_TIMEOUT = 120  # vLLM's --shutdown-timeout the presets set (seconds)
 ROUTER = {"app.kubernetes.io/name": "arcvllm", "app.kubernetes.io/component": "router"}
 VLLM = {"app.kubernetes.io/name": "arcvllm", "app.kubernetes.io/component": "vllm"}
 PROMETHEUS = {
@@ -336,7 +337,12 @@ def test_vllm_drops_out_of_the_endpoints_and_drains_within_its_grace_period(over
     (vllm,) = pod["containers"]
     command = vllm["lifecycle"]["preStop"]["exec"]["command"]
     assert command[0] == "sleep" and 5 <= int(command[1]) <= 15
-    assert pod["terminationGracePeriodSeconds"] > int(command[1]) + SHUTDOWN_TIMEOUT
+    # The pod's preset drains (its own --shutdown-timeout), and any preset it could be
+    # switched to drains within the grace period too.
+    env = {e["name"]: e.get("value") for e in vllm["env"]}
+    assert presets.get_preset(env["ARCVLLM_PRESET"]).shutdown_timeout
+    longest = max(p.shutdown_timeout or 0 for p in presets.load_all().values())
+    assert pod["terminationGracePeriodSeconds"] > int(command[1]) + longest
 
 
 def test_two_routers_spread_over_nodes():
