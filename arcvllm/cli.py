@@ -66,11 +66,11 @@ class _Formatter(argparse.HelpFormatter):
     """Fills descriptions as argparse does, but prints the exit status table as written."""
 
     def _fill_text(self, text: str, width: int, indent: str) -> str:
-        head, sep, _ = text.partition(EXIT_STATUS)
+        head, sep, rows = text.partition(EXIT_STATUS)
         filled = super()._fill_text(head, width, indent) if head.strip() else ""
         if not sep:
             return filled
-        raw = "\n".join(indent + line for line in EXIT_STATUS.splitlines())
+        raw = "\n".join(indent + line for line in (EXIT_STATUS + rows).splitlines())
         return f"{filled}\n\n{raw}" if filled else raw
 
 
@@ -78,9 +78,11 @@ class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose --help ends with the exit status table and whose usage errors
     are one line and exit 2. Sub-parsers inherit the class (add_subparsers uses it)."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, exit_rows: str = "", **kwargs) -> None:
+        # EXIT_ROWS: a command's own statuses beyond 0-3 ("  4  degraded: ..."), one a line.
         epilog = kwargs.get("epilog")
-        kwargs["epilog"] = f"{epilog}\n\n{EXIT_STATUS}" if epilog else EXIT_STATUS
+        table = EXIT_STATUS + (f"\n{exit_rows.rstrip()}" if exit_rows else "")
+        kwargs["epilog"] = f"{epilog}\n\n{table}" if epilog else table
         kwargs.setdefault("formatter_class", _Formatter)
         super().__init__(*args, **kwargs)
 

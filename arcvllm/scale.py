@@ -1,9 +1,12 @@
-"""N replicas behind vLLM's router, started so that a failure is one line and leaves nothing.
+"""N replicas behind vLLM's router, started so that a failure is one line and stops what started.
 
 `arcvllm scale up` runs docker/compose.scale.yaml's profiles: refuses more replicas than
 the host has B70 render nodes before anything starts, waits for every replica's own
-healthcheck and then for the router's /readiness, and on any failure names it in one line
-and takes the whole project down again. `arcvllm scale down` stops it.
+healthcheck and then for the router's /readiness. A replica that never gets healthy while
+another does is stopped alone and named: the router serves the healthy ones (degraded,
+exit 4). Any other failure is named in one line and the project is taken down again.
+`arcvllm scale down` stops it: each server drains its requests (the preset's
+shutdown_timeout). Named volumes (compile caches, Prometheus history) stay unless --purge.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import json
 import os
 import shlex
 import subprocess
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +28,8 @@ from arcvllm.settings import load as load_settings
 from arcvllm.settings import render_node_gids
 
 PROJECT = "arcvllm-scale"
+DEGRADED = 4  # exit status: serving, with fewer replicas than asked
+EXIT_ROWS = "  4  degraded: serving with fewer replicas than asked (the others stopped, named)"
 REPLICA_COUNTS = (2, 4)  # the profiles compose.scale.yaml has: scale, scale + scale-4
 
 
@@ -137,8 +144,20 @@ class Deployment:
         except FileNotFoundError:
             raise ArcvllmError(f"no compose tool: {command[0]} not found (make tools)", 3) from None
 
-    def down(self, profiles: tuple[str, ...]) -> subprocess.CompletedProcess:
-        return self.run("down", "-v", "--remove-orphans", "-t", "20", profiles=profiles)
+    def down(self, profiles: tuple[str, ...], purge: bool = False) -> subprocess.CompletedProcess:
+        """Stop and remove the containers; the named volumes too only with PURGE.
+
+        No `-t`: each service's stop_grace_period (longer than its server's drain) holds.
+        """
+        volumes = ("-v",) if purge else ()
+        return self.run("down", *volumes, "--remove-orphans", profiles=profiles)
+
+    def stop(self, services: tuple[str, ...], profiles: tuple[str, ...]) -> None:
+        """`compose stop SERVICE...`: they stay stopped (restart: unless-stopped)."""
+        result = self.run("stop", *services, profiles=profiles)
+        if result.returncode != 0:
+            lines = result.stderr.strip().splitlines() or ["(no output)"]
+            raise ArcvllmError(f"compose stop failed: {lines[-1]}", 3)
 
     def state(self, service: str, profiles: tuple[str, ...]) -> dict:
         """Docker's State of SERVICE's container ({} when it has none)."""
@@ -154,31 +173,50 @@ class Deployment:
         return json.loads(out.stdout) if out.returncode == 0 else {}
 
 
-def wait_replicas(dep: Deployment, p: Layout, timeout: float, interval: float = 3.0) -> None:
-    """Every replica healthy by its own healthcheck, or the first one that is not, named."""
-    waiting = list(p.replicas)
+Health = Callable[[str], str]  # replica -> "healthy", "starting" or why it is not serving
 
-    def all_healthy() -> bool:
-        for name in list(waiting):
-            state = dep.state(name, p.profiles)
-            health = (state.get("Health") or {}).get("Status")
-            if health == "healthy":
-                waiting.remove(name)
-            elif state and (state.get("Restarting") or not state.get("Running", False)):
-                # (restart: unless-stopped brings an exited replica back: a restart is an exit)
-                raise ArcvllmError(
-                    f"replica {name} never became healthy: it exited "
-                    f"(code {state.get('ExitCode')}); see `docker logs` of it",
-                    3,
-                )
-        return not waiting
+
+def docker_health(dep: Deployment, profiles: tuple[str, ...]) -> Health:
+    """A replica's state by its own healthcheck, as Docker reports it."""
+
+    def health(name: str) -> str:
+        state = dep.state(name, profiles)
+        if (state.get("Health") or {}).get("Status") == "healthy":
+            return "healthy"
+        if state and (state.get("Restarting") or not state.get("Running", False)):
+            # (restart: unless-stopped brings an exited replica back: a restart is an exit)
+            return f"it exited (code {state.get('ExitCode')}); see `docker logs` of it"
+        return "starting"
+
+    return health
+
+
+def wait_replicas(
+    replicas: tuple[str, ...], health: Health, timeout: float, interval: float = 3.0
+) -> dict[str, str]:
+    """Wait until every replica is healthy or has failed (or TIMEOUT); the failed ones,
+    each with why, in order. A replica that exits is not waited for any longer."""
+    healthy: set[str] = set()
+    failed: dict[str, str] = {}
+
+    def settled() -> bool:
+        for name in replicas:
+            if name in healthy or name in failed:
+                continue
+            answer = health(name)
+            if answer == "healthy":
+                healthy.add(name)
+            elif answer != "starting":
+                failed[name] = f"never became healthy: {answer}"
+        return len(healthy) + len(failed) == len(replicas)
 
     try:
-        wait_until(all_healthy, timeout, interval, "every replica healthy")
-    except WaitTimeout as exc:
-        raise ArcvllmError(
-            f"replica {waiting[0]} never became healthy within {timeout:.0f} s", 3
-        ) from exc
+        wait_until(settled, timeout, interval, "every replica healthy or failed")
+    except WaitTimeout:
+        for name in replicas:
+            if name not in healthy and name not in failed:
+                failed[name] = f"never became healthy within {timeout:.0f} s"
+    return {name: failed[name] for name in replicas if name in failed}
 
 
 def http_status(url: str) -> int | None:
@@ -240,7 +278,9 @@ def check_alert_receiver(env_file: Path) -> None:
     )
 
 
-def up(args: argparse.Namespace) -> int:
+def up(args: argparse.Namespace, health: Health | None = None, status=None) -> int:
+    """HEALTH (a replica's state) and STATUS (the router's answer) default to asking
+    Docker and the router's container; tests pass their own."""
     p = layout(args.replicas, args.cpu, args.monitoring)
     if args.monitoring:
         check_alert_receiver(args.env_file.resolve())
@@ -259,32 +299,48 @@ def up(args: argparse.Namespace) -> int:
         if result.returncode != 0:
             lines = result.stderr.strip().splitlines() or ["(no output)"]
             raise ArcvllmError(f"compose up failed: {lines[-1]}", 3)
-        wait_replicas(dep, p, args.timeout)
+        failed = wait_replicas(p.replicas, health or docker_health(dep, p.profiles), args.timeout)
+        if len(failed) == len(p.replicas):
+            first, *others = failed
+            rest = f"; nor did {', '.join(others)}" if others else ""
+            raise ArcvllmError(f"replica {first} {failed[first]}{rest}", 3)
+        if failed:
+            dep.stop(tuple(failed), p.profiles)  # the router keeps the healthy ones
         router = p.services[0]
-        status = status_inside(dep, router, p.profiles)
+        status = status or status_inside(dep, router, p.profiles)
         wait_router("http://127.0.0.1:8000", args.router_timeout, status=status)
     except BaseException:
-        dep.down(p.profiles)  # nothing left half-started
+        # Nothing left half-started; the volumes (compile caches) are kept.
+        dep.down(p.profiles)
         raise
+    serving = [r for r in p.replicas if r not in failed]
     if args.json:
         gateway = f"https://127.0.0.1:{port}"
-        doc = {"project": PROJECT, "replicas": list(p.replicas), "gateway": gateway}
-        print(json.dumps({**doc, "profiles": list(p.profiles)}, indent=2))
+        doc = {"project": PROJECT, "replicas": serving, "gateway": gateway}
+        doc |= {"down": [{"replica": r, "why": why} for r, why in failed.items()]}
+        print(json.dumps({**doc, "degraded": bool(failed), "profiles": list(p.profiles)}, indent=2))
     else:
-        print(f"{len(p.replicas)} replicas healthy behind the router, gateway on port {port}")
-    return 0
+        print(
+            f"{len(serving)} of {len(p.replicas)} replicas healthy behind the router, "
+            f"gateway on port {port}"
+        )
+    for name, why in failed.items():
+        print(f"arcvllm: degraded: replica {name} is down (stopped): {why}", file=sys.stderr)
+    return DEGRADED if failed else 0
 
 
 def down(args: argparse.Namespace) -> int:
     dep = Deployment(args.env_file.resolve())
-    result = dep.down(("scale", "scale-4", "cpu-scale", "monitoring"))
+    result = dep.down(("scale", "scale-4", "cpu-scale", "monitoring"), purge=args.purge)
     if result.returncode != 0:
         lines = result.stderr.strip().splitlines() or ["(no output)"]
         raise ArcvllmError(f"compose down failed: {lines[-1]}", 3)
     if args.json:
-        print(json.dumps({"project": PROJECT, "down": True}))
+        print(json.dumps({"project": PROJECT, "down": True, "volumes_removed": args.purge}))
+    elif args.purge:
+        print(f"{PROJECT}: down; its named volumes (compile caches, Prometheus data) removed")
     else:
-        print(f"{PROJECT}: down")
+        print(f"{PROJECT}: down; named volumes kept (compile caches, Prometheus data)")
     return 0
 
 
@@ -295,7 +351,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__.splitlines()[0],
     )
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
-    start = sub.add_parser("up", help="start N replicas + the router; wait until they serve")
+    start = sub.add_parser(
+        "up",
+        help="start N replicas + the router; wait until they serve",
+        description="Start N replicas and the router and wait until they serve. A replica "
+        "that is not healthy by --timeout while another is gets stopped alone and named "
+        "(exit 4); with none healthy, everything started is stopped (exit 3).",
+        exit_rows=EXIT_ROWS,
+    )
     start.add_argument("--replicas", type=int, default=2, help="2 or 4 (one B70 each)")
     start.add_argument("--cpu", action="store_true", help="two CPU replicas of the tiny model")
     start.add_argument(
@@ -306,7 +369,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     start.add_argument("--timeout", type=float, default=1800.0, help="replica health, s (1800)")
     start.add_argument("--router-timeout", type=float, default=60.0, help="router ready, s (60)")
     start.add_argument("--dev-root", default="/", help=argparse.SUPPRESS)
-    stop = sub.add_parser("down", help="stop and remove the scale-out project")
+    stop = sub.add_parser(
+        "down",
+        help="stop and remove the scale-out project (volumes kept unless --purge)",
+        description="Stop and remove the scale-out project's containers. Each server gets "
+        "SIGTERM and drains its requests for up to its preset's shutdown_timeout, within the "
+        "services' stop_grace_period. The named volumes (compile caches, Prometheus and "
+        "Alertmanager data) are kept unless --purge.",
+    )
+    stop.add_argument(
+        "--purge",
+        action="store_true",
+        help="remove the project's named volumes too (compile caches: the next start "
+        "compiles again; Prometheus history)",
+    )
     for each in (start, stop):
         each.add_argument(
             "--env-file",

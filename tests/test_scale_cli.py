@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import ROOT, free_port
@@ -124,8 +126,158 @@ def test_down_json_says_what_it_took_down(tmp_path):
         "scale", "down", "--json", env={"COMPOSE": f"sh -c 'echo \"$*\" > {called}' compose"}
     )
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout) == {"project": "arcvllm-scale", "down": True}
-    assert "down -v --remove-orphans" in called.read_text()
+    assert json.loads(result.stdout) == {
+        "project": "arcvllm-scale",
+        "down": True,
+        "volumes_removed": False,
+    }
+    assert "down --remove-orphans" in called.read_text()
+
+
+@pytest.mark.parametrize("purge", [False, True])
+def test_down_keeps_the_named_volumes_unless_purge(tmp_path, purge):
+    """Compile caches (a warm restart) and Prometheus history survive a plain `down`; no
+    `-t` either, so each service's stop_grace_period covers its server's drain."""
+    called = tmp_path / "compose-args"
+    result = arcvllm(
+        "scale", "down", *(["--purge"] if purge else []),
+        env={"COMPOSE": f"sh -c 'echo \"$*\" > {called}' compose"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    words = called.read_text().split()
+    assert words[words.index("down") :] == ["down", *(["-v"] if purge else []), "--remove-orphans"]
+    said = "named volumes (compile caches, Prometheus data) removed" if purge else "volumes kept"
+    assert said in result.stdout
+
+
+def recording_compose(tmp_path, monkeypatch, fail_on: str = "") -> Path:
+    """A stand-in compose that records each call's arguments, one line each, and exits 1
+    when they contain FAIL_ON."""
+    calls = tmp_path / "compose-calls"
+    fail = f'case "$*" in *"{fail_on}"*) exit 1;; esac' if fail_on else ""
+    monkeypatch.setenv("COMPOSE", f"sh -c 'echo \"$*\" >> {calls}; {fail}' compose")
+    return calls
+
+
+def actions(calls: Path) -> list[list[str]]:
+    """Each recorded call from its action on (after the files and profiles)."""
+    out = []
+    for line in calls.read_text().splitlines():
+        words = line.split()
+        first = next(i for i, w in enumerate(words) if w in ("up", "down", "stop", "exec", "ps"))
+        out.append(words[first:])
+    return out
+
+
+def up_args(**overrides) -> argparse.Namespace:
+    args = {
+        "replicas": 2, "cpu": True, "monitoring": False, "timeout": 1.0,
+        "router_timeout": 1.0, "dev_root": "/", "json": False,
+        "env_file": ROOT / "docker" / "arcvllm.env",
+    }  # fmt: skip
+    return argparse.Namespace(**{**args, **overrides})
+
+
+def test_an_up_that_fails_stops_what_it_started_and_keeps_the_volumes(tmp_path):
+    calls = tmp_path / "compose-calls"
+    stand_in = f'sh -c \'echo "$*" >> {calls}; case "$*" in *" up "*) exit 1;; esac\' compose'
+    result = arcvllm("scale", "up", "--cpu", env={"COMPOSE": stand_in})
+    assert result.returncode == 3 and "compose up failed" in result.stderr
+    assert [a[0] for a in actions(calls)] == ["up", "down"]
+    assert actions(calls)[1] == ["down", "--remove-orphans"]
+
+
+def test_one_replica_never_healthy_is_stopped_alone_and_the_rest_serve(
+    tmp_path, monkeypatch, capsys
+):
+    calls = recording_compose(tmp_path, monkeypatch)
+    health = {"vllm-cpu-0": "healthy", "vllm-cpu-1": "starting"}.__getitem__
+    assert scale.up(up_args(), health=health, status=lambda url: 200) == scale.DEGRADED == 4
+    assert [a[0] for a in actions(calls)] == ["up", "stop"]
+    assert actions(calls)[1] == ["stop", "vllm-cpu-1"]
+    out, err = capsys.readouterr()
+    assert out.startswith("1 of 2 replicas healthy behind the router")
+    assert err == (
+        "arcvllm: degraded: replica vllm-cpu-1 is down (stopped): never became healthy within 1 s\n"
+    )
+
+
+def test_a_degraded_start_says_which_replica_is_down_in_json(tmp_path, monkeypatch, capsys):
+    recording_compose(tmp_path, monkeypatch)
+    exited = "it exited (code 1); see `docker logs` of it"
+    health = {"vllm-cpu-0": exited, "vllm-cpu-1": "healthy"}.__getitem__
+    assert scale.up(up_args(json=True), health=health, status=lambda url: 200) == 4
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["degraded"] is True and doc["replicas"] == ["vllm-cpu-1"]
+    assert doc["down"] == [{"replica": "vllm-cpu-0", "why": f"never became healthy: {exited}"}]
+
+
+def test_all_replicas_healthy_is_not_degraded(tmp_path, monkeypatch, capsys):
+    calls = recording_compose(tmp_path, monkeypatch)
+    assert scale.up(up_args(), health=lambda name: "healthy", status=lambda url: 200) == 0
+    assert [a[0] for a in actions(calls)] == ["up"]
+    assert capsys.readouterr().err == ""
+
+
+def test_no_replica_healthy_stops_everything_without_removing_volumes(tmp_path, monkeypatch):
+    calls = recording_compose(tmp_path, monkeypatch)
+    with pytest.raises(ArcvllmError) as failure:
+        scale.up(up_args(), health=lambda name: "starting", status=lambda url: 200)
+    assert failure.value.exit_code == 3
+    assert str(failure.value) == (
+        "replica vllm-cpu-0 never became healthy within 1 s; nor did vllm-cpu-1"
+    )
+    assert [a for a in actions(calls) if a[0] != "up"] == [["down", "--remove-orphans"]]
+
+
+def test_a_router_without_a_worker_after_a_degraded_start_takes_it_all_down(tmp_path, monkeypatch):
+    calls = recording_compose(tmp_path, monkeypatch)
+    health = {"vllm-cpu-0": "healthy", "vllm-cpu-1": "starting"}.__getitem__
+    with pytest.raises(ArcvllmError, match="no healthy worker"):
+        scale.up(up_args(), health=health, status=lambda url: 503)
+    assert [a[0] for a in actions(calls)] == ["up", "stop", "down"]
+    assert "-v" not in actions(calls)[2]
+
+
+def test_ctrl_c_while_waiting_stops_what_started_and_keeps_the_volumes(tmp_path, monkeypatch):
+    calls = recording_compose(tmp_path, monkeypatch)
+
+    def interrupted(name: str) -> str:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        scale.up(up_args(), health=interrupted, status=lambda url: 200)
+    assert actions(calls)[-1] == ["down", "--remove-orphans"]
+
+
+def test_a_failed_stop_of_the_unhealthy_replica_is_one_line_and_takes_it_all_down(
+    tmp_path, monkeypatch
+):
+    calls = recording_compose(tmp_path, monkeypatch, fail_on=" stop ")
+    health = {"vllm-cpu-0": "healthy", "vllm-cpu-1": "starting"}.__getitem__
+    with pytest.raises(ArcvllmError, match="compose stop failed") as failure:
+        scale.up(up_args(), health=health, status=lambda url: 200)
+    assert failure.value.exit_code == 3
+    assert [a[0] for a in actions(calls)] == ["up", "stop", "down"]
+
+
+def test_an_exited_replica_is_not_waited_for():
+    asked: list[str] = []
+
+    def health(name: str) -> str:
+        asked.append(name)
+        return "healthy" if name == "a" else "it exited (code 2)"
+
+    assert scale.wait_replicas(("a", "b"), health, timeout=60, interval=30) == {
+        "b": "never became healthy: it exited (code 2)"
+    }
+    assert asked == ["a", "b"]  # settled at the first look, no 60 s wait
+
+
+def test_scale_up_help_lists_the_degraded_exit_status():
+    result = arcvllm("scale", "up", "--help")
+    assert result.returncode == 0
+    assert "  4  degraded: serving with fewer replicas than asked" in result.stdout
 
 
 def test_a_router_that_does_not_answer_is_an_environment_error():
