@@ -577,7 +577,11 @@ def check_all(
             continue
         try:
             args = render(preset, vllm_version=version).args
-            server = server or vllm_server_parser()
+        except ArcvllmError as exc:  # refused before vLLM's parser is needed
+            results.append((preset.name, f"FAIL: {exc}"))
+            continue
+        server = server or vllm_server_parser()
+        try:
             error = parse_with_vllm(args, *server)
         except ArcvllmError as exc:
             error = str(exc)
