@@ -321,14 +321,17 @@ def test_a_replica_that_never_becomes_healthy_is_named_and_nothing_is_left():
         "PORT": str(free_port()),
         "BIND_ADDRESS": "127.0.0.1",
     }
-    result = arcvllm("scale", "up", "--cpu", "--timeout", "120", env=env)
-    assert result.returncode == 3, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "never became healthy" in lines[0], result.stderr
-    assert lines[0].startswith("arcvllm: replica vllm-cpu-")
     dep = scale.Deployment((ROOT / "docker" / "arcvllm.env").resolve())
-    left = dep.run("ps", "-q", profiles=("cpu-scale",), timeout=60).stdout.strip()
-    assert left == "", left
+    try:
+        result = arcvllm("scale", "up", "--cpu", "--timeout", "120", env=env)
+        assert result.returncode == 3, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and "never became healthy" in lines[0], result.stderr
+        assert lines[0].startswith("arcvllm: replica vllm-cpu-")
+        left = dep.run("ps", "-q", profiles=("cpu-scale",), timeout=60).stdout.strip()
+        assert left == "", left
+    finally:
+        dep.down(("cpu-scale",), purge=True)  # a failed up keeps the volumes: not a test's
 
 
 @pytest.mark.docker
