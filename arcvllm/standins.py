@@ -318,6 +318,14 @@ def wheel_files(wheel: Wheel) -> dict[str, str]:
         return {"triton/__init__.py": doc + f'__version__ = "{wheel.version}"\n'}
     if wheel.project == "vllm-xpu-kernels":
         return {"vllm_xpu_kernels/__init__.py": doc}
+    if wheel.project == "certifi":  # the system's CA store, as Debian's python3-certifi has it
+        store = "/etc/ssl/certs/ca-certificates.crt"
+        return {
+            "certifi/__init__.py": doc + "from certifi.core import contents, where\n",
+            "certifi/core.py": f"def where():\n    return {store!r}\n\n\n"
+            "def contents():\n    with open(where(), encoding='ascii') as f:\n"
+            "        return f.read()\n",
+        }
     return {}  # the triton +xpu shim: metadata only (it requires triton-xpu)
 
 

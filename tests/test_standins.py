@@ -184,7 +184,7 @@ def test_the_kernels_wheels_have_the_file_names_the_stacks_pin(config):
 def test_the_index_has_a_page_per_project_linking_wheels_by_sha256(made):
     index = made / "xpu-index"
     assert {p.name for p in index.iterdir() if p.is_dir()} == {
-        "torch", "torchvision", "torchaudio", "triton-xpu", "triton",
+        "torch", "torchvision", "torchaudio", "triton-xpu", "triton", "certifi",
     }  # fmt: skip
     page = (index / "torch" / "index.html").read_text()
     assert "../../wheels/torch-2.11.0+xpu-cp312-cp312-manylinux_2_28_x86_64.whl#sha256=" in page
@@ -448,3 +448,21 @@ def test_pip_24_resolves_the_standin_index_with_the_real_oneapi_wheels(standins_
     resolved = out.split("resolved", 1)[1].split()
     assert "torch==2.11.0+xpu" in resolved and "triton-xpu==3.7.0" in resolved
     assert "intel-sycl-rt==2025.3.2" in resolved  # from the package index: real
+
+
+def test_every_pin_only_the_xpu_index_serves_has_a_stand_in_there(made):
+    """A lock line without a sha256 is one the XPU index serves (stacks.yaml, the lock's
+    header): the stand-in index must carry its exact version, or pip cannot resolve the
+    real lock the real way (xpu-0.33 pins certifi 2026.10.19, an XPU-index build)."""
+    served = {
+        (p.name, a.split("-")[1])
+        for p in (made / "xpu-index").iterdir()
+        if p.is_dir()
+        for a in (p / "index.html").read_text().split('">')[1:]
+    }
+    for lock in sorted((ROOT / "configs" / "locks").glob("xpu-*.txt")):
+        for line in lock.read_text().splitlines():
+            if line[:1].isalnum() and "==" in line and " --hash=" not in line:
+                name, version = line.split("==")
+                project = name.lower().replace("_", "-")
+                assert (project, version.strip()) in served, f"{lock.name}: {line}"
