@@ -63,7 +63,7 @@ tools: ## install the Debian tools the tests need (prometheus, promtool, alertma
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing
 
 .PHONY: test
-test: $(VENV)/.stamp ## everything, set-up included: lint, unit, real vLLM code, every image (XPU rehearsals too), compose, smoke, emulation
+test: ## everything, set-up included: lint, unit, real vLLM code, every image (XPU rehearsals too), compose, smoke, emulation
 	scripts/ci/engine.sh run scripts/ci/pipeline.sh
 
 # pytest's scratch under build/ (nothing left in /tmp). The host part (no image) and the
