@@ -24,8 +24,8 @@ from pathlib import Path
 from arcvllm import cli
 from arcvllm.client import Client, WaitTimeout, wait_until
 from arcvllm.errors import ArcvllmError
+from arcvllm.settings import api_key_file, check_api_key_file, render_node_gids
 from arcvllm.settings import load as load_settings
-from arcvllm.settings import render_node_gids
 
 PROJECT = "arcvllm-scale"
 DEGRADED = 4  # exit status: serving, with fewer replicas than asked
@@ -282,6 +282,8 @@ def up(args: argparse.Namespace, health: Health | None = None, status=None) -> i
     """HEALTH (a replica's state) and STATUS (the router's answer) default to asking
     Docker and the router's container; tests pass their own."""
     p = layout(args.replicas, args.cpu, args.monitoring)
+    # The replicas and the gateway get the key as the compose secret `api-key`.
+    check_api_key_file(api_key_file(args.env_file.resolve(), docker_dir(), os.environ))
     if args.monitoring:
         check_alert_receiver(args.env_file.resolve())
     settings = p.settings()
@@ -291,7 +293,7 @@ def up(args: argparse.Namespace, health: Health | None = None, status=None) -> i
         # has no default GID); RENDER_GID in the environment still wins.
         gids = render_node_gids(Path(args.dev_root) / "dev" / "dri")
         settings["RENDER_GID"] = str(next(iter(gids.values())))
-    dep = Deployment(args.env_file.resolve(), settings=settings)
+    dep = Deployment(args.env_file.resolve(), project=args.project, settings=settings)
     port = os.environ.get("PORT", "8443")
     # compose.yaml's gateway (https, the key) is the published port, in front of the router.
     result = dep.run("up", "-d", *p.services, "gateway", profiles=p.profiles, timeout=1800)
@@ -316,7 +318,7 @@ def up(args: argparse.Namespace, health: Health | None = None, status=None) -> i
     serving = [r for r in p.replicas if r not in failed]
     if args.json:
         gateway = f"https://127.0.0.1:{port}"
-        doc = {"project": PROJECT, "replicas": serving, "gateway": gateway}
+        doc = {"project": args.project, "replicas": serving, "gateway": gateway}
         doc |= {"down": [{"replica": r, "why": why} for r, why in failed.items()]}
         print(json.dumps({**doc, "degraded": bool(failed), "profiles": list(p.profiles)}, indent=2))
     else:
@@ -329,18 +331,25 @@ def up(args: argparse.Namespace, health: Health | None = None, status=None) -> i
     return DEGRADED if failed else 0
 
 
+ALL_PROFILES = ("scale", "scale-4", "cpu-scale", "monitoring")
+# Every vLLM server of compose.scale.yaml: stopped first, so that the router and the gateway
+# carry the streams they drain to the end (compose down stops the router before them).
+ALL_REPLICAS = (*(f"vllm-{i}" for i in range(4)), "vllm-cpu-0", "vllm-cpu-1")
+
+
 def down(args: argparse.Namespace) -> int:
-    dep = Deployment(args.env_file.resolve())
-    result = dep.down(("scale", "scale-4", "cpu-scale", "monitoring"), purge=args.purge)
+    dep = Deployment(args.env_file.resolve(), project=args.project)
+    dep.stop(ALL_REPLICAS, ALL_PROFILES)
+    result = dep.down(ALL_PROFILES, purge=args.purge)
     if result.returncode != 0:
         lines = result.stderr.strip().splitlines() or ["(no output)"]
         raise ArcvllmError(f"compose down failed: {lines[-1]}", 3)
     if args.json:
-        print(json.dumps({"project": PROJECT, "down": True, "volumes_removed": args.purge}))
+        print(json.dumps({"project": args.project, "down": True, "volumes_removed": args.purge}))
     elif args.purge:
-        print(f"{PROJECT}: down; its named volumes (compile caches, Prometheus data) removed")
+        print(f"{args.project}: down; its named volumes (compile caches, Prometheus data) removed")
     else:
-        print(f"{PROJECT}: down; named volumes kept (compile caches, Prometheus data)")
+        print(f"{args.project}: down; named volumes kept (compile caches, Prometheus data)")
     return 0
 
 
@@ -389,6 +398,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             type=cli.existing_file,
             default="docker/arcvllm.env",
             help="the settings file (docker/arcvllm.env)",
+        )
+        each.add_argument(
+            "--project",
+            default=PROJECT,
+            help=f"the compose project: a second deployment on this host needs its own ({PROJECT})",
         )
         cli.add_json(each)
     start.set_defaults(func=up)

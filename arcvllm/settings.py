@@ -151,6 +151,33 @@ def load(path: Path) -> dict[str, str]:
     return {s.key: s.value for s in read(path)}
 
 
+# compose.yaml's default for the key file: the secret `api-key` of every server and the gateway.
+DEFAULT_API_KEY_FILE = "../secrets/api-key"
+
+
+def api_key_file(env_file: Path, compose_dir: Path, environ: Mapping[str, str]) -> Path:
+    """The host file compose hands out as the secret `api-key`: VLLM_API_KEY_FILE from the
+    shell (which wins, as in compose), else the settings file's, else compose.yaml's default;
+    a relative path is read from COMPOSE_DIR (docker/), as compose reads it."""
+    value = environ.get("VLLM_API_KEY_FILE") or load(env_file).get("VLLM_API_KEY_FILE")
+    path = Path(value or DEFAULT_API_KEY_FILE)
+    return path if path.is_absolute() else compose_dir / path
+
+
+def check_api_key_file(path: Path) -> None:
+    """A key file compose can hand out: one line, exit 3, before anything starts (compose
+    would fail on a missing file, and an empty one makes every server refuse to start)."""
+    hint = "make one, e.g. (umask 077; openssl rand -hex 32 > FILE), readable by UID 1000"
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ArcvllmError(
+            f"VLLM_API_KEY_FILE={path} is not a readable file ({exc.strerror}): {hint}", 3
+        ) from None
+    if not text.strip():
+        raise ArcvllmError(f"VLLM_API_KEY_FILE={path} is empty: {hint}", 3)
+
+
 def render_node_gids(dri_dir: Path = DRI_DIR) -> dict[str, int]:
     """The group of each render node (renderD*) under DRI_DIR, by path; none (a CPU host,
     no /dev/dri) is an empty mapping."""

@@ -29,6 +29,46 @@ def arcvllm(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     )
 
 
+@pytest.fixture(autouse=True)
+def key_file(tmp_path, monkeypatch) -> Path:
+    """The key file compose hands the replicas and the gateway (a fresh clone has none at
+    compose.yaml's default, secrets/api-key); readable by the containers' UID 1000."""
+    key = tmp_path / "api-key"
+    key.write_text("scale-cli-test-key\n")
+    key.chmod(0o644)
+    monkeypatch.setenv("VLLM_API_KEY_FILE", str(key))
+    return key
+
+
+@pytest.mark.parametrize("problem", ["missing", "empty"])
+def test_a_key_file_that_is_missing_or_empty_is_one_line_and_starts_nothing(
+    tmp_path, key_file, problem
+):
+    if problem == "missing":
+        key_file.unlink()
+    else:
+        key_file.write_text("\n")
+    called = tmp_path / "compose-was-called"
+    result = arcvllm("scale", "up", "--cpu", env={"COMPOSE": f"touch {called}"})
+    assert result.returncode == 3, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"arcvllm: VLLM_API_KEY_FILE={key_file} is ")
+    assert ("not a readable file" if problem == "missing" else "is empty") in line
+    assert not called.exists()
+
+
+def test_a_relative_key_file_is_read_from_the_compose_folder(tmp_path, monkeypatch):
+    from arcvllm.settings import api_key_file
+
+    env_file = tmp_path / "mine.env"
+    env_file.write_text("VLLM_API_KEY_FILE=../secrets/mine\n")
+    docker_dir = ROOT / "docker"
+    assert api_key_file(env_file, docker_dir, {}) == docker_dir / "../secrets/mine"
+    assert api_key_file(env_file, docker_dir, {"VLLM_API_KEY_FILE": "/k"}) == Path("/k")
+    env_file.write_text("")
+    assert api_key_file(env_file, docker_dir, {}) == docker_dir / "../secrets/api-key"
+
+
 def test_more_replicas_than_gpus_is_one_line_and_starts_nothing(tmp_path):
     (tmp_path / "dev" / "dri").mkdir(parents=True)
     (tmp_path / "dev" / "dri" / "renderD128").touch()
@@ -150,6 +190,17 @@ def test_down_keeps_the_named_volumes_unless_purge(tmp_path, purge):
     assert said in result.stdout
 
 
+def test_down_stops_the_servers_first_then_the_router_and_the_gateway(tmp_path, monkeypatch):
+    """The servers drain their running streams on SIGTERM; the router and the gateway in
+    front must still be there to carry them (compose down alone stops the router first)."""
+    calls = recording_compose(tmp_path, monkeypatch)
+    result = arcvllm("scale", "down")
+    assert result.returncode == 0, result.stderr
+    stop, down = actions(calls)
+    assert stop == ["stop", *(f"vllm-{i}" for i in range(4)), "vllm-cpu-0", "vllm-cpu-1"]
+    assert down == ["down", "--remove-orphans"]
+
+
 def recording_compose(tmp_path, monkeypatch, fail_on: str = "") -> Path:
     """A stand-in compose that records each call's arguments, one line each, and exits 1
     when they contain FAIL_ON."""
@@ -173,7 +224,7 @@ def up_args(**overrides) -> argparse.Namespace:
     args = {
         "replicas": 2, "cpu": True, "monitoring": False, "timeout": 1.0,
         "router_timeout": 1.0, "dev_root": "/", "json": False,
-        "env_file": ROOT / "docker" / "arcvllm.env",
+        "env_file": ROOT / "docker" / "arcvllm.env", "project": scale.PROJECT,
     }  # fmt: skip
     return argparse.Namespace(**{**args, **overrides})
 
