@@ -10,10 +10,14 @@ import signal
 import socket
 import subprocess
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -190,3 +194,58 @@ def pytest_runtest_makereport(item, call):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
         report.outcome = "failed"
         report.longrepr = f"skipped in CI, which counts as a failure: {reason}"
+
+
+# ---- drain: a stream in flight across a stop ---------------------------------------------
+
+DRAIN_TOKENS = 1800  # within the tiny preset's max-model-len (2048): seconds of decode
+
+
+def drain_stream(
+    url: str, model: str, key: str, verify, stop: Callable[[], None], tokens: int
+) -> dict:
+    """Stream TOKENS tokens (ignore_eos) from URL; after the fifth chunk, STOP runs in a
+    thread (a stop of the server). Returns what the stream got and when things happened."""
+    body = {
+        "model": model, "prompt": "drain", "max_tokens": tokens, "temperature": 0,
+        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
+    }  # fmt: skip
+    seen: dict[str, Any] = {"chunks": 0, "usage": None, "finish": None}
+
+    def stopping() -> None:
+        seen["stop_asked"] = time.monotonic()
+        try:
+            stop()
+        except Exception as exc:  # the assertion fails the test in assert_drained
+            seen["stop_error"] = repr(exc)
+        seen["stop_done"] = time.monotonic()
+
+    stopper = threading.Thread(target=stopping)
+    headers = {"Authorization": f"Bearer {key}"}
+    with httpx.stream(
+        "POST", f"{url}/v1/completions", json=body, headers=headers, verify=verify, timeout=120
+    ) as response:
+        assert response.status_code == 200, response.read()[:500]
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            doc = json.loads(line.removeprefix("data: "))
+            seen["usage"] = doc.get("usage") or seen["usage"]
+            for choice in doc.get("choices", []):
+                seen["finish"] = choice.get("finish_reason") or seen["finish"]
+            seen["chunks"] += 1
+            if seen["chunks"] == 5:
+                stopper.start()
+    seen["stream_end"] = time.monotonic()
+    stopper.join(timeout=300)
+    return seen
+
+
+def assert_drained(seen: dict, tokens: int) -> None:
+    """All TOKENS came, the stop was asked while at least 2 s of the stream were left, and
+    it returned only after the stream had ended (the server waited for it)."""
+    assert "stop_error" not in seen and "stop_asked" in seen, seen
+    assert seen["usage"] and seen["usage"]["completion_tokens"] == tokens, seen
+    assert seen["finish"] == "length", seen
+    assert seen["stream_end"] - seen["stop_asked"] >= 2, ("the stream ended before the stop", seen)
+    assert seen["stop_done"] >= seen["stream_end"], seen

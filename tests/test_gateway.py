@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import ROOT
+from conftest import DRAIN_TOKENS, ROOT, assert_drained, drain_stream
 from test_compose import compose_binary
 from test_image import cpu_image, docker, engine  # noqa: F401 (fixtures)
 from test_scale import build_target
@@ -471,3 +471,26 @@ def test_a_burst_over_the_rate_gets_some_429(gateway):
     assert codes.count(200) >= BURST
     time.sleep((RATE + BURST) / RATE)
     assert gateway.request("GET", "/health").status_code == 200  # the bucket refills
+
+
+@pytest.mark.docker
+@pytest.mark.compose
+def test_a_stream_in_flight_across_compose_stop_completes_with_all_its_tokens(gateway):
+    """Last: it stops the deployment, server and gateway at once, as `docker compose stop`
+    does. vLLM's default (--shutdown-timeout 0) would abort what runs and nginx's SIGTERM
+    would cut it: the preset's 30 s drain and the gateway's SIGQUIT let it finish."""
+
+    def stop() -> None:
+        done = subprocess.run(
+            [*gateway.compose, "stop"],
+            capture_output=True, text=True, timeout=300, env=gateway.env,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+
+    verify = ssl.create_default_context(cafile=str(gateway.ca_cert))
+    seen = drain_stream(gateway.url, MODEL, gateway.key, verify, stop, DRAIN_TOKENS)
+    MEASURED["drain_stream_left_at_stop_s"] = round(seen["stream_end"] - seen["stop_asked"], 1)
+    assert_drained(seen, DRAIN_TOKENS)
+    for service in ("vllm-cpu", "gateway"):
+        state = docker("inspect", "-f", "{{.State.Status}}", gateway.container(service)).stdout
+        assert state.strip() == "exited", service

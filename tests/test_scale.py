@@ -10,6 +10,7 @@ import json
 import os
 import random
 import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from conftest import ROOT, free_port
+from conftest import DRAIN_TOKENS, ROOT, assert_drained, drain_stream, free_port
 from test_compose import compose_binary
 from test_image import cpu_image, docker, docker_client, engine  # noqa: F401 (fixtures)
 
@@ -165,6 +166,7 @@ HEALTH_TIMEOUT = 600
 ROUTER_IMAGE = "arcvllm-router:0.1.17"
 PROMETHEUS_IMAGE = "arcvllm-prometheus:2.42"
 CHECK_INTERVAL, FAILURE_THRESHOLD = 2, 2  # the router's health checking in this test
+API_KEY = "scale-test-key"  # the replicas' key (the clients' Bearer passes the router)
 MEASURED: dict[str, object] = {}  # printed at the end (docs/scale.md quotes it)
 
 
@@ -267,8 +269,15 @@ def deployment(request, tmp_path_factory):
     build_target("prometheus", PROMETHEUS_IMAGE)
     MEASURED["image_builds_s"] = round(time.monotonic() - t0, 1)
     port, prom_port = free_port(), free_port()
+    # The replicas serve with a key, as in production (compose secret api-key); UID 1000
+    # in the containers reads the file.
+    secrets = tmp_path_factory.mktemp("scale-secrets")
+    key_file = secrets / "api-key"
+    key_file.write_text(API_KEY + "\n")
+    key_file.chmod(0o644)
     env = {
         **os.environ,
+        "VLLM_API_KEY_FILE": str(key_file),
         "CPU_IMAGE": image,
         "BIND_ADDRESS": "127.0.0.1",
         "PORT": str(port),
@@ -322,6 +331,7 @@ def complete(url: str, prompt: str, max_tokens: int = 4) -> dict:
     r = httpx.post(
         f"{url}/v1/completions",
         json={"model": "tiny-hybrid", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0},
+        headers={"Authorization": f"Bearer {API_KEY}"},
         timeout=120,
     )
     assert r.status_code == 200, r.text[:500]
@@ -471,6 +481,7 @@ def test_the_smoke_test_passes_through_the_router(deployment):
     result = docker(
         "exec", deployment.container("vllm-cpu-0"),
         "arcvllm", "smoke", "--base-url", "http://router-cpu:8000", "--model", "tiny-hybrid",
+        "--api-key-file", "/run/secrets/api-key",
         "--metrics-url", "http://vllm-0:8000", "--metrics-url", "http://vllm-1:8000",
         timeout=900, check=False,
     )  # fmt: skip
@@ -512,3 +523,28 @@ def test_a_killed_replica_is_routed_around_and_used_again_after_restart(deployme
         "vllm_router_processed_requests", worker="http://vllm-1:8000"
     )
     assert after > before, "the restarted replica gets no requests"
+
+
+@pytest.mark.docker
+@pytest.mark.server
+def test_a_stream_in_flight_across_scale_down_completes_with_all_its_tokens(deployment):
+    """Last: `arcvllm scale down` takes the deployment down while a stream runs through the
+    router. The replicas stop first and drain (the preset's shutdown_timeout) with the
+    router still in front; then the rest goes. The volumes stay (no --purge)."""
+
+    def stop() -> None:
+        done = subprocess.run(
+            [sys.executable, "-m", "arcvllm", "scale", "down", "--project", PROJECT,
+             "--env-file", str(ENV_FILE)],
+            capture_output=True, text=True, timeout=600, cwd=ROOT, env=deployment.env,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+
+    seen = drain_stream(deployment.router, "tiny-hybrid", API_KEY, True, stop, DRAIN_TOKENS)
+    MEASURED["drain_stream_left_at_stop_s"] = round(seen["stream_end"] - seen["stop_asked"], 1)
+    assert_drained(seen, DRAIN_TOKENS)
+    assert deployment.run("ps", "-q").stdout.strip() == ""
+    volumes = docker(
+        "volume", "ls", "-q", "--filter", f"label=com.docker.compose.project={PROJECT}"
+    )
+    assert volumes.stdout.split(), "scale down removed the volumes"
