@@ -1,7 +1,8 @@
 """N replicas behind vLLM's router, started so that a failure is one line and stops what started.
 
-`arcvllm scale up` runs docker/compose.scale.yaml's profiles: refuses more replicas than
-the host has B70 render nodes before anything starts, waits for every replica's own
+`arcvllm scale up` runs docker/compose.scale.yaml's profiles with one XPU replica per Arc
+Pro B70 the host has (any N; each container gets only its own GPU: arcvllm/replicas.py),
+refuses more replicas than B70s before anything starts, waits for every replica's own
 healthcheck and then for the router's /readiness. A replica that never gets healthy while
 another does is stopped alone and named: the router serves the healthy ones (degraded,
 exit 4). Any other failure is named in one line and the project is taken down again.
@@ -15,26 +16,25 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from arcvllm import cli
+import yaml
+
+from arcvllm import cli, replicas
 from arcvllm.client import Client, WaitTimeout, wait_until
+from arcvllm.doctor import Host
 from arcvllm.errors import ArcvllmError
-from arcvllm.settings import api_key_file, check_api_key_file, render_node_gids
+from arcvllm.settings import api_key_file, check_api_key_file
 from arcvllm.settings import load as load_settings
 
 PROJECT = "arcvllm-scale"
 DEGRADED = 4  # exit status: serving, with fewer replicas than asked
 EXIT_ROWS = "  4  degraded: serving with fewer replicas than asked (the others stopped, named)"
-REPLICA_COUNTS = (2, 4)  # the profiles compose.scale.yaml has: scale, scale + scale-4
-
-
-class NotEnoughGpus(ArcvllmError):
-    exit_code = 3
 
 
 class BadScale(ArcvllmError):
@@ -61,45 +61,30 @@ class Layout:
     services: tuple[str, ...]
     replicas: tuple[str, ...]
 
-    def settings(self) -> dict[str, str]:
-        """What the router and Prometheus must be told for N = 4 (compose's defaults are 2)."""
-        if len(self.replicas) != 4:
-            return {}
-        return {
-            "ROUTER_WORKER_URLS": " ".join(f"http://{r}:8000" for r in self.replicas),
-            "PROMETHEUS_TARGETS": "replicas-4.yml",
-        }
 
-
-def layout(replicas: int, cpu: bool, monitoring: bool) -> Layout:
-    if cpu and replicas != 2:
+def layout(count: int, cpu: bool, monitoring: bool) -> Layout:
+    if cpu and count != 2:
         raise BadScale("the CPU scale-out profile has 2 replicas (cpu-scale)")
-    if replicas not in REPLICA_COUNTS:
-        raise BadScale(f"--replicas must be one of {REPLICA_COUNTS} (compose.scale.yaml)")
+    if count < 1:
+        raise BadScale(f"--replicas must be 1 or more, not {count}")
     if cpu:
         profiles, services = ("cpu-scale",), ("router-cpu",)
-        names = ("vllm-cpu-0", "vllm-cpu-1")
+        names: tuple[str, ...] = ("vllm-cpu-0", "vllm-cpu-1")
     else:
-        profiles = ("scale",) if replicas == 2 else ("scale", "scale-4")
-        names = tuple(f"vllm-{i}" for i in range(replicas))
-        services = ("router", *names[2:])
+        profiles = ("scale",)
+        names = tuple(replicas.name(i) for i in range(count))
+        services = ("router", *names)
     if monitoring:
         profiles, services = (*profiles, "monitoring"), (*services, "prometheus", "alertmanager")
     return Layout(profiles, services, names)
 
 
-def render_nodes(dev_root: Path = Path("/")) -> list[Path]:
-    return sorted((dev_root / "dev" / "dri").glob("renderD*"))
-
-
-def check_gpus(replicas: int, dev_root: Path = Path("/")) -> None:
-    """One B70 per replica: refuse before anything starts."""
-    nodes = render_nodes(dev_root)
-    if replicas > len(nodes):
-        raise NotEnoughGpus(
-            f"{replicas} replicas need {replicas} GPUs; this host has {len(nodes)} "
-            f"render node{'s' * (len(nodes) != 1)} ({dev_root / 'dev/dri/renderD*'})"
-        )
+def state_dir(project: str) -> Path:
+    """Where a deployment's made files live (the replicas' compose file, their by-path
+    folders, Prometheus's targets): ARCVLLM_STATE_DIR/PROJECT, by default under the
+    checkout's build/scale/."""
+    base = os.environ.get("ARCVLLM_STATE_DIR") or docker_dir().parent / "build" / "scale"
+    return Path(base) / project
 
 
 def compose_command() -> list[str]:
@@ -118,16 +103,30 @@ def compose_command() -> list[str]:
 
 @dataclass
 class Deployment:
-    """One compose project of compose.yaml + compose.scale.yaml."""
+    """One compose project of compose.yaml + compose.scale.yaml (+ the XPU replicas' file
+    `arcvllm scale up` made for it, while it is there)."""
 
     env_file: Path
     project: str = PROJECT
     settings: dict[str, str] = field(default_factory=dict)  # the operator's values win
 
+    @property
+    def replicas_file(self) -> Path:
+        return state_dir(self.project) / "replicas.yaml"
+
+    def xpu_replicas(self) -> tuple[str, ...]:
+        """The XPU replicas the replicas' file names (none without one)."""
+        if not self.replicas_file.is_file():
+            return ()
+        doc = yaml.safe_load(self.replicas_file.read_text()) or {}
+        return tuple(s for s in doc.get("services", {}) if s.startswith("vllm-"))
+
     def command(self, profiles: tuple[str, ...] = ()) -> list[str]:
         files = docker_dir()
         cmd = [*compose_command(), "-p", self.project, "--env-file", str(self.env_file)]
         cmd += ["-f", str(files / "compose.yaml"), "-f", str(files / "compose.scale.yaml")]
+        if self.replicas_file.is_file():
+            cmd += ["-f", str(self.replicas_file)]
         for profile in profiles:
             cmd += ["--profile", profile]
         return cmd
@@ -286,18 +285,14 @@ def up(args: argparse.Namespace, health: Health | None = None, status=None) -> i
     check_api_key_file(api_key_file(args.env_file.resolve(), docker_dir(), os.environ))
     if args.monitoring:
         check_alert_receiver(args.env_file.resolve())
-    settings = p.settings()
+    dep = Deployment(args.env_file.resolve(), project=args.project)
     if not args.cpu:
-        check_gpus(args.replicas, Path(args.dev_root))
-        # The replicas join the render nodes' group, as `make up` passes it (compose.yaml
-        # has no default GID); RENDER_GID in the environment still wins.
-        gids = render_node_gids(Path(args.dev_root) / "dev" / "dri")
-        settings["RENDER_GID"] = str(next(iter(gids.values())))
-    dep = Deployment(args.env_file.resolve(), project=args.project, settings=settings)
+        cards = replicas.pick(Host(root=Path(args.dev_root)), args.replicas)
+        replicas.write(cards, docker_dir() / "compose.scale.yaml", state_dir(args.project))
     port = os.environ.get("PORT", "8443")
-    # compose.yaml's gateway (https, the key) is the published port, in front of the router.
-    result = dep.run("up", "-d", *p.services, "gateway", profiles=p.profiles, timeout=1800)
     try:
+        # compose.yaml's gateway (https, the key) is the published port, before the router.
+        result = dep.run("up", "-d", *p.services, "gateway", profiles=p.profiles, timeout=1800)
         if result.returncode != 0:
             lines = result.stderr.strip().splitlines() or ["(no output)"]
             raise ArcvllmError(f"compose up failed: {lines[-1]}", 3)
@@ -314,6 +309,7 @@ def up(args: argparse.Namespace, health: Health | None = None, status=None) -> i
     except BaseException:
         # Nothing left half-started; the volumes (compile caches) are kept.
         dep.down(p.profiles)
+        shutil.rmtree(state_dir(args.project), ignore_errors=True)
         raise
     serving = [r for r in p.replicas if r not in failed]
     if args.json:
@@ -331,19 +327,40 @@ def up(args: argparse.Namespace, health: Health | None = None, status=None) -> i
     return DEGRADED if failed else 0
 
 
-ALL_PROFILES = ("scale", "scale-4", "cpu-scale", "monitoring")
-# Every vLLM server of compose.scale.yaml: stopped first, so that the router and the gateway
-# carry the streams they drain to the end (compose down stops the router before them).
-ALL_REPLICAS = (*(f"vllm-{i}" for i in range(4)), "vllm-cpu-0", "vllm-cpu-1")
+def render(args: argparse.Namespace) -> int:
+    """`scale render`: the replicas' file and its by-path folders beside it (OUT's folder)."""
+    cards = replicas.pick(Host(root=Path(args.dev_root)), args.replicas)
+    out = args.out.resolve()
+    made = replicas.write(cards, docker_dir() / "compose.scale.yaml", out.parent)
+    if made != out:
+        made.replace(out)
+    if args.json:
+        rows = [
+            {"replica": replicas.name(i), "slot": c.slot, "render": c.render, "gid": c.gid}
+            for i, c in enumerate(cards)
+        ]
+        print(json.dumps({"file": str(out), "replicas": rows}, indent=2))
+        return 0
+    for i, card in enumerate(cards):
+        print(f"{replicas.name(i)}: {card.slot} {card.render} (GID {card.gid})")
+    print(f"wrote {out}")
+    return 0
+
+
+ALL_PROFILES = ("scale", "cpu-scale", "monitoring")
+CPU_REPLICAS = ("vllm-cpu-0", "vllm-cpu-1")
 
 
 def down(args: argparse.Namespace) -> int:
     dep = Deployment(args.env_file.resolve(), project=args.project)
-    dep.stop(ALL_REPLICAS, ALL_PROFILES)
+    # The vLLM servers first, so that the router and the gateway carry the streams they
+    # drain to the end (compose down alone stops the router before them).
+    dep.stop((*dep.xpu_replicas(), *CPU_REPLICAS), ALL_PROFILES)
     result = dep.down(ALL_PROFILES, purge=args.purge)
     if result.returncode != 0:
         lines = result.stderr.strip().splitlines() or ["(no output)"]
         raise ArcvllmError(f"compose down failed: {lines[-1]}", 3)
+    shutil.rmtree(state_dir(args.project), ignore_errors=True)
     if args.json:
         print(json.dumps({"project": args.project, "down": True, "volumes_removed": args.purge}))
     elif args.purge:
@@ -368,7 +385,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(exit 4); with none healthy, everything started is stopped (exit 3).",
         exit_rows=EXIT_ROWS,
     )
-    start.add_argument("--replicas", type=int, default=2, help="2 or 4 (one B70 each)")
+    start.add_argument("--replicas", type=int, default=2, help="how many, one Arc Pro B70 each (2)")
     start.add_argument("--cpu", action="store_true", help="two CPU replicas of the tiny model")
     start.add_argument(
         "--monitoring",
@@ -378,6 +395,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     start.add_argument("--timeout", type=float, default=1800.0, help="replica health, s (1800)")
     start.add_argument("--router-timeout", type=float, default=60.0, help="router ready, s (60)")
     start.add_argument("--dev-root", default="/", help=argparse.SUPPRESS)
+    made = sub.add_parser(
+        "render",
+        help="write the XPU replicas' compose file for this host's B70s (compose by hand)",
+        description="Write the compose file of N XPU replicas, one Arc Pro B70 of this host "
+        "each (its render node, by-path entry and GID only), to use after compose.yaml and "
+        "compose.scale.yaml. `scale up` writes the same file for itself.",
+    )
+    made.add_argument("--replicas", type=int, default=2, help="how many (2)")
+    made.add_argument("--out", type=Path, required=True, help="the file to write")
+    made.add_argument("--dev-root", default="/", help=argparse.SUPPRESS)
+    cli.add_json(made)
+    made.set_defaults(func=render)
     stop = sub.add_parser(
         "down",
         help="stop and remove the scale-out project (volumes kept unless --purge)",

@@ -32,9 +32,14 @@ ENV_FILE = ROOT / "docker" / "arcvllm.env"
 
 
 def compose_config(
-    *profiles: str, env: dict[str, str] | None = None, scale: Path = SCALE
+    *profiles: str,
+    env: dict[str, str] | None = None,
+    scale: Path = SCALE,
+    extra: tuple[Path, ...] = (),
 ) -> subprocess.CompletedProcess:
     args = [*compose_binary(), "--env-file", str(ENV_FILE), "-f", str(BASE), "-f", str(scale)]
+    for path in extra:
+        args += ["-f", str(path)]
     for profile in profiles:
         args += ["--profile", profile]
     return subprocess.run(
@@ -46,8 +51,10 @@ def compose_config(
     )
 
 
-def services(*profiles: str, env: dict[str, str] | None = None) -> dict[str, dict]:
-    result = compose_config(*profiles, env=env)
+def services(
+    *profiles: str, env: dict[str, str] | None = None, extra: tuple[Path, ...] = ()
+) -> dict[str, dict]:
+    result = compose_config(*profiles, env=env, extra=extra)
     assert result.returncode == 0, result.stderr
     return yaml.safe_load(result.stdout)["services"]
 
@@ -77,12 +84,22 @@ def bind_mounts(service: dict) -> dict[str, str]:
     return out
 
 
-@pytest.mark.parametrize(
-    "profiles", [("scale",), ("scale", "scale-4"), ("cpu-scale",), ("monitoring",)]
-)
-def test_every_profile_validates(profiles):
-    result = compose_config(*profiles)
-    assert result.returncode == 0, result.stderr
+@pytest.fixture
+def four(tmp_path) -> Path:
+    """The replicas' file `arcvllm scale up` writes on a host with four B70s."""
+    from test_replicas import FOUR, fake_host
+
+    from arcvllm import replicas
+
+    cards = replicas.pick(fake_host(tmp_path, FOUR), 4)
+    return replicas.write(cards, SCALE, tmp_path / "state")
+
+
+@pytest.mark.parametrize("profiles", [("scale",), ("cpu-scale",), ("monitoring",)])
+def test_every_profile_validates(profiles, four):
+    for extra in ((), (four,)):
+        result = compose_config(*profiles, extra=extra)
+        assert result.returncode == 0, result.stderr
 
 
 def test_a_broken_scale_file_fails_validation(tmp_path):
@@ -93,32 +110,34 @@ def test_a_broken_scale_file_fails_validation(tmp_path):
     assert "read_only" in result.stderr
 
 
-def test_one_b70_per_replica_no_host_ports_behind_the_router():
-    svc = services("scale", "scale-4", env={"BIND_ADDRESS": "0.0.0.0", "PORT": "8080"})
+def test_one_b70_per_replica_no_host_ports_behind_the_router(four):
+    """(Each replica's own render node: tests/test_replicas.py.)"""
+    env = {"BIND_ADDRESS": "0.0.0.0", "PORT": "8080"}
+    svc = services("scale", env=env, extra=(four,))
     masks = [svc[f"vllm-{i}"]["environment"]["ZE_AFFINITY_MASK"] for i in range(4)]
-    assert masks == ["0", "1", "2", "3"]
+    assert masks == ["0", "0", "0", "0"]  # each sees one GPU: its own is device 0
     for i in range(4):
         replica = svc[f"vllm-{i}"]
         assert "ports" not in replica, replica.get("ports")
-        assert replica["devices"] == ["/dev/dri:/dev/dri"]
+        assert len(replica["devices"]) == 1
         assert "--enable-scale-out" not in replica["command"]  # xpu-0.23: not needed
     router = svc["router"]
     assert "ports" not in router  # the gateway is the way in
     assert ports(svc["gateway"]) == [("0.0.0.0", 8080, 8443)]
     assert svc["gateway"]["environment"]["GATEWAY_UPSTREAM"] == "http://router:8000"
     assert router["environment"]["ROUTER_POLICY"] == "cache_aware"
-    assert router["command"] == "--worker-urls http://vllm-0:8000 http://vllm-1:8000"
+    assert router["command"].split()[1:] == [f"http://vllm-{i}:8000" for i in range(4)]
     assert router["build"]["target"] == "router"
 
 
-def test_router_policy_thresholds_and_scale_out_flag_are_settings():
+def test_router_policy_thresholds_and_scale_out_flag_are_settings(four):
     env = {
         "ROUTER_POLICY": "round_robin",
         "ROUTER_CACHE_THRESHOLD": "0.5",
         "SCALE_OUT_ARGS": "--enable-scale-out",
         "IMAGE": "arcvllm:xpu-0.33",
     }
-    svc = services("scale", env=env)
+    svc = services("scale", env=env, extra=(four,))
     assert svc["router"]["environment"]["ROUTER_POLICY"] == "round_robin"
     assert svc["router"]["environment"]["ROUTER_CACHE_THRESHOLD"] == "0.5"
     assert svc["vllm-0"]["image"] == "arcvllm:xpu-0.33"
@@ -144,13 +163,18 @@ def test_prometheus_has_its_own_bind_address_on_localhost_by_default():
     assert ports(svc["prometheus"]) == [("10.0.0.5", 9090, 9090)]
 
 
-def test_prometheus_mounts_the_targets_of_its_n():
-    svc = services("monitoring", env={"PROMETHEUS_TARGETS": "replicas-4.yml"})
-    prom = svc["prometheus"]
+def test_prometheus_mounts_the_targets_of_its_n(four):
+    target = "/etc/arcvllm/prometheus/targets/replicas.yml"
+    prom = services("monitoring")["prometheus"]
     assert prom["build"]["target"] == "prometheus"
-    source = Path(bind_mounts(prom)["/etc/arcvllm/prometheus/targets/replicas.yml"])
-    assert source == ROOT / "deploy" / "prometheus" / "targets" / "replicas-4.yml"
-    assert source.exists()
+    source = Path(bind_mounts(prom)[target])  # cpu-scale's two, as the file names them
+    assert source == ROOT / "deploy" / "prometheus" / "targets" / "replicas.yml"
+    assert [t["labels"]["replica"] for t in yaml.safe_load(source.read_text())] == [
+        "vllm-0",
+        "vllm-1",
+    ]
+    source = Path(bind_mounts(services("monitoring", extra=(four,))["prometheus"])[target])
+    assert source == four.parent / "targets.yml"
     assert [t["labels"]["replica"] for t in yaml.safe_load(source.read_text())] == [
         f"vllm-{i}" for i in range(4)
     ]

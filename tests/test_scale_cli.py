@@ -10,11 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import ROOT, free_port
 from test_image import docker, engine  # noqa: F401 (fixture)
+from test_replicas import B70, FOUR, IGPU, SCALE, fake_host
 from test_scale import ROUTER_IMAGE, build_target
 
-from arcvllm import scale
+from arcvllm import replicas, scale
 from arcvllm.errors import ArcvllmError
 
 
@@ -27,6 +29,13 @@ def arcvllm(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
         cwd=ROOT,
         env={**os.environ, **(env or {})},
     )
+
+
+@pytest.fixture(autouse=True)
+def state(tmp_path, monkeypatch) -> Path:
+    """The deployments' made files (replicas' compose file, by-path folders) of this test."""
+    monkeypatch.setenv("ARCVLLM_STATE_DIR", str(tmp_path / "state"))
+    return tmp_path / "state" / scale.PROJECT
 
 
 @pytest.fixture(autouse=True)
@@ -69,20 +78,20 @@ def test_a_relative_key_file_is_read_from_the_compose_folder(tmp_path, monkeypat
     assert api_key_file(env_file, docker_dir, {}) == docker_dir / "../secrets/api-key"
 
 
-def test_more_replicas_than_gpus_is_one_line_and_starts_nothing(tmp_path):
-    (tmp_path / "dev" / "dri").mkdir(parents=True)
-    (tmp_path / "dev" / "dri" / "renderD128").touch()
+def test_more_replicas_than_b70s_is_one_line_and_starts_nothing(tmp_path, state):
+    igpu, b70 = ("0000:00:02.0", IGPU, "renderD128"), ("0000:03:00.0", B70, "renderD129")
+    host = fake_host(tmp_path, [igpu, b70])
     called = tmp_path / "compose-was-called"
     result = arcvllm(
-        "scale", "up", "--replicas", "2", "--dev-root", str(tmp_path),
+        "scale", "up", "--replicas", "2", "--dev-root", str(host.root),
         env={"COMPOSE": f"touch {called}"},
     )  # fmt: skip
     assert result.returncode == 3
     assert result.stderr.strip() == (
-        f"arcvllm: 2 replicas need 2 GPUs; this host has 1 render node "
-        f"({tmp_path}/dev/dri/renderD*)"
+        "arcvllm: 2 replicas need 2 Arc Pro B70s; this host has 1 with a render node "
+        "(0000:03:00.0 /dev/dri/renderD129; `arcvllm doctor` says more)"
     )
-    assert not called.exists()
+    assert not called.exists() and not state.exists()
 
 
 def test_monitoring_without_an_alert_receiver_is_one_line_and_starts_nothing(tmp_path):
@@ -123,25 +132,37 @@ def test_monitoring_takes_the_receiver_from_the_environment_or_the_settings_file
     assert "prometheus alertmanager" in seen.read_text().splitlines()[0]
 
 
-def test_xpu_replicas_get_the_render_nodes_gid(tmp_path):
-    """compose.scale.yaml has no default render GID: `scale up` passes the nodes' own."""
-    for node in ("renderD128", "renderD129"):
-        (tmp_path / "dev" / "dri").mkdir(parents=True, exist_ok=True)
-        (tmp_path / "dev" / "dri" / node).touch()
-    gid = (tmp_path / "dev" / "dri" / "renderD128").stat().st_gid
-    seen = tmp_path / "render-gid"
+def test_any_n_up_to_the_b70s_starts_that_many_from_their_own_file(tmp_path, state):
+    """3 of 4 B70s: compose is given the replicas' file and told to start the router and
+    vllm-0 .. vllm-2; its failure takes them down again and removes the file."""
+    host = fake_host(tmp_path, FOUR)
+    calls = tmp_path / "compose-calls"
+    copy = tmp_path / "replicas-seen.yaml"
+    stand_in = (
+        f'sh -c \'echo "$*" >> {calls}; cp {state}/replicas.yaml {copy} 2>/dev/null; '
+        'case "$*" in *" up "*) exit 1;; esac\' compose'
+    )
     result = arcvllm(
-        "scale", "up", "--replicas", "2", "--dev-root", str(tmp_path),
-        env={"COMPOSE": f"sh -c 'echo \"$RENDER_GID\" >> {seen}; exit 1' compose"},
+        "scale", "up", "--replicas", "3", "--dev-root", str(host.root),
+        env={"COMPOSE": stand_in},
     )  # fmt: skip
     assert result.returncode == 3 and "compose up failed" in result.stderr
-    assert seen.read_text().splitlines()[0] == str(gid)
+    up, down = calls.read_text().splitlines()
+    assert f"-f {state}/replicas.yaml" in up
+    assert up.split(" up -d ")[1].split() == ["router", "vllm-0", "vllm-1", "vllm-2", "gateway"]
+    assert down.endswith("down --remove-orphans")
+    seen = yaml.safe_load(copy.read_text())["services"]
+    gid = str(os.stat(host.root / "dev/dri/renderD130").st_gid)  # real stat: the file's own
+    assert seen["vllm-2"]["devices"] == ["/dev/dri/renderD130:/dev/dri/renderD130"]
+    assert seen["vllm-2"]["group_add"] == [gid]
+    assert "vllm-3" not in seen
+    assert not state.exists()  # nothing left of a failed start
 
 
-def test_a_replica_count_without_a_profile_is_a_usage_error():
-    result = arcvllm("scale", "up", "--replicas", "3")
+def test_a_replica_count_below_one_is_a_usage_error():
+    result = arcvllm("scale", "up", "--replicas", "0")
     assert result.returncode == 2
-    assert result.stderr.strip() == "arcvllm: --replicas must be one of (2, 4) (compose.scale.yaml)"
+    assert result.stderr.strip() == "arcvllm: --replicas must be 1 or more, not 0"
 
 
 def test_a_settings_file_that_does_not_exist_is_a_usage_error():
@@ -190,15 +211,19 @@ def test_down_keeps_the_named_volumes_unless_purge(tmp_path, purge):
     assert said in result.stdout
 
 
-def test_down_stops_the_servers_first_then_the_router_and_the_gateway(tmp_path, monkeypatch):
+def test_down_stops_the_servers_first_then_the_router_and_the_gateway(tmp_path, monkeypatch, state):
     """The servers drain their running streams on SIGTERM; the router and the gateway in
-    front must still be there to carry them (compose down alone stops the router first)."""
+    front must still be there to carry them (compose down alone stops the router first).
+    The replicas are those of the file `up` wrote, which goes with them."""
+    replicas.write(replicas.pick(fake_host(tmp_path, FOUR), 3), SCALE, state)
     calls = recording_compose(tmp_path, monkeypatch)
     result = arcvllm("scale", "down")
     assert result.returncode == 0, result.stderr
     stop, down = actions(calls)
-    assert stop == ["stop", *(f"vllm-{i}" for i in range(4)), "vllm-cpu-0", "vllm-cpu-1"]
+    assert stop == ["stop", "vllm-0", "vllm-1", "vllm-2", "vllm-cpu-0", "vllm-cpu-1"]
     assert down == ["down", "--remove-orphans"]
+    assert f"-f {state}/replicas.yaml" in calls.read_text().splitlines()[1]
+    assert not state.exists()
 
 
 def recording_compose(tmp_path, monkeypatch, fail_on: str = "") -> Path:
@@ -342,24 +367,12 @@ def test_a_router_that_does_not_answer_is_an_environment_error():
 
 
 def test_layout_names_the_services_of_each_profile():
-    assert scale.layout(4, cpu=False, monitoring=True) == scale.Layout(
-        ("scale", "scale-4", "monitoring"),
-        ("router", "vllm-2", "vllm-3", "prometheus", "alertmanager"),
-        ("vllm-0", "vllm-1", "vllm-2", "vllm-3"),
+    assert scale.layout(3, cpu=False, monitoring=True) == scale.Layout(
+        ("scale", "monitoring"),
+        ("router", "vllm-0", "vllm-1", "vllm-2", "prometheus", "alertmanager"),
+        ("vllm-0", "vllm-1", "vllm-2"),
     )
     assert scale.layout(2, cpu=True, monitoring=False).replicas == ("vllm-cpu-0", "vllm-cpu-1")
-
-
-def test_four_replicas_tell_the_router_and_prometheus(tmp_path):
-    settings = scale.layout(4, cpu=False, monitoring=True).settings()
-    assert settings["ROUTER_WORKER_URLS"].split() == [f"http://vllm-{i}:8000" for i in range(4)]
-    assert settings["PROMETHEUS_TARGETS"] == "replicas-4.yml"
-    assert (ROOT / "deploy" / "prometheus" / "targets" / "replicas-4.yml").is_file()
-    rendered = scale.Deployment(ROOT / "docker" / "arcvllm.env", settings=settings).run(
-        "config", profiles=("scale", "scale-4", "monitoring"), timeout=120
-    )
-    assert rendered.returncode == 0, rendered.stderr
-    assert "http://vllm-3:8000" in rendered.stdout
 
 
 @pytest.mark.docker

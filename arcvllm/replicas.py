@@ -1,0 +1,138 @@
+"""The XPU replicas of a scale-out: one Arc Pro B70 each, and nothing of the others.
+
+Which GPUs: the B70s (8086:e223) in sysfs, as `arcvllm doctor` counts them; an iGPU or
+another Intel GPU never counts. Each replica's container gets only its own render node,
+its own /dev/dri/by-path entry (compute-runtime finds devices through by-path) and the
+node's own GID, so it cannot open another GPU whatever ZE_AFFINITY_MASK says.
+
+`render` turns the cards into the compose file of replicas vllm-0 .. vllm-(N-1), made
+from docker/compose.scale.yaml's `x-xpu-replica` (its one definition), with the router
+told the N workers and Prometheus its N targets. `arcvllm scale up` writes it under the
+deployment's state folder; `arcvllm scale render` prints it for compose by hand.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from arcvllm.doctor import Host, intel_gpus
+from arcvllm.errors import ArcvllmError
+
+TEMPLATE_KEY = "x-xpu-replica"
+TARGETS_IN_CONTAINER = "/etc/arcvllm/prometheus/targets/replicas.yml"
+
+
+class NotEnoughB70s(ArcvllmError):
+    exit_code = 3
+
+
+@dataclass(frozen=True)
+class Card:
+    """One B70 as a replica gets it: PCI slot, render node, its GID, its by-path names."""
+
+    slot: str
+    render: str  # /dev/dri/renderD129
+    gid: int
+    by_path: tuple[str, ...]  # e.g. ("pci-0000:04:00.0-render",)
+
+
+def b70s(host: Host) -> list[Card]:
+    """The B70s in sysfs with the render node each one has, in PCI slot order."""
+    cards = []
+    by_path_dir = host.path("/dev/dri/by-path")
+    links = sorted(by_path_dir.iterdir()) if by_path_dir.is_dir() else []
+    for gpu in intel_gpus(host):
+        if not gpu.is_b70:
+            continue
+        drm = host.path(f"/sys/bus/pci/devices/{gpu.slot}/drm")
+        nodes = sorted(drm.glob("renderD*")) if drm.is_dir() else []
+        if not nodes:
+            continue  # no driver bound: doctor says why
+        name = nodes[0].name
+        names = tuple(
+            link.name
+            for link in links
+            if link.is_symlink() and Path(os.readlink(link)).name == name
+        )
+        gid = host.stat(host.path(f"/dev/dri/{name}")).st_gid
+        cards.append(Card(gpu.slot, f"/dev/dri/{name}", gid, names))
+    return cards
+
+
+def pick(host: Host, replicas: int) -> list[Card]:
+    """The first REPLICAS B70s, or one line saying how many this host has."""
+    if replicas < 1:
+        raise ArcvllmError(f"--replicas must be 1 or more, not {replicas}", 2)
+    cards = b70s(host)
+    if replicas > len(cards):
+        seen = ", ".join(f"{c.slot} {c.render}" for c in cards) or "none"
+        raise NotEnoughB70s(
+            f"{replicas} replicas need {replicas} Arc Pro B70s; this host has {len(cards)} "
+            f"with a render node ({seen}; `arcvllm doctor` says more)"
+        )
+    return cards[:replicas]
+
+
+def template(scale_file: Path) -> dict:
+    """compose.scale.yaml's `x-xpu-replica`, its anchors resolved."""
+    doc = yaml.safe_load(scale_file.read_text())
+    if not isinstance(doc, dict) or not isinstance(doc.get(TEMPLATE_KEY), dict):
+        raise ArcvllmError(f"{scale_file}: no {TEMPLATE_KEY} mapping", 3)
+    return doc[TEMPLATE_KEY]
+
+
+def name(index: int) -> str:
+    return f"vllm-{index}"
+
+
+def targets(count: int) -> list[dict]:
+    """Prometheus's file_sd targets: one per replica, labelled with its name."""
+    return [{"targets": [f"{name(i)}:8000"], "labels": {"replica": name(i)}} for i in range(count)]
+
+
+def render(cards: list[Card], base: dict, state: Path) -> dict:
+    """The compose file of the replicas (absolute paths only: compose reads relative ones
+    from the first file's folder). Writes each replica's by-path folder under STATE."""
+    services: dict[str, dict] = {}
+    for i, card in enumerate(cards):
+        by_path = state / "by-path" / name(i)
+        by_path.mkdir(parents=True, exist_ok=True)
+        for link in by_path.iterdir():
+            link.unlink()
+        for entry in card.by_path:
+            (by_path / entry).symlink_to(f"../{Path(card.render).name}")
+        service = copy.deepcopy(base)
+        service["devices"] = [f"{card.render}:{card.render}"]
+        service["group_add"] = [str(card.gid)]
+        service["volumes"] = [*service.get("volumes", []), f"{by_path}:/dev/dri/by-path:ro"]
+        # The one GPU the container sees is device 0 (over the settings file's value).
+        service["environment"] = {**service.get("environment", {}), "ZE_AFFINITY_MASK": "0"}
+        service["labels"] = {
+            "org.arcvllm.gpu.slot": card.slot,
+            "org.arcvllm.gpu.render": card.render,
+        }
+        services[name(i)] = service
+    workers = " ".join(f"http://{name(i)}:8000" for i in range(len(cards)))
+    services["router"] = {"command": f"--worker-urls {workers}"}
+    targets_file = state / "targets.yml"
+    targets_file.write_text(yaml.safe_dump(targets(len(cards)), sort_keys=False))
+    services["prometheus"] = {"volumes": [f"{targets_file}:{TARGETS_IN_CONTAINER}:ro"]}
+    return {"services": services}
+
+
+def write(cards: list[Card], scale_file: Path, state: Path) -> Path:
+    """STATE/replicas.yaml for CARDS; its path."""
+    state.mkdir(parents=True, exist_ok=True)
+    doc = render(cards, template(scale_file), state)
+    out = state / "replicas.yaml"
+    head = (
+        "# The XPU replicas of this scale-out, one Arc Pro B70 each: written by `arcvllm scale`\n"
+        f"# from {scale_file.name}'s {TEMPLATE_KEY}; after compose.yaml and {scale_file.name}.\n"
+    )
+    out.write_text(head + yaml.safe_dump(doc, sort_keys=False))
+    return out

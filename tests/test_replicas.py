@@ -1,0 +1,211 @@
+"""arcvllm/replicas.py: one XPU replica per Arc Pro B70, each seeing only its own GPU.
+
+A fake host under tmp_path (sysfs, /dev/dri and its by-path links, as the kernel lays
+them out); the replicas' file is validated by the compose tool itself."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import ROOT
+from test_compose import compose_binary
+
+from arcvllm import replicas
+from arcvllm.doctor import Host
+
+SCALE = ROOT / "docker" / "compose.scale.yaml"
+B70, IGPU, B580 = 0xE223, 0x7D67, 0xE20B
+
+
+def fake_host(tmp_path: Path, gpus: list[tuple[str, int, str]], gid: int = 992) -> Host:
+    """GPUS: (PCI slot, device ID, render node); an Intel display device each, its drm/
+    folder, /dev/dri/NODE and the by-path links udev makes (render and card)."""
+    root = tmp_path / "host"
+    pci, dri = root / "sys/bus/pci/devices", root / "dev/dri"
+    (dri / "by-path").mkdir(parents=True)
+    for card, (slot, device, node) in enumerate(gpus):
+        dev = pci / slot
+        (dev / "drm" / node).mkdir(parents=True)
+        (dev / "drm" / f"card{card}").mkdir()
+        (dev / "vendor").write_text("0x8086\n")
+        (dev / "device").write_text(f"0x{device:04x}\n")
+        (dev / "class").write_text("0x030000\n")
+        (dri / node).write_text("")
+        (dri / f"card{card}").write_text("")
+        (dri / "by-path" / f"pci-{slot}-render").symlink_to(f"../{node}")
+        (dri / "by-path" / f"pci-{slot}-card").symlink_to(f"../card{card}")
+
+    def fake_stat(path: Path) -> os.stat_result:
+        return os.stat_result((stat.S_IFCHR | 0o660, 0, 0, 1, 0, gid, 0, 0, 0, 0))
+
+    return Host(root=root, stat=fake_stat)
+
+
+FOUR = [(f"0000:0{i + 3}:00.0", B70, f"renderD{128 + i}") for i in range(4)]
+
+
+def test_every_b70_is_a_card_with_its_own_node_gid_and_by_path_entry(tmp_path):
+    cards = replicas.b70s(fake_host(tmp_path, FOUR))
+    assert [c.render for c in cards] == [f"/dev/dri/renderD{128 + i}" for i in range(4)]
+    assert cards[1] == replicas.Card(
+        "0000:04:00.0", "/dev/dri/renderD129", 992, ("pci-0000:04:00.0-render",)
+    )
+
+
+def test_an_igpu_and_another_battlemage_are_not_b70s(tmp_path):
+    host = fake_host(
+        tmp_path,
+        [("0000:00:02.0", IGPU, "renderD128"), ("0000:03:00.0", B580, "renderD129"),
+         ("0000:04:00.0", B70, "renderD130")],
+    )  # fmt: skip
+    assert [c.slot for c in replicas.b70s(host)] == ["0000:04:00.0"]
+    with pytest.raises(replicas.NotEnoughB70s) as failure:
+        replicas.pick(host, 2)
+    assert str(failure.value) == (
+        "2 replicas need 2 Arc Pro B70s; this host has 1 with a render node "
+        "(0000:04:00.0 /dev/dri/renderD130; `arcvllm doctor` says more)"
+    )
+    assert failure.value.exit_code == 3
+
+
+def test_a_b70_without_a_bound_driver_has_no_node_and_does_not_count(tmp_path):
+    host = fake_host(tmp_path, FOUR[:2])
+    for node in (host.root / "sys/bus/pci/devices/0000:04:00.0/drm").iterdir():
+        node.rmdir()
+    assert [c.slot for c in replicas.b70s(host)] == ["0000:03:00.0"]
+
+
+@pytest.mark.parametrize("count", [1, 3, 4])
+def test_n_replicas_each_get_only_their_own_gpu(tmp_path, count):
+    state = tmp_path / "state"
+    cards = replicas.pick(fake_host(tmp_path, FOUR), count)
+    doc = replicas.render(cards, replicas.template(SCALE), state)
+    names = [f"vllm-{i}" for i in range(count)]
+    assert [s for s in doc["services"] if s.startswith("vllm-")] == names
+    for i, name in enumerate(names):
+        service = doc["services"][name]
+        node = f"/dev/dri/renderD{128 + i}"
+        assert service["devices"] == [f"{node}:{node}"]
+        assert service["group_add"] == ["992"]
+        assert service["environment"]["ZE_AFFINITY_MASK"] == "0"
+        assert service["environment"]["VLLM_API_KEY_FILE"] == "/run/secrets/api-key"
+        assert f"{state}/by-path/{name}:/dev/dri/by-path:ro" in service["volumes"]
+        links = sorted((state / "by-path" / name).iterdir())
+        assert [(p.name, os.readlink(p)) for p in links] == [
+            (f"pci-0000:0{i + 3}:00.0-render", f"../renderD{128 + i}")
+        ]
+        assert not any(v.startswith("/dev/dri:") for v in service["volumes"])
+    assert doc["services"]["router"]["command"].split()[1:] == [f"http://{n}:8000" for n in names]
+    targets = yaml.safe_load((state / "targets.yml").read_text())
+    assert [t["labels"]["replica"] for t in targets] == names
+
+
+def test_rendering_again_for_fewer_replicas_leaves_no_link_of_before(tmp_path):
+    state = tmp_path / "state"
+    host = fake_host(tmp_path, FOUR)
+    replicas.render(replicas.pick(host, 4), replicas.template(SCALE), state)
+    replicas.render(replicas.pick(host, 4)[1:2], replicas.template(SCALE), state)
+    assert [p.name for p in (state / "by-path" / "vllm-0").iterdir()] == ["pci-0000:04:00.0-render"]
+
+
+def compose_config(*files: Path, profiles=("scale", "monitoring"), env=None):
+    args = [*compose_binary(), "--env-file", str(ROOT / "docker" / "arcvllm.env")]
+    for f in (ROOT / "docker" / "compose.yaml", SCALE, *files):
+        args += ["-f", str(f)]
+    for p in profiles:
+        args += ["--profile", p]
+    return subprocess.run(
+        [*args, "config"], capture_output=True, text=True, timeout=120,
+        env={"PATH": os.environ["PATH"], "ALERT_WEBHOOK_URL": "https://hooks.example.org/a",
+             **(env or {})},
+    )  # fmt: skip
+
+
+def gpu_problems(svc: dict, count: int) -> list[str]:
+    """What in compose's view of the replicas is not `one render node of its own each`."""
+    problems = []
+    for i in range(count):
+        replica, node = svc[f"vllm-{i}"], f"/dev/dri/renderD{128 + i}"
+        devices = [
+            d if isinstance(d, str) else f"{d['source']}:{d['target']}"
+            for d in replica.get("devices", [])
+        ]
+        if devices != [f"{node}:{node}"]:
+            problems.append(f"vllm-{i} devices {devices}")
+        if replica.get("group_add") != ["992"]:
+            problems.append(f"vllm-{i} group_add {replica.get('group_add')}")
+    return problems
+
+
+@pytest.mark.compose
+def test_the_written_file_is_valid_compose_with_one_gpu_per_replica(tmp_path):
+    state = tmp_path / "state"
+    out = replicas.write(replicas.pick(fake_host(tmp_path, FOUR), 3), SCALE, state)
+    result = compose_config(out, env={"BIND_ADDRESS": "0.0.0.0"})
+    assert result.returncode == 0, result.stderr
+    svc = yaml.safe_load(result.stdout)["services"]
+    assert gpu_problems(svc, 3) == []
+    for i in range(3):
+        replica = svc[f"vllm-{i}"]
+        assert replica["image"] == "arcvllm:xpu-0.23"
+        assert "ports" not in replica
+        assert replica["stop_grace_period"] in ("150s", "2m30s")
+    assert "vllm-3" not in svc
+    assert svc["router"]["command"] == (
+        "--worker-urls http://vllm-0:8000 http://vllm-1:8000 http://vllm-2:8000"
+    )
+    mounts = [
+        v if isinstance(v, str) else f"{v['source']}:{v['target']}"
+        for v in svc["prometheus"]["volumes"]
+    ]
+    assert any(m.startswith(f"{state}/targets.yml:") for m in mounts), mounts
+    assert sum("/etc/arcvllm/prometheus/targets/replicas.yml" in m for m in mounts) == 1
+
+
+@pytest.mark.compose
+def test_a_replica_given_all_of_dev_dri_is_caught(tmp_path):
+    """The check above can fail: a file handing a replica the whole /dev/dri."""
+    state = tmp_path / "state"
+    out = replicas.write(replicas.pick(fake_host(tmp_path, FOUR), 2), SCALE, state)
+    node = "/dev/dri/renderD129"
+    out.write_text(out.read_text().replace(f"{node}:{node}", "/dev/dri:/dev/dri"))
+    result = compose_config(out)
+    assert result.returncode == 0, result.stderr
+    svc = yaml.safe_load(result.stdout)["services"]
+    assert gpu_problems(svc, 2) == ["vllm-1 devices ['/dev/dri:/dev/dri']"]
+
+
+def test_scale_render_writes_the_file_and_names_each_gpu(tmp_path):
+    """`arcvllm scale render` on a host without B70s: one line, exit 3; on the fake one
+    (--dev-root) the file."""
+    out = tmp_path / "out" / "replicas.yaml"
+    none = subprocess.run(
+        [sys.executable, "-m", "arcvllm", "scale", "render", "--out", str(out),
+         "--dev-root", str(tmp_path / "empty")],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert none.returncode == 3
+    assert none.stderr.strip().startswith(
+        "arcvllm: 2 replicas need 2 Arc Pro B70s; this host has 0"
+    )
+    assert not out.exists()
+    host = fake_host(tmp_path, FOUR[:2])
+    made = subprocess.run(
+        [sys.executable, "-m", "arcvllm", "scale", "render", "--out", str(out),
+         "--dev-root", str(host.root)],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    gid = os.stat(host.root / "dev/dri/renderD129").st_gid  # the file's own: real stat here
+    assert made.stdout.splitlines() == [
+        f"vllm-0: 0000:03:00.0 /dev/dri/renderD128 (GID {gid})",
+        f"vllm-1: 0000:04:00.0 /dev/dri/renderD129 (GID {gid})",
+        f"wrote {out}",
+    ]
+    assert list(yaml.safe_load(out.read_text())["services"])[:2] == ["vllm-0", "vllm-1"]
