@@ -69,7 +69,7 @@ test: ## everything, set-up included: lint, unit, real vLLM code, every image (X
 # pytest's scratch under build/ (nothing left in /tmp). The host part (no image) and the
 # image part (-m docker) run apart so the images can build while the host part runs
 # (scripts/ci/pipeline.sh); test-in-engine runs both, one after the other.
-PYTEST = ARCVLLM_TEST_VENVS=$(abspath $(TEST_VENVS)) $(VENV)/bin/pytest --basetemp=$(BUILD)/pytest
+PYTEST = ARCVLLM_TEST_VENVS=$(abspath $(TEST_VENVS)) $(VENV)/bin/pytest --durations=20 --basetemp=$(BUILD)/pytest
 
 .PHONY: test-host
 test-host: $(VENV)/.stamp ## the tests that need no image (unit, real vLLM code, servers on the host, compose config)
