@@ -69,7 +69,12 @@ test: ## everything, set-up included: lint, unit, real vLLM code, every image (X
 # pytest's scratch under build/ (nothing left in /tmp). The host part (no image) and the
 # image part (-m docker) run apart so the images can build while the host part runs
 # (scripts/ci/pipeline.sh); test-in-engine runs both, one after the other.
-PYTEST = ARCVLLM_TEST_VENVS=$(abspath $(TEST_VENVS)) $(VENV)/bin/pytest --durations=20 --basetemp=$(BUILD)/pytest
+# Two workers (pytest-xdist), each taking whole files, so that a module's server or
+# deployment is started once: the tests that wait on one server leave the other core to the
+# rest. TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 2
+PYTEST = ARCVLLM_TEST_VENVS=$(abspath $(TEST_VENVS)) $(VENV)/bin/pytest --durations=20 \
+	$(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) --basetemp=$(BUILD)/pytest
 
 .PHONY: test-host
 test-host: $(VENV)/.stamp ## the tests that need no image (unit, real vLLM code, servers on the host, compose config)
