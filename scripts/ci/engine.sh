@@ -113,7 +113,9 @@ run)
 	[[ $# -gt 0 ]] || { log "usage: engine.sh run CMD..."; exit 2; }
 	already=0
 	answers && already=1
+	start=$SECONDS
 	up >/dev/null
+	log "ready in $((SECONDS - start)) s"
 	if [[ $already == 0 ]]; then trap down EXIT; fi
 	"$@"
 	;;
