@@ -84,9 +84,17 @@ test-host: $(VENV)/.stamp ## the tests that need no image (unit, real vLLM code,
 # whatever the host (the plain smoke test of that image runs in tests/test_deploy.py):
 # `make smoke-test` alone is the operator's check.
 .PHONY: test-images
-test-images: $(VENV)/.stamp ## the tests of the built images (CPU, the XPU rehearsals, router, Prometheus), then the emulated smoke test
-	$(PYTEST) --basetemp=$(BUILD)/pytest-images -m docker
+test-images: test-images-cpu test-images-xpu ## the tests of the built images (CPU, router, gateway, Prometheus; the XPU rehearsals), then the emulated smoke test
 	$(MAKE) --no-print-directory smoke-emulated STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu
+
+# The two halves apart, so that CI runs the first while the XPU rehearsals still build.
+.PHONY: test-images-cpu
+test-images-cpu: $(VENV)/.stamp ## the tests of the CPU image, the gateway, router and Prometheus images (deployments)
+	$(PYTEST) --basetemp=$(BUILD)/pytest-images-cpu -m 'docker and not xpu_ci'
+
+.PHONY: test-images-xpu
+test-images-xpu: $(VENV)/.stamp ## the tests of what make build-xpu-ci made (each XPU stack's rehearsal, the stand-ins)
+	$(PYTEST) --basetemp=$(BUILD)/pytest-images-xpu -m 'docker and xpu_ci'
 
 .PHONY: test-in-engine
 test-in-engine: test-host test-images

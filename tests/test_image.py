@@ -413,6 +413,7 @@ def lock_pins(path: Path) -> dict[str, str]:
     return pins
 
 
+@pytest.mark.xpu_ci
 @pytest.mark.docker
 @pytest.mark.parametrize("stack,version", XPU_CI_STACKS)
 def test_the_xpu_venv_holds_exactly_the_locks_versions(engine, stack, version):
@@ -442,6 +443,7 @@ def test_the_xpu_venv_holds_exactly_the_locks_versions(engine, stack, version):
     assert not removed & got.keys(), f"still installed: {removed & got.keys()}"
 
 
+@pytest.mark.xpu_ci
 @pytest.mark.docker
 @pytest.mark.parametrize("stack,version", XPU_CI_STACKS)
 def test_the_xpu_build_patches_are_the_plan(engine, stack, version):
@@ -462,6 +464,7 @@ def test_the_xpu_build_patches_are_the_plan(engine, stack, version):
     ).stdout.strip()  # fmt: skip
 
 
+@pytest.mark.xpu_ci
 @pytest.mark.docker
 @pytest.mark.vllm
 @pytest.mark.parametrize("stack,version", XPU_CI_STACKS)
@@ -500,6 +503,7 @@ def test_the_series_applies_to_the_xpu_builds_vllm(engine, stack, version, tmp_p
         assert states["mamba-copy-uint64"] == states["mamba-fused-u64"] == "applied"
 
 
+@pytest.mark.xpu_ci
 @pytest.mark.docker
 @pytest.mark.parametrize("stack", [s for s, _ in XPU_CI_STACKS])
 def test_the_xpu_runtime_user_is_vllm_with_uid_1000_on_the_ubuntu_shaped_base(engine, stack):
@@ -522,6 +526,7 @@ def test_the_xpu_runtime_user_is_vllm_with_uid_1000_on_the_ubuntu_shaped_base(en
     assert gone.returncode != 0
 
 
+@pytest.mark.xpu_ci
 @pytest.mark.docker
 def test_xpu_ci_runtime_builds_and_loads_the_triton_launcher(engine):
     """As the image's user, in the XPU build's venv: compiler, Python.h, sycl.hpp + libsycl

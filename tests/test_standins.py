@@ -19,6 +19,8 @@ from arcvllm.errors import ArcvllmError
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE_SOCKET = "/run/arcvllm-docker/docker.sock"
+# The docker tests here read what `make build-xpu-ci` makes (scripts/ci/standins.sh).
+pytestmark = pytest.mark.xpu_ci
 
 
 @pytest.fixture(scope="module")
