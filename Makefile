@@ -73,7 +73,9 @@ test: ## everything, set-up included: lint, unit, real vLLM code, every image (X
 # deployment is started once: the tests that wait on one server leave the other core to the
 # rest. TEST_WORKERS=0 runs them in this process.
 TEST_WORKERS ?= 2
-PYTEST = ARCVLLM_TEST_VENVS=$(abspath $(TEST_VENVS)) $(VENV)/bin/pytest --durations=20 \
+# Their temporary files (pip, torch's Inductor cache, ...) under build/tmp, never in /tmp.
+PYTEST = mkdir -p $(BUILD)/tmp && TMPDIR=$(abspath $(BUILD))/tmp \
+	ARCVLLM_TEST_VENVS=$(abspath $(TEST_VENVS)) $(VENV)/bin/pytest --durations=20 \
 	$(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) --basetemp=$(BUILD)/pytest
 
 .PHONY: test-host
