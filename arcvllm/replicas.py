@@ -118,7 +118,8 @@ def render(cards: list[Card], base: dict, state: Path) -> dict:
         }
         services[name(i)] = service
     workers = " ".join(f"http://{name(i)}:8000" for i in range(len(cards)))
-    services["router"] = {"command": f"--worker-urls {workers}"}
+    # All N by default; `scale up` names only the healthy ones (ROUTER_WORKER_URLS).
+    services["router"] = {"command": f"--worker-urls ${{ROUTER_WORKER_URLS:-{workers}}}"}
     targets_file = state / "targets.yml"
     targets_file.write_text(yaml.safe_dump(targets(len(cards)), sort_keys=False))
     services["prometheus"] = {"volumes": [f"{targets_file}:{TARGETS_IN_CONTAINER}:ro"]}

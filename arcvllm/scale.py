@@ -55,11 +55,22 @@ def docker_dir() -> Path:
 
 @dataclass(frozen=True)
 class Layout:
-    """What `up` starts: compose profiles, the services to name, the replicas to wait for."""
+    """What `up` starts: compose profiles, the replicas (services) and the host name each
+    answers to on the compose network, the router, and the services that go beside."""
 
     profiles: tuple[str, ...]
-    services: tuple[str, ...]
     replicas: tuple[str, ...]
+    workers: tuple[str, ...]  # the router's name of each replica, in the same order
+    router: str
+    extras: tuple[str, ...]  # Prometheus and Alertmanager with --monitoring
+
+    def worker_urls(self, serving: tuple[str, ...] | list[str]) -> str:
+        """The router's --worker-urls for the replicas in SERVING."""
+        return " ".join(
+            f"http://{w}:8000"
+            for r, w in zip(self.replicas, self.workers, strict=True)
+            if r in serving
+        )
 
 
 def layout(count: int, cpu: bool, monitoring: bool) -> Layout:
@@ -67,16 +78,15 @@ def layout(count: int, cpu: bool, monitoring: bool) -> Layout:
         raise BadScale("the CPU scale-out profile has 2 replicas (cpu-scale)")
     if count < 1:
         raise BadScale(f"--replicas must be 1 or more, not {count}")
-    if cpu:
-        profiles, services = ("cpu-scale",), ("router-cpu",)
-        names: tuple[str, ...] = ("vllm-cpu-0", "vllm-cpu-1")
+    workers = tuple(replicas.name(i) for i in range(count))
+    if cpu:  # the CPU replicas answer as vllm-0 and vllm-1 too (network aliases)
+        profiles, router, names = ("cpu-scale",), "router-cpu", ("vllm-cpu-0", "vllm-cpu-1")
     else:
-        profiles = ("scale",)
-        names = tuple(replicas.name(i) for i in range(count))
-        services = ("router", *names)
+        profiles, router, names = ("scale",), "router", workers
+    extras: tuple[str, ...] = ()
     if monitoring:
-        profiles, services = (*profiles, "monitoring"), (*services, "prometheus", "alertmanager")
-    return Layout(profiles, services, names)
+        profiles, extras = (*profiles, "monitoring"), ("prometheus", "alertmanager")
+    return Layout(profiles, names, workers, router, extras)
 
 
 def state_dir(project: str) -> Path:
@@ -108,7 +118,7 @@ class Deployment:
 
     env_file: Path
     project: str = PROJECT
-    settings: dict[str, str] = field(default_factory=dict)  # the operator's values win
+    settings: dict[str, str] = field(default_factory=dict)
 
     @property
     def replicas_file(self) -> Path:
@@ -132,7 +142,9 @@ class Deployment:
         return cmd
 
     def env(self) -> dict[str, str]:
-        return {**self.settings, **os.environ, "ENV_FILE": str(self.env_file)}
+        """The environment compose interpolates: SETTINGS (what `scale` decided, e.g. the
+        router's workers) over the caller's."""
+        return {**os.environ, **self.settings, "ENV_FILE": str(self.env_file)}
 
     def run(self, *args: str, profiles: tuple[str, ...] = (), timeout: float = 600):
         command = [*self.command(profiles), *args]
@@ -291,27 +303,29 @@ def up(args: argparse.Namespace, health: Health | None = None, status=None) -> i
         replicas.write(cards, docker_dir() / "compose.scale.yaml", state_dir(args.project))
     port = os.environ.get("PORT", "8443")
     try:
-        # compose.yaml's gateway (https, the key) is the published port, before the router.
-        result = dep.run("up", "-d", *p.services, "gateway", profiles=p.profiles, timeout=1800)
-        if result.returncode != 0:
-            lines = result.stderr.strip().splitlines() or ["(no output)"]
-            raise ArcvllmError(f"compose up failed: {lines[-1]}", 3)
+        # The replicas first, with compose.yaml's gateway (https, the key: the published
+        # port); the router last, told only the replicas that became healthy: at its start
+        # it waits for every worker it is given, and gives up on them all after
+        # ROUTER_WORKER_STARTUP_TIMEOUT_SECS (vllm-router's wait_for_healthy_workers).
+        services = (*p.replicas, *p.extras, "gateway")
+        compose_up(dep, p.profiles, *services)
         failed = wait_replicas(p.replicas, health or docker_health(dep, p.profiles), args.timeout)
         if len(failed) == len(p.replicas):
             first, *others = failed
             rest = f"; nor did {', '.join(others)}" if others else ""
             raise ArcvllmError(f"replica {first} {failed[first]}{rest}", 3)
         if failed:
-            dep.stop(tuple(failed), p.profiles)  # the router keeps the healthy ones
-        router = p.services[0]
-        status = status or status_inside(dep, router, p.profiles)
+            dep.stop(tuple(failed), p.profiles)  # stopped: restart: unless-stopped holds it
+        serving = [r for r in p.replicas if r not in failed]
+        dep.settings["ROUTER_WORKER_URLS"] = p.worker_urls(serving)
+        compose_up(dep, p.profiles, "--no-deps", p.router)
+        status = status or status_inside(dep, p.router, p.profiles)
         wait_router("http://127.0.0.1:8000", args.router_timeout, status=status)
     except BaseException:
         # Nothing left half-started; the volumes (compile caches) are kept.
         dep.down(p.profiles)
         shutil.rmtree(state_dir(args.project), ignore_errors=True)
         raise
-    serving = [r for r in p.replicas if r not in failed]
     if args.json:
         gateway = f"https://127.0.0.1:{port}"
         doc = {"project": args.project, "replicas": serving, "gateway": gateway}
@@ -325,6 +339,14 @@ def up(args: argparse.Namespace, health: Health | None = None, status=None) -> i
     for name, why in failed.items():
         print(f"arcvllm: degraded: replica {name} is down (stopped): {why}", file=sys.stderr)
     return DEGRADED if failed else 0
+
+
+def compose_up(dep: Deployment, profiles: tuple[str, ...], *services: str) -> None:
+    """`compose up -d SERVICES`, or one line naming compose's last word on why not."""
+    result = dep.run("up", "-d", *services, profiles=profiles, timeout=1800)
+    if result.returncode != 0:
+        lines = result.stderr.strip().splitlines() or ["(no output)"]
+        raise ArcvllmError(f"compose up failed: {lines[-1]}", 3)
 
 
 def render(args: argparse.Namespace) -> int:

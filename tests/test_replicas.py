@@ -101,7 +101,10 @@ def test_n_replicas_each_get_only_their_own_gpu(tmp_path, count):
             (f"pci-0000:0{i + 3}:00.0-render", f"../renderD{128 + i}")
         ]
         assert not any(v.startswith("/dev/dri:") for v in service["volumes"])
-    assert doc["services"]["router"]["command"].split()[1:] == [f"http://{n}:8000" for n in names]
+    workers = " ".join(f"http://{n}:8000" for n in names)
+    assert (
+        doc["services"]["router"]["command"] == f"--worker-urls ${{ROUTER_WORKER_URLS:-{workers}}}"
+    )
     targets = yaml.safe_load((state / "targets.yml").read_text())
     assert [t["labels"]["replica"] for t in targets] == names
 

@@ -127,6 +127,8 @@ def test_one_b70_per_replica_no_host_ports_behind_the_router(four):
     assert svc["gateway"]["environment"]["GATEWAY_UPSTREAM"] == "http://router:8000"
     assert router["environment"]["ROUTER_POLICY"] == "cache_aware"
     assert router["command"].split()[1:] == [f"http://vllm-{i}:8000" for i in range(4)]
+    two = services("scale", env={"ROUTER_WORKER_URLS": "http://vllm-2:8000"}, extra=(four,))
+    assert two["router"]["command"] == "--worker-urls http://vllm-2:8000"  # scale up's choice
     assert router["build"]["target"] == "router"
 
 

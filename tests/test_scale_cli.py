@@ -7,12 +7,15 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 from conftest import ROOT, free_port
-from test_image import docker, engine  # noqa: F401 (fixture)
+from test_image import cpu_image, docker, engine  # noqa: F401 (fixtures)
 from test_replicas import B70, FOUR, IGPU, SCALE, fake_host
 from test_scale import ROUTER_IMAGE, build_target
 
@@ -149,7 +152,7 @@ def test_any_n_up_to_the_b70s_starts_that_many_from_their_own_file(tmp_path, sta
     assert result.returncode == 3 and "compose up failed" in result.stderr
     up, down = calls.read_text().splitlines()
     assert f"-f {state}/replicas.yaml" in up
-    assert up.split(" up -d ")[1].split() == ["router", "vllm-0", "vllm-1", "vllm-2", "gateway"]
+    assert up.split(" up -d ")[1].split() == ["vllm-0", "vllm-1", "vllm-2", "gateway"]
     assert down.endswith("down --remove-orphans")
     seen = yaml.safe_load(copy.read_text())["services"]
     gid = str(os.stat(host.root / "dev/dri/renderD130").st_gid)  # real stat: the file's own
@@ -231,7 +234,9 @@ def recording_compose(tmp_path, monkeypatch, fail_on: str = "") -> Path:
     when they contain FAIL_ON."""
     calls = tmp_path / "compose-calls"
     fail = f'case "$*" in *"{fail_on}"*) exit 1;; esac' if fail_on else ""
-    monkeypatch.setenv("COMPOSE", f"sh -c 'echo \"$*\" >> {calls}; {fail}' compose")
+    # (and, a line per call in compose-calls.workers, the ROUTER_WORKER_URLS it was given)
+    record = f'echo "$*" >> {calls}; echo "${{ROUTER_WORKER_URLS-}}" >> {calls}.workers'
+    monkeypatch.setenv("COMPOSE", f"sh -c '{record}; {fail}' compose")
     return calls
 
 
@@ -269,8 +274,12 @@ def test_one_replica_never_healthy_is_stopped_alone_and_the_rest_serve(
     calls = recording_compose(tmp_path, monkeypatch)
     health = {"vllm-cpu-0": "healthy", "vllm-cpu-1": "starting"}.__getitem__
     assert scale.up(up_args(), health=health, status=lambda url: 200) == scale.DEGRADED == 4
-    assert [a[0] for a in actions(calls)] == ["up", "stop"]
+    assert [a[0] for a in actions(calls)] == ["up", "stop", "up"]
     assert actions(calls)[1] == ["stop", "vllm-cpu-1"]
+    # The router last, told only the healthy one (it waits for every worker it is given).
+    assert actions(calls)[2] == ["up", "-d", "--no-deps", "router-cpu"]
+    workers = (tmp_path / "compose-calls.workers").read_text().splitlines()
+    assert workers[2] == "http://vllm-0:8000"
     out, err = capsys.readouterr()
     assert out.startswith("1 of 2 replicas healthy behind the router")
     assert err == (
@@ -291,7 +300,8 @@ def test_a_degraded_start_says_which_replica_is_down_in_json(tmp_path, monkeypat
 def test_all_replicas_healthy_is_not_degraded(tmp_path, monkeypatch, capsys):
     calls = recording_compose(tmp_path, monkeypatch)
     assert scale.up(up_args(), health=lambda name: "healthy", status=lambda url: 200) == 0
-    assert [a[0] for a in actions(calls)] == ["up"]
+    assert [a[0] for a in actions(calls)] == ["up", "up"]
+    assert actions(calls)[0] == ["up", "-d", "vllm-cpu-0", "vllm-cpu-1", "gateway"]
     assert capsys.readouterr().err == ""
 
 
@@ -311,8 +321,8 @@ def test_a_router_without_a_worker_after_a_degraded_start_takes_it_all_down(tmp_
     health = {"vllm-cpu-0": "healthy", "vllm-cpu-1": "starting"}.__getitem__
     with pytest.raises(ArcvllmError, match="no healthy worker"):
         scale.up(up_args(), health=health, status=lambda url: 503)
-    assert [a[0] for a in actions(calls)] == ["up", "stop", "down"]
-    assert "-v" not in actions(calls)[2]
+    assert [a[0] for a in actions(calls)] == ["up", "stop", "up", "down"]
+    assert "-v" not in actions(calls)[3]
 
 
 def test_ctrl_c_while_waiting_stops_what_started_and_keeps_the_volumes(tmp_path, monkeypatch):
@@ -334,7 +344,7 @@ def test_a_failed_stop_of_the_unhealthy_replica_is_one_line_and_takes_it_all_dow
     with pytest.raises(ArcvllmError, match="compose stop failed") as failure:
         scale.up(up_args(), health=health, status=lambda url: 200)
     assert failure.value.exit_code == 3
-    assert [a[0] for a in actions(calls)] == ["up", "stop", "down"]
+    assert [a[0] for a in actions(calls)] == ["up", "stop", "down"]  # no router started
 
 
 def test_an_exited_replica_is_not_waited_for():
@@ -367,12 +377,13 @@ def test_a_router_that_does_not_answer_is_an_environment_error():
 
 
 def test_layout_names_the_services_of_each_profile():
+    names = ("vllm-0", "vllm-1", "vllm-2")
     assert scale.layout(3, cpu=False, monitoring=True) == scale.Layout(
-        ("scale", "monitoring"),
-        ("router", "vllm-0", "vllm-1", "vllm-2", "prometheus", "alertmanager"),
-        ("vllm-0", "vllm-1", "vllm-2"),
+        ("scale", "monitoring"), names, names, "router", ("prometheus", "alertmanager")
     )
-    assert scale.layout(2, cpu=True, monitoring=False).replicas == ("vllm-cpu-0", "vllm-cpu-1")
+    cpu = scale.layout(2, cpu=True, monitoring=False)
+    assert (cpu.replicas, cpu.workers) == (("vllm-cpu-0", "vllm-cpu-1"), ("vllm-0", "vllm-1"))
+    assert cpu.worker_urls(["vllm-cpu-1"]) == "http://vllm-1:8000"
 
 
 @pytest.mark.docker
@@ -396,6 +407,63 @@ def test_a_replica_that_never_becomes_healthy_is_named_and_nothing_is_left():
         assert left == "", left
     finally:
         dep.down(("cpu-scale",), purge=True)  # a failed up keeps the volumes: not a test's
+
+
+@pytest.mark.docker
+@pytest.mark.compose
+def test_a_replica_that_dies_at_start_is_stopped_alone_the_other_serves_volumes_kept(
+    cpu_image,  # noqa: F811 (the fixture)
+    key_file,
+):
+    """The operator's degraded start, for real: vllm-cpu-1 is killed as soon as it exists
+    (as a replica that crashes on start); `scale up` names it, exits 4, and the router
+    serves through the gateway with vllm-cpu-0. The named volumes (compile cache) stay."""
+    build_target("router", ROUTER_IMAGE)
+    build_target("gateway", "arcvllm-gateway:1.22.1")
+    project, port = "arcvllm-scale-degraded", free_port()
+    env = {"CPU_IMAGE": cpu_image, "PORT": str(port), "BIND_ADDRESS": "127.0.0.1"}
+    labels = [f"label=com.docker.compose.project={project}"]
+    victim = [*labels, "label=com.docker.compose.service=vllm-cpu-1"]
+    killed: list[str] = []
+    stop_watching = threading.Event()
+
+    def kill_vllm_cpu_1() -> None:
+        while not stop_watching.is_set() and not killed:
+            found = docker("ps", "-q", *(f for v in victim for f in ("--filter", v)), check=False)
+            if found.stdout.strip():
+                killed.append(docker("kill", found.stdout.strip(), check=False).stdout.strip())
+            time.sleep(0.5)
+
+    watcher = threading.Thread(target=kill_vllm_cpu_1)
+    watcher.start()
+    try:
+        result = arcvllm(
+            "scale", "up", "--cpu", "--project", project, "--timeout", "600", env=env
+        )  # fmt: skip
+        stop_watching.set()
+        watcher.join()
+        assert killed, "vllm-cpu-1 was never seen"
+        assert result.returncode == scale.DEGRADED, result.stderr
+        assert result.stderr.strip().splitlines() == [
+            "arcvllm: degraded: replica vllm-cpu-1 is down (stopped): never became healthy: "
+            "it exited (code 137); see `docker logs` of it"
+        ]
+        assert result.stdout.startswith("1 of 2 replicas healthy behind the router")
+        served = httpx.post(
+            f"https://127.0.0.1:{port}/v1/completions",
+            json={"model": "tiny-hybrid", "prompt": "one left", "max_tokens": 4},
+            headers={"Authorization": f"Bearer {key_file.read_text().strip()}"},
+            verify=False,  # the gateway's self-signed certificate (TLS: tests/test_gateway.py)
+            timeout=120,
+        )
+        assert served.status_code == 200, served.text[:500]
+        volumes = docker("volume", "ls", "-q", *(f for v in labels for f in ("--filter", v)))
+        assert f"{project}_compile-cache" in volumes.stdout.split()
+    finally:
+        stop_watching.set()
+        watcher.join()
+        done = arcvllm("scale", "down", "--project", project, "--purge", env=env)
+        assert done.returncode == 0, done.stderr
 
 
 @pytest.mark.docker
