@@ -82,6 +82,15 @@ PYTEST = mkdir -p $(BUILD)/tmp && TMPDIR=$(abspath $(BUILD))/tmp \
 test-host: $(VENV)/.stamp ## the tests that need no image (unit, real vLLM code, servers on the host, compose config)
 	$(PYTEST) -m 'not docker'
 
+# Its two halves apart, so that CI runs the first while the test venvs are still made.
+.PHONY: test-unit
+test-unit: $(VENV)/.stamp ## the host tests that need neither a test venv nor an image
+	$(PYTEST) --basetemp=$(BUILD)/pytest-unit -m 'not docker and not vllm and not server'
+
+.PHONY: test-vllm
+test-vllm: $(VENV)/.stamp ## the host tests of real vLLM releases and servers (make test-venvs first)
+	$(PYTEST) --basetemp=$(BUILD)/pytest-vllm -m 'not docker and (vllm or server)'
+
 # Then the container smoke test of the CPU image with the high-address emulation on,
 # whatever the host (the plain smoke test of that image runs in tests/test_deploy.py):
 # `make smoke-test` alone is the operator's check.

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # `make test` on a fresh machine, inside scripts/ci/engine.sh (DOCKER_HOST set, base image
 # present): set-up, lint, every image, every test, each step timed. Two streams share the
-# machine: the images build in the background (the CPU image and the small ones first,
-# then the XPU rehearsals, mostly waiting on the package indexes) while the tests run in
-# the foreground: first those that need no image, then those of the CPU images (the XPU
-# builds go on meanwhile), last those of the XPU rehearsals. Every test step runs even
-# after a failed one; the exit status is the first failure's.
+# machine:
+#   images (background): the stand-ins, the CPU image and the small images, the XPU
+#     rehearsals (mostly waiting on the package indexes), then what needs only those: the
+#     rehearsals' tests, the emulated smoke test, `presets --check`;
+#   tests (foreground): the unit tests while the test venvs are made, the tests of real
+#     vLLM releases, then those of the CPU images (the deployments).
+# Every test step runs even after a failed one; the exit status is the first failure's.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -14,7 +16,8 @@ export TMPDIR=$PWD/build/tmp
 mkdir -p "$TMPDIR"
 before=$(ls -A /tmp)
 cpu_ready=$TMPDIR/cpu-images-ready
-rm -f "$cpu_ready"
+images_status=$TMPDIR/images-status
+rm -f "$cpu_ready" "$images_status"
 
 # (The status is taken explicitly: a function run left of || runs without set -e.)
 step() {
@@ -29,20 +32,33 @@ step() {
 	return "$rc"
 }
 
+status=0
+test_step() {
+	local rc=0
+	step "$@" || rc=$?
+	if [[ $rc != 0 && $status == 0 ]]; then status=$rc; fi
+}
+
 images() {
+	# The stand-ins first: they are in the build context (build/wheelhouse/standins), and
+	# made after the CPU image they would change it and force a rebuild.
+	step make standins
 	step make build STACK=cpu
 	step make scale-images gateway-image
 	touch "$cpu_ready"
 	step make build-xpu-ci STACK=xpu-0.23
 	step make build-xpu-ci STACK=xpu-0.20
 	step make build-xpu-ci STACK=xpu-0.33
+	test_step make test-images-xpu
+	test_step make smoke-emulated STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu
+	# The preset x stack table from each release's own kernel selection (also in tests).
+	test_step .venv/bin/arcvllm presets --check
+	echo "$status" >"$images_status"
 }
 
-status=0
-test_step() {
-	local rc=0
-	step "$@" || rc=$?
-	if [[ $rc != 0 && $status == 0 ]]; then status=$rc; fi
+# What the images stream did: its steps and pytest's verdicts (all of it if it failed).
+report_images() {
+	grep -E '^(==>|<==)|^=+ .*(passed|failed|error).* in [0-9.]+s' "$TMPDIR/images.log" || true
 }
 
 step make venv
@@ -52,24 +68,37 @@ step make tools
 images >"$TMPDIR/images.log" 2>&1 &
 images_pid=$!
 trap 'kill "$images_pid" 2>/dev/null || true' EXIT
-step make test-venvs
-test_step make test-host
+make test-venvs >"$TMPDIR/venvs.log" 2>&1 &
+venvs_pid=$!
+test_step make test-unit
+echo "==> waiting for the test venvs"
+if ! wait "$venvs_pid"; then
+	tail -n 100 "$TMPDIR/venvs.log"
+	echo "<== make test-venvs: FAILED"
+	exit 1
+fi
+echo "<== make test-venvs (done $SECONDS s into the run)"
+test_step make test-vllm
 echo "==> waiting for the CPU images"
 while [[ ! -e $cpu_ready ]] && kill -0 "$images_pid" 2>/dev/null; do sleep 5; done
-grep -E '^(==>|<==)' "$TMPDIR/images.log"
 if [[ ! -e $cpu_ready ]]; then
+	report_images
 	tail -n 200 "$TMPDIR/images.log"
 	exit 1
 fi
 test_step make test-images-cpu
-echo "==> waiting for the XPU rehearsals"
-wait "$images_pid" || { grep -E '^(==>|<==)' "$TMPDIR/images.log"; tail -n 200 "$TMPDIR/images.log"; exit 1; }
+echo "==> waiting for the images stream (XPU rehearsals, their tests, emulated smoke, presets)"
+wait "$images_pid" || true
 trap - EXIT
-grep -E '^(==>|<==)' "$TMPDIR/images.log"
-test_step make test-images-xpu
-test_step make smoke-emulated STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu
-# The preset x stack table from each release's own kernel selection (also asserted in tests).
-test_step .venv/bin/arcvllm presets --check
+report_images
+if [[ ! -e $images_status ]]; then
+	tail -n 200 "$TMPDIR/images.log"
+	exit 1
+fi
+if [[ $(cat "$images_status") != 0 ]]; then
+	tail -n 200 "$TMPDIR/images.log"
+	[[ $status != 0 ]] || status=$(cat "$images_status")
+fi
 rm -rf "$TMPDIR"
 left=$(comm -13 <(echo "$before") <(ls -A /tmp))
 [[ -z $left ]] || echo "==> new in /tmp during the run: $left"
