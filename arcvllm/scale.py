@@ -402,9 +402,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     start = sub.add_parser(
         "up",
         help="start N replicas + the router; wait until they serve",
-        description="Start N replicas and the router and wait until they serve. A replica "
-        "that is not healthy by --timeout while another is gets stopped alone and named "
-        "(exit 4); with none healthy, everything started is stopped (exit 3).",
+        description="Start N replicas (one Arc Pro B70 each) and the gateway, wait until "
+        "they are healthy, then start the router with the healthy ones and wait until it "
+        "serves. A replica that is not healthy by --timeout while another is gets stopped "
+        "alone and named (exit 4); with none healthy, everything started is stopped (exit 3).",
         exit_rows=EXIT_ROWS,
     )
     start.add_argument("--replicas", type=int, default=2, help="how many, one Arc Pro B70 each (2)")

@@ -3,8 +3,9 @@
 # present): set-up, lint, every image, every test, each step timed. Two streams share the
 # machine:
 #   images (background): the stand-ins, the CPU image and the small images, the XPU
-#     rehearsals (mostly waiting on the package indexes), then what needs only those: the
-#     rehearsals' tests, the emulated smoke test, `presets --check`;
+#     rehearsals (mostly waiting on the package indexes), the emulated smoke test, then,
+#     once the test venvs are made too, the rehearsals' tests and `presets --check` (both
+#     run real vLLM releases' Python from build/venvs);
 #   tests (foreground): the unit tests while the test venvs are made, the tests of real
 #     vLLM releases, then those of the CPU images (the deployments).
 # Every test step runs even after a failed one; the exit status is the first failure's.
@@ -17,7 +18,8 @@ mkdir -p "$TMPDIR"
 before=$(ls -A /tmp)
 cpu_ready=$TMPDIR/cpu-images-ready
 images_status=$TMPDIR/images-status
-rm -f "$cpu_ready" "$images_status"
+venvs_status=$TMPDIR/venvs-status
+rm -f "$cpu_ready" "$images_status" "$venvs_status"
 
 # (The status is taken explicitly: a function run left of || runs without set -e.)
 step() {
@@ -49,11 +51,25 @@ images() {
 	step make build-xpu-ci STACK=xpu-0.23
 	step make build-xpu-ci STACK=xpu-0.20
 	step make build-xpu-ci STACK=xpu-0.33
-	test_step make test-images-xpu
 	test_step make smoke-emulated STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu
-	# The preset x stack table from each release's own kernel selection (also in tests).
-	test_step .venv/bin/arcvllm presets --check
+	echo "==> waiting for the test venvs"
+	while [[ ! -e $venvs_status ]]; do sleep 5; done
+	if [[ $(cat "$venvs_status") != 0 ]]; then
+		echo "<== make test-venvs: FAILED (the rehearsals' tests and presets --check not run)"
+		[[ $status != 0 ]] || status=$(cat "$venvs_status")
+	else
+		test_step make test-images-xpu
+		# The preset x stack table from each release's own kernel selection (also in tests).
+		test_step .venv/bin/arcvllm presets --check
+	fi
 	echo "$status" >"$images_status"
+}
+
+# Writes its exit status to $venvs_status when done, for both streams to wait on.
+venvs() {
+	local rc=0
+	make test-venvs >"$TMPDIR/venvs.log" 2>&1 || rc=$?
+	echo "$rc" >"$venvs_status"
 }
 
 # What the images stream did: its steps and pytest's verdicts (all of it if it failed).
@@ -68,11 +84,13 @@ step make tools
 images >"$TMPDIR/images.log" 2>&1 &
 images_pid=$!
 trap 'kill "$images_pid" 2>/dev/null || true' EXIT
-make test-venvs >"$TMPDIR/venvs.log" 2>&1 &
+venvs &
 venvs_pid=$!
+trap 'kill "$images_pid" "$venvs_pid" 2>/dev/null || true' EXIT
 test_step make test-unit
 echo "==> waiting for the test venvs"
-if ! wait "$venvs_pid"; then
+wait "$venvs_pid" || true
+if [[ ! -e $venvs_status || $(cat "$venvs_status") != 0 ]]; then
 	tail -n 100 "$TMPDIR/venvs.log"
 	echo "<== make test-venvs: FAILED"
 	exit 1
