@@ -34,6 +34,17 @@ step() {
 	return "$rc"
 }
 
+# Waits until FILE exists or process PID has ended; true if FILE exists.
+wait_for() {
+	while [[ ! -e $1 ]] && kill -0 "$2" 2>/dev/null; do sleep 5; done
+	[[ -e $1 ]]
+}
+
+# The test venvs (made by venvs() in the background) are made and whole.
+venvs_ok() {
+	wait_for "$venvs_status" "$venvs_pid" && [[ $(<"$venvs_status") == 0 ]]
+}
+
 status=0
 test_step() {
 	local rc=0
@@ -53,19 +64,18 @@ images() {
 	step make build-xpu-ci STACK=xpu-0.33
 	test_step make smoke-emulated STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu
 	echo "==> waiting for the test venvs"
-	while [[ ! -e $venvs_status ]]; do sleep 5; done
-	if [[ $(cat "$venvs_status") != 0 ]]; then
-		echo "<== make test-venvs: FAILED (the rehearsals' tests and presets --check not run)"
-		[[ $status != 0 ]] || status=$(cat "$venvs_status")
-	else
+	if venvs_ok; then
 		test_step make test-images-xpu
 		# The preset x stack table from each release's own kernel selection (also in tests).
 		test_step .venv/bin/arcvllm presets --check
+	else
+		echo "<== make test-venvs: FAILED (the rehearsals' tests and presets --check not run)"
+		[[ $status != 0 ]] || status=1
 	fi
 	echo "$status" >"$images_status"
 }
 
-# Writes its exit status to $venvs_status when done, for both streams to wait on.
+# Writes its exit status to $venvs_status when done, for both streams to wait on (venvs_ok).
 venvs() {
 	local rc=0
 	make test-venvs >"$TMPDIR/venvs.log" 2>&1 || rc=$?
@@ -81,16 +91,15 @@ step make venv
 step make lint
 # apt before anything runs in parallel (one dpkg lock)
 step make tools
-images >"$TMPDIR/images.log" 2>&1 &
-images_pid=$!
-trap 'kill "$images_pid" 2>/dev/null || true' EXIT
+# The venvs first: the images stream waits on them too.
 venvs &
 venvs_pid=$!
+images >"$TMPDIR/images.log" 2>&1 &
+images_pid=$!
 trap 'kill "$images_pid" "$venvs_pid" 2>/dev/null || true' EXIT
 test_step make test-unit
 echo "==> waiting for the test venvs"
-wait "$venvs_pid" || true
-if [[ ! -e $venvs_status || $(cat "$venvs_status") != 0 ]]; then
+if ! venvs_ok; then
 	tail -n 100 "$TMPDIR/venvs.log"
 	echo "<== make test-venvs: FAILED"
 	exit 1
@@ -98,8 +107,7 @@ fi
 echo "<== make test-venvs (done $SECONDS s into the run)"
 test_step make test-vllm
 echo "==> waiting for the CPU images"
-while [[ ! -e $cpu_ready ]] && kill -0 "$images_pid" 2>/dev/null; do sleep 5; done
-if [[ ! -e $cpu_ready ]]; then
+if ! wait_for "$cpu_ready" "$images_pid"; then
 	report_images
 	tail -n 200 "$TMPDIR/images.log"
 	exit 1
