@@ -24,6 +24,9 @@ from arcvllm.doctor import Host, intel_gpus
 from arcvllm.errors import ArcvllmError
 
 TEMPLATE_KEY = "x-xpu-replica"
+# The variable vLLM's XPU platform reads to pick its GPUs (vllm/platforms/xpu.py,
+# XPUPlatform.device_control_env_var, in each XPU stack's release: tests/test_replicas.py).
+DEVICE_ENV = "ZE_AFFINITY_MASK"
 TARGETS_IN_CONTAINER = "/etc/arcvllm/prometheus/targets/replicas.yml"
 
 
@@ -111,7 +114,7 @@ def render(cards: list[Card], base: dict, state: Path) -> dict:
         service["group_add"] = [str(card.gid)]
         service["volumes"] = [*service.get("volumes", []), f"{by_path}:/dev/dri/by-path:ro"]
         # The one GPU the container sees is device 0 (over the settings file's value).
-        service["environment"] = {**service.get("environment", {}), "ZE_AFFINITY_MASK": "0"}
+        service["environment"] = {**service.get("environment", {}), DEVICE_ENV: "0"}
         service["labels"] = {
             "org.arcvllm.gpu.slot": card.slot,
             "org.arcvllm.gpu.render": card.render,

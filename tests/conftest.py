@@ -88,6 +88,17 @@ def copy_site(env: VllmEnv, dest: Path) -> VllmEnv:
     return VllmEnv(env.version, env.python, dest)
 
 
+def release_root(version: str) -> Path:
+    """A -p1 root holding VERSION's pristine files (scripts/test-venvs.sh)."""
+    if version == "0.32.0":
+        return site_packages(vllm_env(version))
+    if (VENVS / "sites" / version / ".stamp").exists():
+        return VENVS / "sites" / version
+    if (VENVS / "sources" / version / "vllm").is_dir():
+        return VENVS / "sources" / version  # a release's whole vllm/ from its sdist (0.33.0)
+    return VENVS / "release-files" / version
+
+
 def upstream_test(version: str) -> Path:
     """The release's own tests/v1/worker/test_mamba_utils.py (scripts/test-venvs.sh)."""
     path = VENVS / "upstream-tests" / version / "test_mamba_utils.py"

@@ -14,7 +14,15 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, VENVS, VllmEnv, copy_site, site_packages, upstream_test, vllm_env
+from conftest import (
+    ROOT,
+    VENVS,
+    VllmEnv,
+    copy_site,
+    release_root,
+    upstream_test,
+    vllm_env,
+)
 from packaging.version import Version
 
 from arcvllm import cli, series
@@ -404,17 +412,6 @@ RELEASES = (
     "0.32.0",
     "0.33.0",
 )
-
-
-def release_root(version: str) -> Path:
-    """A -p1 root holding VERSION's pristine files (scripts/test-venvs.sh)."""
-    if version == "0.32.0":
-        return site_packages(vllm_env(version))
-    if (VENVS / "sites" / version / ".stamp").exists():
-        return VENVS / "sites" / version
-    if (VENVS / "sources" / version / "vllm").is_dir():
-        return VENVS / "sources" / version  # a release's whole vllm/ from its sdist (0.33.0)
-    return VENVS / "release-files" / version
 
 
 def variant_ends():

