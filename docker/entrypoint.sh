@@ -9,7 +9,8 @@ set -euo pipefail
 # The cache volume may be fresh (or a host folder): make the folders vLLM writes to.
 mkdir -p "${TMPDIR:-/tmp}" "${HF_HOME:-$HOME/.cache/huggingface}" \
 	"${VLLM_CACHE_ROOT:-$HOME/.cache/vllm}" "${TORCHINDUCTOR_CACHE_DIR:-/tmp}" \
-	"${TRITON_CACHE_DIR:-/tmp}" 2>/dev/null || true
+	"${TRITON_CACHE_DIR:-/tmp}" "${NEO_CACHE_DIR:-/tmp}" "${SYCL_CACHE_DIR:-/tmp}" \
+	2>/dev/null || true
 
 # The settings file lists ZE_AFFINITY_MASK empty (empty: the preset chooses the GPUs) and
 # compose passes it on as set-but-empty; no runtime below should read "" as a GPU list.
