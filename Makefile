@@ -50,14 +50,13 @@ test-fast: $(VENV)/.stamp ## unit tests only (no vLLM, no Docker)
 
 # Debian tools the tests run: promtool and prometheus (deploy/prometheus), alertmanager
 # (deploy/alertmanager: prometheus-alertmanager 0.25), kubectl for
-# `kubectl kustomize` (deploy/kubernetes; Debian's kubernetes-client where none is there),
-# docker-compose where neither it nor the compose plugin is there (tests marked compose).
+# `kubectl kustomize` (deploy/kubernetes; Debian's kubernetes-client where none is there).
+# The engine, compose v2, buildx, cosign and the registry come with scripts/ci/engine.sh.
 TOOLS_DEBS = $(if $(shell command -v promtool),,prometheus) \
-	$(if $(shell command -v prometheus-alertmanager),,prometheus-alertmanager) $(if $(shell command -v kubectl),,kubernetes-client) \
-	$(if $(shell command -v docker-compose || $(DOCKER) compose version 2>/dev/null),,docker-compose)
+	$(if $(shell command -v prometheus-alertmanager),,prometheus-alertmanager) $(if $(shell command -v kubectl),,kubernetes-client)
 
 .PHONY: tools
-tools: ## install the Debian tools the tests need (prometheus, promtool, alertmanager, kubectl, docker-compose) when run as root
+tools: ## install the Debian tools the tests need (prometheus, promtool, alertmanager, kubectl) when run as root
 	@missing='$(strip $(TOOLS_DEBS))'; [ -z "$$missing" ] && exit 0; \
 	if [ "$$(id -u)" != 0 ]; then echo "make tools: missing Debian packages: $$missing (apt-get install them as root)" >&2; exit 3; fi; \
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing
@@ -124,11 +123,9 @@ comma         := ,
 WHEELHOUSE    ?= $(or $(shell pip config get global.find-links 2>/dev/null),/opt/wheels)
 # A CA bundle for TLS-inspecting proxies, given to the build as a secret (never a layer).
 CA_BUNDLE     ?= $(firstword $(wildcard /etc/ssl/certs/ca-certificates.crt))
-# Compose v2 (`docker compose`) when the plugin answers, else docker-compose 1.29, which
-# fails to recreate containers on current engines (docker/compose#11742).
-ifeq ($(origin COMPOSE),undefined)
-COMPOSE       := $(shell $(DOCKER) compose version >/dev/null 2>&1 && echo '$(DOCKER) compose' || echo docker-compose)
-endif
+# Compose v2, the docker CLI's plugin (docker-compose 1.x is past end of life and fails to
+# recreate containers on current engines: docker/compose#11742).
+COMPOSE       ?= $(DOCKER) compose
 # Compose: the XPU service `vllm`, or the `cpu` profile's `vllm-cpu`. One settings file,
 # ENV_FILE, for both of compose's uses: the ${...} in compose.yaml (--env-file) and the
 # container's environment (env_file: ${ENV_FILE}, which compose resolves against docker/:

@@ -98,17 +98,11 @@ def state_dir(project: str) -> Path:
 
 
 def compose_command() -> list[str]:
-    """`docker compose` when the plugin answers, docker-compose (1.29) otherwise."""
+    """Compose v2, the docker CLI's plugin (`docker compose`); $COMPOSE overrides it."""
     if override := os.environ.get("COMPOSE"):
         return shlex.split(override)
     docker = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else "docker"
-    try:
-        probe = subprocess.run([docker, "compose", "version"], capture_output=True, timeout=30)
-        if probe.returncode == 0:
-            return [docker, "compose"]
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-    return ["docker-compose"]
+    return [docker, "compose"]
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """docker/compose.scale.yaml: N replicas behind vLLM's router, and Prometheus.
 
-The profiles are validated by docker-compose itself (no engine needed); the `cpu-scale` and
+The profiles are validated by compose v2 itself (no engine needed); the `cpu-scale` and
 `monitoring` profiles then run for real (two CPU replicas, the router, Prometheus)."""
 
 from __future__ import annotations

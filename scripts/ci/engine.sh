@@ -7,6 +7,16 @@
 #   engine.sh env         print the DOCKER_HOST line for this engine
 # Settings (env): ARCVLLM_DOCKER_ROOT (data-root, outside the repo so layer caches survive),
 # ARCVLLM_DOCKER_RUN (socket, pidfile, exec-root), BASE_IMAGE (name the Dockerfile's FROM uses).
+#
+# The engine is Debian trixie's (stable): Docker 26.1 with BuildKit 0.13, buildx 0.13 and
+# the compose v2 plugin, cosign and the distribution registry — the engine operators run
+# (BuildKit, buildx, `docker compose`), in the suite with security support whose versions do
+# not move from day to day (sid's do). Bookworm's 20.10 engine and compose 1.29 are past end
+# of life, and its BuildKit drops the client session under load (moby/buildkit#2367). On a
+# bookworm host trixie's source is added at pin priority 100: only these packages and the
+# libraries they need (libc6 2.41 among them) come from it.
+# The containerd image store is on: an image's ID is its manifest digest (what a registry
+# and cosign see), and BuildKit's image exporter rewrites timestamps (reproducible builds).
 set -euo pipefail
 
 data_root=${ARCVLLM_DOCKER_ROOT:-/var/lib/arcvllm-docker}
@@ -29,12 +39,45 @@ log() { echo "engine: $*" >&2; }
 
 answers() { timeout 10 "$docker" version >/dev/null 2>&1; }
 
+# Debian's mirror as this machine's apt has it (deb822 sources, or a one-line sources.list).
+apt_mirror() {
+	local mirror
+	mirror=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
+	[[ -n $mirror ]] || mirror=$(awk '$1 == "deb" {print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)
+	if [[ -z $mirror ]]; then
+		log "no Debian mirror in apt's sources (/etc/apt/sources.list.d/*.sources, /etc/apt/sources.list)"
+		exit 3
+	fi
+	echo "$mirror"
+}
+
+engine_suite=trixie
+engine_debs=(docker.io docker-cli docker-buildx docker-compose containerd runc iptables
+	debootstrap cosign docker-registry)
+
+# True when the installed engine is the suite's: dockerd, the client and both plugins.
+engine_installed() {
+	[[ -x /usr/sbin/dockerd && -x $docker && -x /usr/sbin/debootstrap && -x /usr/bin/cosign &&
+		-x /usr/bin/docker-registry ]] || return 1
+	"$docker" buildx version >/dev/null 2>&1 && "$docker" compose version >/dev/null 2>&1 || return 1
+	dpkg-query -W -f '${Version}' docker.io 2>/dev/null | grep -qv '^20\.'
+}
+
 install_engine() {
-	[[ -x /usr/sbin/dockerd && -x $docker && -x /usr/sbin/debootstrap ]] && return
-	log "installing docker.io, containerd, runc, iptables, debootstrap, docker-compose"
+	engine_installed && return
+	local codename
+	codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+	if [[ $codename != "$engine_suite" && $codename != forky && $codename != sid ]]; then
+		log "adding Debian $engine_suite's source at pin priority 100 (only the engine comes from it)"
+		printf 'Types: deb\nURIs: %s\nSuites: %s\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
+			"$(apt_mirror)" "$engine_suite" >/etc/apt/sources.list.d/arcvllm-engine.sources
+		printf 'Package: *\nPin: release n=%s\nPin-Priority: 100\n' "$engine_suite" \
+			>/etc/apt/preferences.d/arcvllm-engine
+	fi
+	log "installing ${engine_debs[*]} from $engine_suite"
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-		docker.io containerd runc iptables debootstrap docker-compose >/dev/null
+		-t "$engine_suite" "${engine_debs[@]}" >/dev/null
 }
 
 start_engine() {
@@ -42,7 +85,8 @@ start_engine() {
 	answers && return
 	mkdir -p "$run_dir" "$data_root"
 	log "starting dockerd (data-root $data_root, socket $socket)"
-	nohup /usr/sbin/dockerd --storage-driver=overlay2 --data-root "$data_root" \
+	printf '{"features": {"containerd-snapshotter": true}}\n' >"$run_dir/daemon.json"
+	nohup /usr/sbin/dockerd --config-file "$run_dir/daemon.json" --data-root "$data_root" \
 		--exec-root "$run_dir/exec" --pidfile "$pidfile" -H "$DOCKER_HOST" \
 		>"$run_dir/dockerd.log" 2>&1 &
 	echo $! >"$owner"
@@ -59,13 +103,7 @@ ensure_base_image() {
 	"$docker" image inspect "$base_image" >/dev/null 2>&1 && return
 	"$docker" pull -q "$base_image" >/dev/null 2>&1 && return
 	local mirror rootfs
-	# The Debian mirror this machine's apt uses (deb822 sources, or a one-line sources.list).
-	mirror=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
-	[[ -n $mirror ]] || mirror=$(awk '$1 == "deb" {print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)
-	if [[ -z $mirror ]]; then
-		log "no Debian mirror in apt's sources (/etc/apt/sources.list.d/*.sources, /etc/apt/sources.list)"
-		exit 3
-	fi
+	mirror=$(apt_mirror)
 	rootfs=$(mktemp -d "${TMPDIR:-/tmp}/arcvllm-rootfs.XXXXXX")
 	# shellcheck disable=SC2064 # expand now: the path is local
 	trap "rm -rf '$rootfs'" EXIT
