@@ -8,15 +8,18 @@ environment as `arcvllm stack audit` reads it, with each stack's own build args)
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import subprocess
+import sys
 from functools import cache
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 import pytest
 import yaml
 from conftest import ROOT
 
-from arcvllm import audit, stack
+from arcvllm import audit, stack, standins
 
 XPU_STACKS = ["xpu-0.20", "xpu-0.23", "xpu-0.33"]
 INSTALLER_STACKS = ["xpu-0.20", "xpu-0.23"]  # ONECCL: installer
@@ -107,3 +110,131 @@ def test_the_entrypoint_makes_the_gpu_cache_folders_compute_runtime_needs(tmp_pa
     )
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "vol/neo").is_dir() and (tmp_path / "vol/sycl").is_dir()
+
+
+# ---- the XPU index serves the +xpu names only (issue 20, item 14) --------------------------
+
+INSTALL = ROOT / "docker" / "install-vllm-xpu.sh"
+
+
+def dockerfile_install_args(index_url: str) -> list[str]:
+    """The PIP_ARGS the Dockerfile passes to install-vllm-xpu, with the XPU index at
+    INDEX_URL (what the build's TORCH_INDEX_URL and TRITON_INDEX_URL would be)."""
+    text = DOCKERFILE.read_text().replace("\\\n", " ")
+    m = re.search(r'install-vllm-xpu \S+ "[^"]+" "\$VLLM_DEPS_FROM"([^;]*);', text)
+    assert m, "the Dockerfile runs install-vllm-xpu no more"
+    values = {"TORCH_INDEX_URL": index_url, "TRITON_INDEX_URL": index_url}
+    return shlex.split(audit.substitute(m.group(1), values))
+
+
+def pep503(root: Path, wheels: list[tuple[standins.Wheel, dict[str, str]]]) -> str:
+    """A PEP 503 index of WHEELS under ROOT; its file:// URL."""
+    for wheel, files in wheels:
+        project = root / wheel.project
+        project.mkdir(parents=True, exist_ok=True)
+        (project / wheel.filename).write_bytes(standins.wheel_bytes(wheel, files))
+        links = "".join(f'<a href="{w.name}">{w.name}</a><br/>' for w in project.glob("*.whl"))
+        (project / "index.html").write_text(f"<html><body>{links}</body></html>\n")
+    return root.as_uri() + "/"
+
+
+def pure(name: str, version: str, *requires: str) -> tuple[standins.Wheel, dict[str, str]]:
+    module = name.replace("-", "_")
+    return (
+        standins.Wheel(name, version, "py3-none-any", requires),
+        {f"{module}/__init__.py": f"VERSION = {version!r}\n"},
+    )
+
+
+@pytest.fixture(scope="module")
+def xpu_index_world(tmp_path_factory):
+    """A venv with the lock installed (torch +xpu, by exact pin), vLLM's wheel, the default
+    index and an XPU index that also serves a newer build of a name vLLM wants unpinned."""
+    tmp = tmp_path_factory.mktemp("xpu-index")
+    default = pep503(tmp / "pypi", [pure("dep-b", "1.0"), pure("dep-c", "1.0")])
+    xpu = pep503(tmp / "xpu", [pure("dep-b", "9.0"), pure("torch", "2.11.0+xpu")])
+    vllm, files = pure(
+        "vllm", "0.20.2", "dep-b>=1", "dep-c", "torch==2.11.0",
+        "vllm-xpu-kernels @ https://example.invalid/k.whl",
+    )  # fmt: skip
+    (tmp / "dist").mkdir()
+    wheel = tmp / "dist" / vllm.filename
+    wheel.write_bytes(standins.wheel_bytes(vllm, files))
+    (tmp / "lock.txt").write_text("torch==2.11.0+xpu\ndep-c==1.0\n")
+    subprocess.run([sys.executable, "-m", "venv", str(tmp / "v")], check=True)
+    # install-vllm-xpu's Python reads requirements with `packaging`, as the image's venv has it
+    import packaging
+
+    (tmp / "pp").mkdir()
+    (tmp / "pp" / "packaging").symlink_to(Path(packaging.__file__).parent)
+    env = {
+        "PATH": f"{tmp / 'v' / 'bin'}:{os.environ['PATH']}",
+        "PYTHONPATH": str(tmp / "pp"),
+        "PIP_CONFIG_FILE": os.devnull,
+        "PIP_INDEX_URL": default,
+        "PIP_NO_CACHE_DIR": "1",
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        "TMPDIR": str(tmp),
+        "HOME": str(tmp),
+    }
+    pip = [str(tmp / "v" / "bin" / "pip"), "install", "-q", "--no-deps"]
+    subprocess.run([*pip, "--index-url", xpu, "torch==2.11.0+xpu"], env=env, check=True)
+    return {"tmp": tmp, "env": env, "xpu": xpu, "wheel": wheel}
+
+
+def install(world: dict, *args: str, **env: str) -> subprocess.CompletedProcess:
+    cmd = ["bash", str(INSTALL), str(world["wheel"]), str(world["tmp"] / "lock.txt"), "index"]
+    return subprocess.run(
+        [*cmd, *args], env={**world["env"], **env}, capture_output=True, text=True
+    )
+
+
+def installed_version(world: dict, name: str) -> str | None:
+    python = world["tmp"] / "v" / "bin" / "python"
+    code = f"from importlib.metadata import version; print(version({name!r}))"
+    done = subprocess.run([str(python), "-c", code], capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def test_index_mode_takes_what_the_lock_lacks_from_the_default_index_only(xpu_index_world):
+    """xpu-0.20 (VLLM_DEPS_FROM=index), run with the Dockerfile's own arguments: dep-b,
+    unpinned in the lock, must come from the default index, not the XPU index's 9.0."""
+    world = xpu_index_world
+    subprocess.run(
+        [str(world["tmp"] / "v" / "bin" / "pip"), "uninstall", "-q", "-y", "dep-b", "dep-c"],
+        env=world["env"], capture_output=True,
+    )  # fmt: skip
+    done = install(world, *dockerfile_install_args(world["xpu"]))
+    assert done.returncode == 0, done.stderr
+    assert installed_version(world, "dep-b") == "1.0"
+    assert installed_version(world, "dep-c") == "1.0"
+    assert installed_version(world, "torch") == "2.11.0+xpu"  # the lock's, untouched
+
+
+def test_an_index_given_to_install_vllm_xpu_is_refused_and_the_environments_ignored(
+    xpu_index_world,
+):
+    """The sibling: the XPU index handed over as before (a PIP_ARGS index) stops the build
+    in one line; through PIP_EXTRA_INDEX_URL it takes no part."""
+    world = xpu_index_world
+    done = install(world, "--extra-index-url", world["xpu"])
+    assert done.returncode == 2
+    assert "resolve from the default index only" in done.stderr
+    subprocess.run(
+        [str(world["tmp"] / "v" / "bin" / "pip"), "uninstall", "-q", "-y", "dep-b"],
+        env=world["env"], capture_output=True,
+    )  # fmt: skip
+    done = install(world, PIP_EXTRA_INDEX_URL=world["xpu"])
+    assert done.returncode == 0, done.stderr
+    assert installed_version(world, "dep-b") == "1.0"
+    assert not list(world["tmp"].glob("tmp*/vllm-requires.txt"))  # its scratch is gone
+
+
+def test_the_xpu_index_serves_only_the_locks_unhashed_pins():
+    """The +xpu lines (pinned by version only) come from the XPU index alone (--index-url),
+    and no other pip step of the build names it (an --extra-index-url would let every
+    name of that step resolve there)."""
+    text = DOCKERFILE.read_text().replace("\\\n", " ")
+    assert '--extra-index-url "$TORCH_INDEX_URL"' not in text
+    step = re.search(r"pip install [^;]*-r /tmp/xpu-index\.txt", text)
+    assert step and '--index-url "$TORCH_INDEX_URL"' in step.group(0)
