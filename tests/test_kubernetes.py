@@ -3,12 +3,14 @@ against a pinned Kubernetes release's schemas (kubernetes-validate, offline)."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import shutil
 import subprocess
 import sys
 import textwrap
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -169,8 +171,9 @@ def test_the_router_discovers_pods_in_its_namespace_with_the_least_rbac():
     # The replicas never talk to the API server.
     vllm = one(docs, "StatefulSet", "vllm")["spec"]["template"]["spec"]
     assert vllm["automountServiceAccountToken"] is False
-    service = one(docs, "Service", "arcvllm")
+    service = one(docs, "Service", "router")
     assert service["spec"]["selector"]["app.kubernetes.io/component"] == "router"
+    assert service["spec"].get("type", "ClusterIP") == "ClusterIP"
 
 
 def test_scale_out_flag_only_where_the_release_needs_it():
@@ -240,81 +243,482 @@ def test_the_docs_overlay_for_clusters_without_device_ownership_adds_the_nodes_g
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
-# ---- safe to expose: who reaches what, disruptions, shutdown, placement, key, model -----
+# ---- who reaches what: the NetworkPolicies, evaluated for real and forged pods ---------
+#
+# Each policy is read as the API server would hold it and evaluated in Python for a set
+# of candidates: the pods these manifests make, the cluster's DNS and Prometheus, pods an
+# ordinary workload could make (any labels in any namespace it may use, labels on a
+# namespace it may edit), and addresses outside the cluster. A connection is allowed
+# when the source's egress and the destination's ingress both allow it; a pod no policy
+# selects for a direction is open in that direction (NetworkPolicy's semantics).
 
+NAMESPACE = "arcvllm"
 ROUTER = {"app.kubernetes.io/name": "arcvllm", "app.kubernetes.io/component": "router"}
-VLLM = {"app.kubernetes.io/name": "arcvllm", "app.kubernetes.io/component": "vllm"}
-PROMETHEUS = {
-    "namespaceSelector": {"matchLabels": {"arcvllm/prometheus": "true"}},
-    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
-}
-GATEWAY = {"namespaceSelector": {"matchLabels": {"arcvllm/gateway": "true"}}}
-REPLICA_PEERS = [({"podSelector": {"matchLabels": ROUTER}}, 8000), (PROMETHEUS, 8000)]
+MONITORING = "monitoring"  # where the manifests expect the cluster's Prometheus
+PORTS = [(53, "UDP"), (53, "TCP"), (443, "TCP"), (6443, "TCP"), (8000, "TCP")]
+PORTS += [(8443, "TCP"), (29000, "TCP"), (9999, "TCP")]
+
+
+@dataclass
+class Peer:
+    """A pod (its labels, namespace and the namespace's labels) or an address."""
+
+    name: str
+    labels: dict[str, str] = field(default_factory=dict)
+    namespace: str | None = None  # None: an address outside the cluster's pods
+    namespace_labels: dict[str, str] = field(default_factory=dict)
+    ip: str = "10.244.9.9"
+
+    @property
+    def ns_labels(self) -> dict[str, str]:
+        # Set by the API server on every namespace, from its name: nobody can forge it.
+        if self.namespace is None:
+            return {}
+        return {**self.namespace_labels, "kubernetes.io/metadata.name": self.namespace}
 
 
 def selects(selector: dict, labels: dict) -> bool:
-    assert set(selector) <= {"matchLabels"}, selector  # no matchExpressions here
-    return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+    """A label selector (matchLabels and matchExpressions); {} selects everything."""
+    assert set(selector) <= {"matchLabels", "matchExpressions"}, selector
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for e in selector.get("matchExpressions") or []:
+        key, op, values = e["key"], e["operator"], e.get("values", [])
+        if op == "In" and labels.get(key) not in values:
+            return False
+        if op == "NotIn" and key in labels and labels[key] in values:
+            return False
+        if op == "Exists" and key not in labels:
+            return False
+        if op == "DoesNotExist" and key in labels:
+            return False
+    return True
 
 
-def allowed(docs: list[dict], pod_labels: dict) -> list[tuple[dict, int]]:
-    """(peer, port) for every ingress rule of every NetworkPolicy that selects the pod."""
-    out = []
-    for policy in (d for d in docs if d["kind"] == "NetworkPolicy"):
-        if not selects(policy["spec"]["podSelector"], pod_labels):
+def policies(docs: list[dict]) -> list[dict]:
+    return [d for d in docs if d["kind"] == "NetworkPolicy"]
+
+
+def policy_types(policy: dict) -> list[str]:
+    spec = policy["spec"]
+    return spec.get("policyTypes") or ["Ingress"] + (["Egress"] if "egress" in spec else [])
+
+
+def peer_matches(peer: dict, other: Peer, policy_namespace: str) -> bool:
+    if "ipBlock" in peer:
+        # Matched against pod addresses too: some plugins (Calico) do.
+        block = peer["ipBlock"]
+        address = ipaddress.ip_address(other.ip)
+        return address in ipaddress.ip_network(block["cidr"]) and not any(
+            address in ipaddress.ip_network(e) for e in block.get("except", [])
+        )
+    if other.namespace is None:
+        return False
+    if "namespaceSelector" in peer:
+        if not selects(peer["namespaceSelector"], other.ns_labels):
+            return False
+    elif other.namespace != policy_namespace:
+        return False
+    return selects(peer.get("podSelector", {}), other.labels)
+
+
+def port_matches(rule: dict, port: int, protocol: str) -> bool:
+    if not rule.get("ports"):
+        return True
+    for p in rule["ports"]:
+        if p.get("protocol", "TCP") != protocol:
             continue
-        assert policy["spec"]["policyTypes"] == ["Ingress"]
-        for rule in policy["spec"]["ingress"]:
-            for peer in rule["from"]:  # a rule without `from` would admit every source
-                for port in rule["ports"]:
-                    out.append((peer, port["port"]))
-    return out
+        if "port" not in p:
+            return True
+        assert isinstance(p["port"], int), f"named port {p['port']}: give the number"
+        if p["port"] <= port <= p.get("endPort", p["port"]):
+            return True
+    return False
 
 
-def canon(peer_port: tuple[dict, int]) -> str:
-    return json.dumps(peer_port, sort_keys=True)
+def admits(docs: list[dict], pod: Peer, other: Peer, port: int, protocol: str, way: str) -> bool:
+    """Does POD's side allow the connection with OTHER (way: Ingress or Egress)?"""
+    if pod.namespace is None:
+        return True  # an address outside: no policy of ours applies to it
+    field_, peers_key = ("ingress", "from") if way == "Ingress" else ("egress", "to")
+    isolating = [
+        p
+        for p in policies(docs)
+        if p["metadata"]["namespace"] == pod.namespace
+        and selects(p["spec"]["podSelector"], pod.labels)
+        and way in policy_types(p)
+    ]
+    if not isolating:
+        return True
+    for policy in isolating:
+        for rule in policy["spec"].get(field_) or []:
+            peers = rule.get(peers_key)
+            matched = not peers or any(
+                peer_matches(peer, other, policy["metadata"]["namespace"]) for peer in peers
+            )
+            if matched and port_matches(rule, port, protocol):
+                return True
+    return False
+
+
+def reaches(docs: list[dict], src: Peer, dst: Peer, port: int, protocol: str = "TCP") -> bool:
+    return admits(docs, src, dst, port, protocol, "Egress") and admits(
+        docs, dst, src, port, protocol, "Ingress"
+    )
 
 
 def pod_template(docs: list[dict], kind: str, name: str) -> dict:
     return one(docs, kind, name)["spec"]["template"]
 
 
-@pytest.mark.parametrize("overlay", ("scale", "scale-xpu-0.33"))
-def test_the_replicas_accept_only_the_router_and_prometheus(overlay):
-    docs = built(overlay)
-    labels = pod_template(docs, "StatefulSet", "vllm")["metadata"]["labels"]
-    peers = allowed(docs, labels)
-    assert sorted(map(canon, peers)) == sorted(map(canon, REPLICA_PEERS))
-    # The router peer has no namespaceSelector: the router of this namespace only.
-    router = pod_template(docs, "Deployment", "router")["metadata"]["labels"]
-    assert any(selects(p.get("podSelector", {}), router) and len(p) == 1 for p, _ in peers)
-
-
-def test_the_router_accepts_the_gateway_and_prometheus_on_its_own_ports():
-    docs = built("scale")
-    labels = pod_template(docs, "Deployment", "router")["metadata"]["labels"]
-    assert sorted(map(canon, allowed(docs, labels))) == sorted(
-        map(canon, [(GATEWAY, 8000), (PROMETHEUS, 29000)])
-    )
-
-
-def test_one_replica_without_a_router_takes_clients_from_the_gateway_namespace():
-    docs = built("one-b70")
-    labels = pod_template(docs, "StatefulSet", "vllm")["metadata"]["labels"]
-    assert sorted(map(canon, allowed(docs, labels))) == sorted(
-        map(
-            canon,
-            [({"podSelector": {"matchLabels": ROUTER}}, 8000), (PROMETHEUS, 8000), (GATEWAY, 8000)],
+def workloads(docs: list[dict]) -> dict[str, Peer]:
+    """The pods these manifests make, by workload name, with their namespace's labels."""
+    ns = one(docs, "Namespace", NAMESPACE)["metadata"].get("labels", {})
+    return {
+        d["metadata"]["name"]: Peer(
+            d["metadata"]["name"],
+            d["spec"]["template"]["metadata"]["labels"],
+            d["metadata"]["namespace"],
+            ns,
+            f"10.244.1.{i}",
         )
-    )
+        for i, d in enumerate(docs)
+        if d["kind"] in ("Deployment", "StatefulSet")
+    }
+
+
+def others(docs: list[dict]) -> dict[str, Peer]:
+    """The cluster around, and what a workload that is not ours could make itself."""
+    return {
+        "prometheus": Peer(
+            "prometheus", {"app.kubernetes.io/name": "prometheus"}, MONITORING, ip="10.244.2.1"
+        ),
+        "kube-dns": Peer("kube-dns", {"k8s-app": "kube-dns"}, "kube-system", ip="10.244.2.2"),
+        "apiserver": Peer("apiserver", ip=apiserver_address(docs)),
+        "client outside": Peer("client outside", ip="203.0.113.7"),
+        # Ordinary labels: anyone who may run a pod can set them.
+        "pod labelled arcvllm/gateway=true": Peer(
+            "pod labelled arcvllm/gateway=true", {"arcvllm/gateway": "true"}, NAMESPACE
+        ),
+        "pod in a namespace labelled arcvllm/gateway=true": Peer(
+            "pod in a namespace labelled arcvllm/gateway=true",
+            {"app.kubernetes.io/name": "ingress-nginx"},
+            "ingress-nginx",
+            {"arcvllm/gateway": "true"},
+        ),
+        "prometheus-named pod in a namespace labelled arcvllm/prometheus=true": Peer(
+            "prometheus-named pod in a namespace labelled arcvllm/prometheus=true",
+            {"app.kubernetes.io/name": "prometheus"},
+            "team-a",
+            {"arcvllm/prometheus": "true"},
+        ),
+        "pod of another namespace": Peer(
+            "pod of another namespace", {"app": "web"}, "default", ip="10.244.3.1"
+        ),
+    }
+
+
+def apiserver_address(docs: list[dict]) -> str:
+    """The address the router's egress names for the API server (a placeholder ships)."""
+    blocks = [
+        peer["ipBlock"]["cidr"]
+        for p in policies(docs)
+        if selects(p["spec"]["podSelector"], ROUTER)
+        for rule in p["spec"].get("egress") or []
+        for peer in rule.get("to") or []
+        if "ipBlock" in peer
+    ]
+    return str(ipaddress.ip_network(blocks[0])[0]) if blocks else "192.0.2.1"
+
+
+def reachability(docs: list[dict]) -> set[tuple[str, str, int, str]]:
+    """(source, destination, port, protocol) for every allowed connection that involves a
+    pod of this namespace."""
+    peers = {**workloads(docs), **others(docs)}
+    return {
+        (src.name, dst.name, port, protocol)
+        for src in peers.values()
+        for dst in peers.values()
+        if src is not dst and NAMESPACE in (src.namespace, dst.namespace)
+        for port, protocol in PORTS
+        if reaches(docs, src, dst, port, protocol)
+    }
+
+
+def into(matrix: set, name: str) -> set[tuple[str, int, str]]:
+    return {(s, port, proto) for s, d, port, proto in matrix if d == name}
+
+
+def out_of(matrix: set, name: str) -> set[tuple[str, int, str]]:
+    return {(d, port, proto) for s, d, port, proto in matrix if s == name}
+
+
+DNS = {("kube-dns", 53, "UDP"), ("kube-dns", 53, "TCP")}
+SCALE_OVERLAYS = ("scale", "scale-xpu-0.33")
+
+
+def outside_the_namespace(docs: list[dict]) -> list[str]:
+    return [p.name for p in others(docs).values() if p.namespace != NAMESPACE]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_policy_default_deny_isolates_every_pod_of_the_namespace_both_ways(overlay):
+    docs = built(overlay)
+    (deny,) = [p for p in policies(docs) if p["metadata"]["name"] == "default-deny"]
+    assert deny["spec"]["podSelector"] == {}
+    assert sorted(deny["spec"]["policyTypes"]) == ["Egress", "Ingress"]
+    assert not deny["spec"].get("ingress") and not deny["spec"].get("egress")
+    # A pod these manifests do not make gets nothing in and nothing out, DNS included.
+    matrix = reachability(docs)
+    stranger = "pod labelled arcvllm/gateway=true"
+    assert into(matrix, stranger) == set()
+    assert out_of(matrix, stranger) == set()
+
+
+@pytest.mark.parametrize("overlay", SCALE_OVERLAYS)
+def test_policy_vllm_behind_the_router_takes_the_router_and_prometheus_sends_only_dns(overlay):
+    docs = built(overlay)
+    one(docs, "NetworkPolicy", "vllm")
+    matrix = reachability(docs)
+    assert into(matrix, "vllm") == {("router", 8000, "TCP"), ("prometheus", 8000, "TCP")}
+    assert out_of(matrix, "vllm") == DNS
+
+
+def test_policy_vllm_alone_takes_the_gateway_and_prometheus_sends_only_dns():
+    docs = built("one-b70")
+    one(docs, "NetworkPolicy", "vllm")
+    matrix = reachability(docs)
+    assert into(matrix, "vllm") == {("gateway", 8000, "TCP"), ("prometheus", 8000, "TCP")}
+    assert out_of(matrix, "vllm") == DNS
+
+
+@pytest.mark.parametrize("overlay", SCALE_OVERLAYS)
+def test_policy_router_takes_the_gateway_and_prometheus_reaches_replicas_and_apiserver(overlay):
+    docs = built(overlay)
+    one(docs, "NetworkPolicy", "router")
+    matrix = reachability(docs)
+    assert into(matrix, "router") == {("gateway", 8000, "TCP"), ("prometheus", 29000, "TCP")}
+    assert out_of(matrix, "router") == DNS | {
+        ("vllm", 8000, "TCP"),
+        ("apiserver", 443, "TCP"),
+        ("apiserver", 6443, "TCP"),
+    }
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_policy_gateway_takes_anyone_on_its_port_and_reaches_only_its_upstream(overlay):
+    docs = built(overlay)
+    one(docs, "NetworkPolicy", "gateway")
+    matrix = reachability(docs)
+    # The entry: TLS and the key are its defence, any address may try them. Pods of this
+    # namespace cannot (their egress is denied).
+    assert into(matrix, "gateway") == {(n, 8443, "TCP") for n in outside_the_namespace(docs)}
+    upstream = "router" if "router" in workloads(docs) else "vllm"
+    assert out_of(matrix, "gateway") == DNS | {(upstream, 8000, "TCP")}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_policy_prometheus_reaches_vllms_port_and_the_routers_metrics_port_only(overlay):
+    """A policy cannot restrict paths: the Prometheus pods reach every path of vLLM's port
+    (docs/deploy.md says which); the router only on its metrics port."""
+    docs = built(overlay)
+    scrapes = [p for p in policies(docs) if p["metadata"]["name"].startswith("prometheus-to-")]
+    assert scrapes
+    for scrape in scrapes:
+        (rule,) = scrape["spec"]["ingress"]
+        assert rule["from"] == [
+            {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": MONITORING}},
+                "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+            }
+        ]
+    expected = {("vllm", 8000, "TCP")}
+    if "router" in workloads(docs):
+        expected.add(("router", 29000, "TCP"))
+    reached = {(d, port, proto) for d, port, proto in out_of(reachability(docs), "prometheus")}
+    assert reached - {("gateway", 8443, "TCP")} == expected
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_no_label_an_ordinary_pod_or_namespace_can_carry_opens_vllm_or_the_router(overlay):
+    docs = built(overlay)
+    matrix = reachability(docs)
+    forged = {n for n in others(docs) if "labelled" in n}
+    for name in ("vllm", "router"):
+        assert not {s for s, _, _ in into(matrix, name)} & forged, name
+    # Every peer that opens a port of ours is a pod of these manifests (selected in this
+    # namespace by its own labels), a namespace by its name, or an address block.
+    own = [p.labels for p in workloads(docs).values()]
+    for policy in policies(docs):
+        rules = policy["spec"].get("ingress", []) + policy["spec"].get("egress", [])
+        for rule in rules:
+            for peer in rule.get("from", []) + rule.get("to", []):
+                if "namespaceSelector" in peer:
+                    (key,) = peer["namespaceSelector"]["matchLabels"]
+                    assert key == "kubernetes.io/metadata.name", policy["metadata"]["name"]
+                elif "podSelector" in peer:
+                    assert any(selects(peer["podSelector"], labels) for labels in own)
+                    assert "app.kubernetes.io/component" in peer["podSelector"]["matchLabels"]
 
 
 def test_a_policy_that_admits_everyone_is_caught():
     docs = built("scale")
     policy = one(docs, "NetworkPolicy", "vllm")
     policy["spec"]["ingress"][0]["from"].append({"namespaceSelector": {}})
-    labels = pod_template(docs, "StatefulSet", "vllm")["metadata"]["labels"]
-    assert sorted(map(canon, allowed(docs, labels))) != sorted(map(canon, REPLICA_PEERS))
+    matrix = reachability(docs)
+    assert ("pod of another namespace", 8000, "TCP") in into(matrix, "vllm")
+    assert into(matrix, "vllm") != {("router", 8000, "TCP"), ("prometheus", 8000, "TCP")}
+
+
+def test_an_egress_rule_without_peers_is_caught():
+    docs = built("scale")
+    one(docs, "NetworkPolicy", "vllm")["spec"]["egress"].append({"ports": [{"port": 443}]})
+    assert ("client outside", 443, "TCP") in out_of(reachability(docs), "vllm")
+
+
+# ---- the gateway: the only entry ---------------------------------------------------------
+
+ENTRYPOINT = ROOT / "docker" / "gateway-entrypoint.sh"
+
+
+def gateway(docs: list[dict]) -> tuple[dict, dict]:
+    """The gateway's pod spec and its one container."""
+    pod = pod_template(docs, "Deployment", "gateway")["spec"]
+    (container,) = pod["containers"]
+    return pod, container
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_gateways_service_is_the_only_one_exposed(overlay):
+    docs = built(overlay)
+    services = [d for d in docs if d["kind"] == "Service"]
+    exposed = [s for s in services if s["spec"].get("type", "ClusterIP") != "ClusterIP"]
+    assert [s["metadata"]["name"] for s in exposed] == ["arcvllm"]
+    (entry,) = exposed
+    labels = pod_template(docs, "Deployment", "gateway")["metadata"]["labels"]
+    assert selects({"matchLabels": entry["spec"]["selector"]}, labels)
+    assert entry["spec"]["ports"] == [
+        {"name": "https", "port": 443, "protocol": "TCP", "targetPort": "https"}
+    ]
+    # The client's own address reaches the gateway: its rate limit is per client.
+    assert entry["spec"]["externalTrafficPolicy"] == "Local"
+    for service in services:
+        assert not service["spec"].get("externalIPs"), service["metadata"]["name"]
+    assert not [d for d in docs if d["kind"] in ("Ingress", "Gateway", "HTTPRoute")]
+    for d in docs:
+        if d["kind"] in ("Deployment", "StatefulSet"):
+            pod = d["spec"]["template"]["spec"]
+            assert not pod.get("hostNetwork")
+            for c in pod["containers"]:
+                assert all("hostPort" not in p for p in c.get("ports", []))
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_gateway_reads_the_key_and_its_certificate_from_required_secrets(overlay):
+    docs = built(overlay)
+    pod, container = gateway(docs)
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+
+    def secret_file(path: str) -> tuple[str, str]:
+        folder, _, item = path.rpartition("/")
+        mount = mounts[folder]
+        assert mount["readOnly"] is True
+        secret = volumes[mount["name"]]["secret"]
+        assert secret["optional"] is False
+        assert item in [i["path"] for i in secret["items"]]
+        return secret["secretName"], next(i["key"] for i in secret["items"] if i["path"] == item)
+
+    assert secret_file(env["VLLM_API_KEY_FILE"]) == ("arcvllm-api-key", "key")  # vLLM's too
+    assert secret_file(env["GATEWAY_TLS_CERT"]) == ("arcvllm-gateway-tls", "tls.crt")
+    assert secret_file(env["GATEWAY_TLS_KEY"]) == ("arcvllm-gateway-tls", "tls.key")
+    assert "VLLM_API_KEY" not in env
+    assert env["GATEWAY_DIAGNOSTIC_ROUTES"] == "0"
+
+
+def entrypoint_settings() -> set[str]:
+    """What docker/gateway-entrypoint.sh reads: ${NAME...}, and `given NAME` (a file)."""
+    text = ENTRYPOINT.read_text()
+    return set(re.findall(r"\$\{(\w+)[:}-]", text) + re.findall(r"\bgiven (\w+)", text))
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_gateway_setting_is_one_its_entrypoint_reads(overlay):
+    _, container = gateway(built(overlay))
+    env = container["env"]
+    referenced = set(re.findall(r"\$\((\w+)\)", json.dumps(env)))
+    for e in env:
+        assert e["name"] in entrypoint_settings() | referenced, e["name"]
+
+
+@pytest.mark.parametrize(("overlay", "service"), [("one-b70", "vllm"), ("scale", "router")])
+def test_the_gateway_proxies_its_overlays_server_by_its_full_name(overlay, service):
+    """nginx resolves the upstream itself, per request, without resolv.conf's search list:
+    the name is the Service's full one, in the pod's own namespace."""
+    docs = built(overlay)
+    _, container = gateway(docs)
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    names = [e["name"] for e in container["env"]]
+    assert names.index("POD_NAMESPACE") < names.index("GATEWAY_UPSTREAM")
+    upstream = env["GATEWAY_UPSTREAM"]["value"]
+    assert upstream == f"http://{service}.$(POD_NAMESPACE).svc.cluster.local:8000"
+    (pattern,) = re.findall(
+        r"check GATEWAY_UPSTREAM \"\$UPSTREAM\" '([^']+)'", ENTRYPOINT.read_text()
+    )
+    assert re.fullmatch(pattern, upstream.replace("$(POD_NAMESPACE)", NAMESPACE))
+    target = one(docs, "Service", service)
+    assert 8000 in [p["port"] for p in target["spec"]["ports"]]
+    upstream_pods = workloads(docs)[service].labels
+    assert selects({"matchLabels": target["spec"]["selector"]}, upstream_pods)
+
+
+def test_another_namespace_moves_the_gateways_upstream_along(tmp_path):
+    shutil.copytree(KUBE, tmp_path / "kubernetes")
+    mine = tmp_path / "kubernetes" / "overlays" / "mine"
+    mine.mkdir()
+    (mine / "kustomization.yaml").write_text("namespace: llm\nresources:\n  - ../scale\n")
+    result = kustomize(mine)
+    assert result.returncode == 0, result.stderr
+    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+    _, container = gateway(docs)
+    env = {e["name"]: e for e in container["env"]}
+    assert "$(POD_NAMESPACE)" in env["GATEWAY_UPSTREAM"]["value"]
+    assert {p["metadata"]["namespace"] for p in policies(docs)} == {"llm"}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_gateway_runs_read_only_with_its_run_folder_in_memory(overlay):
+    pod, container = gateway(built(overlay))
+    assert pod["automountServiceAccountToken"] is False
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    # The entrypoint writes the config and the key map under $TMPDIR (default /tmp).
+    (tmp,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/tmp"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == tmp["name"]]
+    assert volume["emptyDir"]["medium"] == "Memory" and volume["emptyDir"]["sizeLimit"]
+    assert container["resources"]["requests"]["cpu"]
+    assert container["resources"]["limits"]["memory"]
+    (port,) = container["ports"]
+    assert port == {"name": "https", "containerPort": 8443}
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env.get("GATEWAY_PORT", "8443") == "8443"
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["tcpSocket"] == {"port": "https"}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_gateway_stops_gracefully_within_the_servers_grace_period(overlay):
+    """Kubernetes sends SIGTERM (nginx's fast stop, which cuts streams); the preStop hook
+    asks nginx (PID 1: the entrypoint execs it) for its graceful stop and waits."""
+    docs = built(overlay)
+    pod, container = gateway(docs)
+    (command,) = [container["lifecycle"]["preStop"]["exec"]["command"]]
+    assert command[:2] == ["/bin/sh", "-c"]
+    assert re.search(r"^sleep \d+; kill -QUIT 1;", command[2])
+    assert "exec nginx" in ENTRYPOINT.read_text()
+    vllm = pod_template(docs, "StatefulSet", "vllm")["spec"]
+    assert pod["terminationGracePeriodSeconds"] >= vllm["terminationGracePeriodSeconds"]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
