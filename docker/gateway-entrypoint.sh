@@ -3,7 +3,7 @@
 # template into GATEWAY_RUN_DIR and runs nginx in the foreground.
 #   gateway-entrypoint.sh                 render, then exec nginx
 #   gateway-entrypoint.sh --render-only   render and print the folder (tests, debugging)
-# A missing file is one line and exit 3; a bad value one line and exit 2.
+# A missing or malformed file is one line and exit 3; a bad value one line and exit 2.
 # The key is read from VLLM_API_KEY_FILE into a file only this user reads; it is never an
 # argument of any process.
 set -euo pipefail
@@ -15,6 +15,7 @@ UPSTREAM=${GATEWAY_UPSTREAM:-http://vllm:8000}
 PORT=${GATEWAY_PORT:-8443}
 RATE=${GATEWAY_RATE:-10r/s}
 BURST=${GATEWAY_BURST:-20}
+CONN_PER_CLIENT=${GATEWAY_CONN_PER_CLIENT:-256}
 MAX_BODY=${GATEWAY_MAX_BODY:-4m}
 READ_TIMEOUT=${GATEWAY_READ_TIMEOUT:-3600s}
 SERVER_NAME=${GATEWAY_SERVER_NAME:-localhost}
@@ -34,6 +35,7 @@ check GATEWAY_UPSTREAM "$UPSTREAM" '^https?://[A-Za-z0-9.-]+(:[0-9]+)?$' http://
 check GATEWAY_PORT "$PORT" '^[0-9]+$' 8443
 check GATEWAY_RATE "$RATE" '^[1-9][0-9]*r/[sm]$' 10r/s
 check GATEWAY_BURST "$BURST" '^[0-9]+$' 20
+check GATEWAY_CONN_PER_CLIENT "$CONN_PER_CLIENT" '^[1-9][0-9]{0,3}$' 256
 check GATEWAY_MAX_BODY "$MAX_BODY" '^[1-9][0-9]*[kKmM]?$' 4m
 check GATEWAY_READ_TIMEOUT "$READ_TIMEOUT" '^[1-9][0-9]*[smh]?$' 3600s
 check GATEWAY_SERVER_NAME "$SERVER_NAME" '^[A-Za-z0-9.-]+$' api.example.org
@@ -43,12 +45,15 @@ check GATEWAY_DIAGNOSTIC_ROUTES "$DIAGNOSTIC" '^[01]$' 0
 [[ -n ${VLLM_API_KEY_FILE-} ]] || die 3 "VLLM_API_KEY_FILE is not set: the file holding the API key (compose: the api-key secret)"
 [[ -f $VLLM_API_KEY_FILE && -r $VLLM_API_KEY_FILE ]] ||
 	die 3 "VLLM_API_KEY_FILE=$VLLM_API_KEY_FILE is not a readable file"
-key=$(<"$VLLM_API_KEY_FILE")
-[[ -n $key ]] || die 3 "VLLM_API_KEY_FILE=$VLLM_API_KEY_FILE is empty"
-# RFC 6750's token characters: nothing nginx's config syntax could read differently; up to
-# 256 of them (the key map's hash bucket holds "Bearer " and 256 characters).
-[[ $key =~ ^[A-Za-z0-9._~+/=-]{1,256}$ ]] ||
-	die 2 "VLLM_API_KEY_FILE=$VLLM_API_KEY_FILE: the key may hold only A-Z a-z 0-9 . _ ~ + / = - (one line, up to 256)"
+# The key rule, the same in docker/entrypoint.sh and arcvllm (cli.read_key), with the same
+# words: one line (its newline optional) of 1 to 256 of RFC 6750's token characters, none
+# of which nginx's configuration syntax or a regular expression between \Q and \E reads
+# differently. `read -d ''` stops at a NUL byte (status 0) or at the end (status 1).
+KEY_RULE="the key file must be one line of 1 to 256 of the characters A-Z a-z 0-9 . _ ~ + / = - (make one: openssl rand -hex 32)"
+if IFS= read -r -d '' key <"$VLLM_API_KEY_FILE"; then key=$'\n\n'; fi # a NUL byte: refused
+key=${key%$'\n'}
+key_chars=ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._~+/=- # not A-Z: locales
+[[ $key =~ ^[$key_chars]{1,256}$ ]] || die 3 "VLLM_API_KEY_FILE=$VLLM_API_KEY_FILE: $KEY_RULE"
 
 # ---- the resolver: the container's DNS server (Docker's 127.0.0.11, a cluster's DNS)
 resolver=${GATEWAY_RESOLVER:-$(awk '$1 == "nameserver" {print $2; exit}' /etc/resolv.conf 2>/dev/null || true)}
@@ -87,18 +92,20 @@ fi
 # ---- render
 [[ -r $TEMPLATE ]] || die 3 "GATEWAY_TEMPLATE=$TEMPLATE is not a readable file"
 mkdir -p "$RUN_DIR" 2>/dev/null || die 3 "GATEWAY_RUN_DIR=$RUN_DIR cannot be created by UID $(id -u)"
-# printf is a shell builtin: the key is in no process's arguments.
-printf '"Bearer %s" 1;\n' "$key" >"$RUN_DIR/key.map"
+# printf is a shell builtin: the key is in no process's arguments. `~`: a case-sensitive
+# regular expression, the key quoted between \Q and \E.
+printf '"~^Bearer \\Q%s\\E$" 1;\n' "$key" >"$RUN_DIR/key.map"
 unset key
+rm -f "$RUN_DIR/https.sock" # a previous start's (the relay's socket to the https server)
 if [[ $DIAGNOSTIC == 1 ]]; then
 	cat >"$RUN_DIR/diagnostic-routes.conf" <<-'EOF'
 		location = /tokenize {
 		    auth_request /_key;
-		    proxy_pass $upstream;
+		    proxy_pass $upstream/tokenize;
 		}
 		location = /metrics {
 		    auth_request /_key;
-		    proxy_pass $upstream;
+		    proxy_pass $upstream/metrics;
 		}
 	EOF
 	echo "gateway: GATEWAY_DIAGNOSTIC_ROUTES=1: /tokenize and /metrics are served too (with the key)"
@@ -107,9 +114,10 @@ else
 fi
 sed -e "s|@RUN_DIR@|$RUN_DIR|g" -e "s|@UPSTREAM@|$UPSTREAM|g" -e "s|@PORT@|$PORT|g" \
 	-e "s|@RATE@|$RATE|g" -e "s|@BURST@|$BURST|g" -e "s|@MAX_BODY@|$MAX_BODY|g" \
+	-e "s|@CONN_PER_CLIENT@|$CONN_PER_CLIENT|g" \
 	-e "s|@READ_TIMEOUT@|$READ_TIMEOUT|g" -e "s|@RESOLVER@|$resolver|g" \
 	-e "s|@CERT@|$cert|g" -e "s|@CERT_KEY@|$cert_key|g" "$TEMPLATE" >"$RUN_DIR/nginx.conf"
-echo "gateway: https port $PORT -> $UPSTREAM; rate $RATE per client (burst $BURST), body up to $MAX_BODY"
+echo "gateway: https port $PORT -> $UPSTREAM; per client: rate $RATE (burst $BURST), $CONN_PER_CLIENT connections; body up to $MAX_BODY"
 
 if [[ ${1-} == --render-only ]]; then
 	echo "$RUN_DIR"

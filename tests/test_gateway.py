@@ -27,6 +27,7 @@ from test_compose import compose_binary
 from test_image import cpu_image, docker, engine  # noqa: F401 (fixtures)
 from test_scale import build_target
 
+from arcvllm import cli
 from arcvllm.client import Client, WaitTimeout, wait_until
 
 ENTRYPOINT = ROOT / "docker" / "gateway-entrypoint.sh"
@@ -76,14 +77,15 @@ def test_without_a_key_file_the_gateway_refuses_to_start_in_one_line(tmp_path):
     missing = str(tmp_path / "nowhere")
     one_line_error(entrypoint(tmp_path, VLLM_API_KEY_FILE=missing), 3, missing)
     (tmp_path / "empty").write_text("")
-    one_line_error(entrypoint(tmp_path, VLLM_API_KEY_FILE=str(tmp_path / "empty")), 3, "empty")
+    empty = entrypoint(tmp_path, VLLM_API_KEY_FILE=str(tmp_path / "empty"))
+    one_line_error(empty, 3, cli.KEY_RULE)
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("key", ['k"; default 1; #', "two words", "k$1", "k" * 257])
+@pytest.mark.parametrize("key", ['k"; default 1; #', "two words", "k$1", "k\\E.*", "k" * 257])
 def test_a_key_nginx_could_read_differently_is_refused(tmp_path, key):
     (tmp_path / "api-key").write_text(key)
-    one_line_error(entrypoint(tmp_path, "--render-only"), 2, "VLLM_API_KEY_FILE")
+    one_line_error(entrypoint(tmp_path, "--render-only"), 3, "VLLM_API_KEY_FILE")
 
 
 @pytest.mark.parametrize(
@@ -91,6 +93,7 @@ def test_a_key_nginx_could_read_differently_is_refused(tmp_path, key):
     [
         ("GATEWAY_RATE", "fast"),
         ("GATEWAY_BURST", "-1"),
+        ("GATEWAY_CONN_PER_CLIENT", "0"),
         ("GATEWAY_MAX_BODY", "4g"),
         ("GATEWAY_UPSTREAM", "http://vllm:8000/;evil"),
         ("GATEWAY_DIAGNOSTIC_ROUTES", "yes"),
@@ -111,6 +114,8 @@ def test_the_rendered_config_has_every_field_filled_and_only_the_allow_list(tmp_
     assert not re.findall(r"@[A-Z_]+@", conf)
     served = set(re.findall(r"location = (/\S*) \{", conf)) - {"/_key"}
     assert served == ALLOWED
+    # each one forwarded as its own fixed URI, never the client's request target
+    assert set(re.findall(r"proxy_pass \$upstream(\S*);", conf)) == ALLOWED
     assert "set $upstream http://router:8000;" in conf
     assert "rate=7r/s" in conf and "burst=3 nodelay" in conf
     assert "client_max_body_size 64k;" in conf
@@ -125,7 +130,8 @@ def test_the_key_is_only_in_the_key_map_which_only_this_user_reads(tmp_path):
     conf = render(tmp_path)
     key_map = tmp_path / "run" / "key.map"
     assert "k-render-test" not in conf
-    assert key_map.read_text() == '"Bearer k-render-test" 1;\n'
+    # a case-sensitive regular expression (`~`), the key quoted between \\Q and \\E
+    assert key_map.read_text() == '"~^Bearer \\Qk-render-test\\E$" 1;\n'
     assert key_map.stat().st_mode & 0o777 == 0o600
     assert (tmp_path / "run").stat().st_mode & 0o077 == 0
 
@@ -142,7 +148,33 @@ def test_diagnostic_routes_add_tokenize_and_metrics_behind_the_key(tmp_path):
     render(tmp_path, GATEWAY_DIAGNOSTIC_ROUTES="1")
     routes = (tmp_path / "run" / "diagnostic-routes.conf").read_text()
     assert set(re.findall(r"location = (/\S*) \{", routes)) == {"/tokenize", "/metrics"}
+    assert set(re.findall(r"proxy_pass \$upstream(\S*);", routes)) == {"/tokenize", "/metrics"}
     assert routes.count("auth_request /_key;") == 2
+
+
+def test_connections_that_do_not_move_are_closed_and_counted_per_address(tmp_path):
+    conf = render(tmp_path, GATEWAY_CONN_PER_CLIENT="64")
+    for directive in (
+        "client_header_timeout 10s;",
+        "client_body_timeout 10s;",
+        "send_timeout 30s;",
+        "keepalive_timeout 15s;",
+        "keepalive_requests 100;",
+        "reset_timedout_connection on;",
+        "limit_conn conn_per_client 64;",  # stream: as the connection is accepted
+        "limit_conn requests_per_client 64;",
+    ):
+        assert directive in conf, directive
+    assert int(re.search(r"worker_connections (\d+);", conf)[1]) >= 8192
+
+
+def test_tls_offers_only_forward_secret_aead_suites(tmp_path):
+    conf = render(tmp_path)
+    assert "ssl_protocols TLSv1.2 TLSv1.3;" in conf
+    (ciphers,) = re.findall(r"ssl_ciphers (\S+);", conf)
+    for suite in ciphers.split(":"):
+        assert suite.startswith("ECDHE-") and ("-GCM-" in suite or "CHACHA20" in suite), suite
+    assert "ssl_session_tickets off;" in conf
 
 
 def test_without_a_certificate_a_self_signed_one_is_made_once_and_said_in_one_line(tmp_path):
