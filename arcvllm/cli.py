@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -163,16 +164,35 @@ def add_server(parser: argparse.ArgumentParser, required: bool = True) -> None:
 ENV_KEY = object()
 
 
+# The one key rule, for every reader of a key file: this package, docker/entrypoint.sh (the
+# server) and docker/gateway-entrypoint.sh (the gateway, which puts the key in its nginx
+# configuration), each refusing with these words. One line (its newline optional) of RFC
+# 6750's token characters, none of which nginx's configuration syntax reads differently.
+KEY_RULE = (
+    "the key file must be one line of 1 to 256 of the characters "
+    "A-Z a-z 0-9 . _ ~ + / = - (make one: openssl rand -hex 32)"
+)
+_KEY = re.compile(rb"[A-Za-z0-9._~+/=-]{1,256}")
+
+
+def key_in(data: bytes) -> str:
+    """The key a key file's bytes hold under KEY_RULE (else ValueError(KEY_RULE))."""
+    key = data.removesuffix(b"\n")
+    if not _KEY.fullmatch(key):
+        raise ValueError(KEY_RULE)
+    return key.decode("ascii")
+
+
 def read_key(path: Path) -> str:
-    """The key in PATH: its first line, stripped; an empty file is no key."""
+    """The key in PATH, under KEY_RULE."""
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except OSError as exc:
         raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    key = text.strip().splitlines()[0].strip() if text.strip() else ""
-    if not key:
-        raise ValueError(f"{path} is empty")
-    return key
+    try:
+        return key_in(data)
+    except ValueError:
+        raise ValueError(f"{path}: {KEY_RULE}") from None
 
 
 def key_file(value: str) -> str:

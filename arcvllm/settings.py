@@ -166,16 +166,19 @@ def api_key_file(env_file: Path, compose_dir: Path, environ: Mapping[str, str]) 
 
 def check_api_key_file(path: Path) -> None:
     """A key file compose can hand out: one line, exit 3, before anything starts (compose
-    would fail on a missing file, and an empty one makes every server refuse to start)."""
+    would fail on a missing file, and every server and the gateway refuse a key that breaks
+    the key rule, cli.KEY_RULE)."""
     hint = "make one, e.g. (umask 077; openssl rand -hex 32 > FILE), readable by UID 1000"
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except OSError as exc:
         raise ArcvllmError(
             f"VLLM_API_KEY_FILE={path} is not a readable file ({exc.strerror}): {hint}", 3
         ) from None
-    if not text.strip():
-        raise ArcvllmError(f"VLLM_API_KEY_FILE={path} is empty: {hint}", 3)
+    try:
+        cli.key_in(data)
+    except ValueError:
+        raise ArcvllmError(f"VLLM_API_KEY_FILE={path}: {cli.KEY_RULE}", 3) from None
 
 
 def render_node_gids(dri_dir: Path = DRI_DIR) -> dict[str, int]:

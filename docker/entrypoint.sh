@@ -38,9 +38,14 @@ if [[ -n ${VLLM_API_KEY_FILE-} ]]; then
 		echo "arcvllm-entrypoint: VLLM_API_KEY_FILE=$VLLM_API_KEY_FILE is not a readable file" >&2
 		exit 3
 	fi
-	VLLM_API_KEY=$(<"$VLLM_API_KEY_FILE")
-	if [[ -z $VLLM_API_KEY ]]; then
-		echo "arcvllm-entrypoint: VLLM_API_KEY_FILE=$VLLM_API_KEY_FILE is empty" >&2
+	# The key rule, the same in docker/gateway-entrypoint.sh and arcvllm (cli.KEY_RULE), with
+	# the same words. `read -d ''` stops at a NUL byte (status 0) or at the end (status 1).
+	if IFS= read -r -d '' VLLM_API_KEY <"$VLLM_API_KEY_FILE"; then VLLM_API_KEY=$'\n\n'; fi
+	VLLM_API_KEY=${VLLM_API_KEY%$'\n'}
+	# The characters spelled out: a range such as A-Z depends on the locale.
+	key_chars=ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._~+/=-
+	if [[ ! $VLLM_API_KEY =~ ^[$key_chars]{1,256}$ ]]; then
+		echo "arcvllm-entrypoint: VLLM_API_KEY_FILE=$VLLM_API_KEY_FILE: the key file must be one line of 1 to 256 of the characters A-Z a-z 0-9 . _ ~ + / = - (make one: openssl rand -hex 32)" >&2
 		exit 3
 	fi
 	export VLLM_API_KEY

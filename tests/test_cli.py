@@ -242,3 +242,97 @@ def test_an_extra_missing_deep_inside_a_command_is_one_line_and_exit_3(monkeypat
         "arcvllm: arcvllm stack needs the 'stack' extra: pip install 'arcvllm[stack]' "
         "(no module named pypi_simple)\n"
     )
+
+
+# ---- the one key rule: every reader of a key file, the same inputs, the same words ------
+
+BAD_KEY_FILES = {
+    "empty": b"",
+    "a newline alone": b"\n",
+    "two lines": b"k-first-line\nk-second-line\n",
+    "a bad character": b"k-with a space\n",
+    "a carriage return": b"k-windows\r\n",
+    "too long": b"k" * 257 + b"\n",
+}
+
+
+def key_readers(key: Path, tmp_path: Path) -> dict[str, subprocess.CompletedProcess]:
+    """Each reader of a key file on KEY: arcvllm (named on the command line and from the
+    environment), the server's entrypoint and the gateway's."""
+    from conftest import ROOT
+
+    home = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "TMPDIR": str(tmp_path)}
+    smoke = [sys.executable, "-m", "arcvllm", "smoke", "--base-url", "https://127.0.0.1:1"]
+
+    def run(argv: list[str], **env: str) -> subprocess.CompletedProcess:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+
+    return {
+        "arcvllm --api-key-file": run([*smoke, "--api-key-file", str(key)], **os.environ),
+        "arcvllm $VLLM_API_KEY_FILE": run(smoke, **{**os.environ, "VLLM_API_KEY_FILE": str(key)}),
+        "server": run(
+            ["bash", str(ROOT / "docker" / "entrypoint.sh"), "echo", "served"],
+            **home,
+            VLLM_API_KEY_FILE=str(key),
+        ),
+        "gateway": run(
+            ["bash", str(ROOT / "docker" / "gateway-entrypoint.sh"), "--render-only"],
+            **home,
+            GATEWAY_TEMPLATE=str(ROOT / "deploy" / "gateway" / "nginx.conf.template"),
+            GATEWAY_RUN_DIR=str(tmp_path / "run"),
+            GATEWAY_RESOLVER="127.0.0.11",
+            VLLM_API_KEY_FILE=str(key),
+        ),
+    }
+
+
+@pytest.mark.parametrize("content", BAD_KEY_FILES.values(), ids=BAD_KEY_FILES.keys())
+def test_every_key_reader_refuses_the_same_files_with_the_same_words(tmp_path, content):
+    key = tmp_path / "api-key"
+    key.write_bytes(content)
+    codes = {}
+    for reader, done in key_readers(key, tmp_path).items():
+        (line,) = done.stderr.splitlines()
+        assert f"{key}: {cli.KEY_RULE}" in line, (reader, line)
+        codes[reader] = done.returncode
+    # a file named on the command line is a usage error; the environment's is the host's
+    assert codes == {
+        "arcvllm --api-key-file": 2,
+        "arcvllm $VLLM_API_KEY_FILE": 3,
+        "server": 3,
+        "gateway": 3,
+    }
+    assert not (tmp_path / "run").exists()  # the gateway wrote nothing
+
+
+@pytest.mark.parametrize("content", [b"k-Mixed.Case_~+/=-9\n", b"k-Mixed.Case_~+/=-9", b"k" * 256])
+def test_every_key_reader_takes_the_same_key_from_a_good_file(tmp_path, content):
+    key = tmp_path / "api-key"
+    key.write_bytes(content)
+    want = content.removesuffix(b"\n").decode()
+    assert cli.read_key(key) == want
+    from conftest import ROOT
+
+    server = subprocess.run(
+        ["bash", str(ROOT / "docker" / "entrypoint.sh"), "printenv", "VLLM_API_KEY"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "VLLM_API_KEY_FILE": str(key)},
+    )
+    assert server.stdout == f"{want}\n", server.stderr
+    gateway = key_readers(key, tmp_path)["gateway"]
+    assert gateway.returncode == 0, gateway.stderr
+    assert (tmp_path / "run" / "key.map").read_text() == f'"~^Bearer \\Q{want}\\E$" 1;\n'
+
+
+def test_the_key_rule_is_written_out_in_each_shell_reader():
+    """The entrypoints say KEY_RULE's words and check its characters spelled out (a range
+    such as A-Z depends on the shell's locale)."""
+    from conftest import ROOT
+
+    chars = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._~+/=-"
+    for script in ("entrypoint.sh", "gateway-entrypoint.sh"):
+        text = (ROOT / "docker" / script).read_text()
+        assert cli.KEY_RULE in text, script
+        assert f"key_chars={chars}" in text and "{1,256}$" in text, script

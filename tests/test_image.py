@@ -159,7 +159,7 @@ def test_entrypoint_with_a_missing_or_empty_key_file_stops_in_one_line(tmp_path,
     assert result.returncode == 3
     assert result.stdout == ""
     (line,) = result.stderr.splitlines()
-    assert line.startswith(f"arcvllm-entrypoint: VLLM_API_KEY_FILE={key} ")
+    assert line.startswith(f"arcvllm-entrypoint: VLLM_API_KEY_FILE={key}")
 
 
 def test_entrypoint_unknown_word_is_a_command_not_a_preset(fake_image, tmp_path):
