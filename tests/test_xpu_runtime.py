@@ -12,14 +12,16 @@ import re
 import shlex
 import subprocess
 import sys
+import zipfile
 from functools import cache
 from pathlib import Path, PurePosixPath
 
 import pytest
 import yaml
 from conftest import ROOT
+from test_image import docker, engine, xpu_ci_image  # noqa: F401 (fixtures)
 
-from arcvllm import audit, stack, standins
+from arcvllm import audit, index, stack, standins
 
 XPU_STACKS = ["xpu-0.20", "xpu-0.23", "xpu-0.33"]
 INSTALLER_STACKS = ["xpu-0.20", "xpu-0.23"]  # ONECCL: installer
@@ -238,3 +240,110 @@ def test_the_xpu_index_serves_only_the_locks_unhashed_pins():
     assert '--extra-index-url "$TORCH_INDEX_URL"' not in text
     step = re.search(r"pip install [^;]*-r /tmp/xpu-index\.txt", text)
     assert step and '--index-url "$TORCH_INDEX_URL"' in step.group(0)
+
+
+# ---- libfabric for oneCCL's ofi transport (issue 20, item 11) -------------------------------
+
+WHEELS = ROOT / "build" / "wheels"
+VENV = PurePosixPath("/opt/venv")
+TRANSPORT_PROVIDERS = ("libtcp-fi.so", "libshm-fi.so", "librxm-fi.so")
+
+
+@cache
+def impi_wheel(name: str) -> Path:
+    """The lock's impi-rt wheel for stack NAME, by the sha256 the lock pins (build/wheels)."""
+    args = stack.get(name, flavor="xpu").build_args()
+    line = next(
+        ln for ln in (ROOT / args["XPU_LOCK"]).read_text().splitlines()
+        if ln.startswith("impi-rt==")
+    )  # fmt: skip
+    version, sha256 = line.split("==")[1].split()[0], line.split("--hash=sha256:")[1].strip()
+    prefix = f"impi_rt-{version}-"
+    filename, _, _ = index.find_file(
+        "impi-rt", lambda n: n.startswith(prefix) and n.endswith("x86_64.whl")
+    )
+    return index.fetch_file("impi-rt", filename, sha256, WHEELS)
+
+
+def in_wheel(wheel: Path, path: str) -> str | None:
+    """Where the wheel installs PATH of the image's venv (its RECORD), or None."""
+    if not under(path, str(VENV)):
+        return None
+    rel = PurePosixPath(path).relative_to(VENV)
+    with zipfile.ZipFile(wheel) as zf:
+        record = next(n for n in zf.namelist() if n.endswith(".dist-info/RECORD"))
+        files = [row.split(",")[0] for row in zf.read(record).decode().splitlines()]
+    data = next((f.split("/data/")[0] + "/data" for f in files if ".data/data/" in f), "")
+    want = f"{data}/{rel}"
+    return want if want in files else None
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("name", INSTALLER_STACKS)
+def test_oneccls_libfabric_and_its_providers_are_files_of_the_locks_impi_rt(name):
+    """CCL_OFI_LIBRARY_PATH (oneCCL's first choice) and FI_PROVIDER_PATH name files the
+    pinned impi-rt wheel installs, not the installer's tree that only the CI stand-in
+    lays out as assumed."""
+    env, wheel = image_env(name), impi_wheel(name)
+    assert in_wheel(wheel, env["CCL_OFI_LIBRARY_PATH"]), env["CCL_OFI_LIBRARY_PATH"]
+    for provider in TRANSPORT_PROVIDERS:
+        assert in_wheel(wheel, f"{env['FI_PROVIDER_PATH']}/{provider}"), provider
+    assert str(PurePosixPath(env["CCL_OFI_LIBRARY_PATH"]).parent) in env["LD_LIBRARY_PATH"]
+    assert "I_MPI_ROOT" not in env  # no second, contradicting way to libfabric
+
+
+def venv_of(wheel: Path, root: Path) -> Path:
+    """The wheel's libfabric, providers and fi_info laid out under ROOT as in the venv."""
+    with zipfile.ZipFile(wheel) as zf:
+        for member in zf.namelist():
+            _, sep, rel = member.partition(".data/data/")
+            if sep and (("fabric" in rel or rel.endswith("-fi.so")) and "/" in rel):
+                target = root / "opt/venv" / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(zf.read(member))
+                target.chmod(0o755)
+    return root
+
+
+def fi_info(root: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """impi-rt's fi_info -p tcp with the image's environment, its paths moved under ROOT."""
+    moved = {k: env[k].replace("/opt/", f"{root}/opt/") for k in ("FI_PROVIDER_PATH",)}
+    moved["LD_LIBRARY_PATH"] = env["LD_LIBRARY_PATH"].replace("/opt/", f"{root}/opt/")
+    tool = root / "opt/venv/bin/libfabric/fi_info"
+    return subprocess.run(
+        [str(tool), "-p", "tcp"], env={"PATH": "/usr/bin:/bin", **moved},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+@pytest.mark.vllm
+def test_the_tcp_provider_loads_from_the_configured_path_and_not_from_the_old_one(tmp_path):
+    """libfabric finds its tcp provider (a plugin, not built in) through FI_PROVIDER_PATH:
+    with the image's environment fi_info lists it; with the old installer-layout path,
+    where impi-rt puts nothing, it finds none (fi_getinfo -61)."""
+    env = image_env("xpu-0.23")
+    root = venv_of(impi_wheel("xpu-0.23"), tmp_path)
+    done = fi_info(root, env)
+    assert done.returncode == 0 and "provider: tcp" in done.stdout, done.stdout + done.stderr
+    old = {**env, "FI_PROVIDER_PATH": "/opt/intel/oneapi/ccl/latest/opt/mpi/libfabric/lib/prov"}
+    done = fi_info(root, old)
+    assert done.returncode != 0 and "provider: tcp" not in done.stdout
+
+
+@pytest.mark.xpu_ci
+@pytest.mark.docker
+@pytest.mark.usefixtures("engine")
+@pytest.mark.parametrize("name", INSTALLER_STACKS)
+def test_the_rehearsal_image_lists_the_tcp_provider_and_loads_libfabric(name):
+    """In CI's rehearsal of the build (the lock's real impi-rt, the image's own ENV):
+    `fi_info -p tcp` lists the provider, and CCL_OFI_LIBRARY_PATH loads with fi_getinfo."""
+    image = xpu_ci_image(name)
+    done = docker("run", "--rm", "--entrypoint", "/opt/venv/bin/libfabric/fi_info", image,
+                  "-p", "tcp", check=False)  # fmt: skip
+    assert done.returncode == 0 and "provider: tcp" in done.stdout, done.stdout + done.stderr
+    code = (
+        "import ctypes, os; lib = ctypes.CDLL(os.environ['CCL_OFI_LIBRARY_PATH']); "
+        "print(bool(lib.fi_getinfo), lib.fi_version())"
+    )
+    done = docker("run", "--rm", "--entrypoint", "python3", image, "-c", code, check=False)
+    assert done.returncode == 0 and done.stdout.startswith("True"), done.stderr
