@@ -721,6 +721,24 @@ def test_the_gateway_stops_gracefully_within_the_servers_grace_period(overlay):
     assert pod["terminationGracePeriodSeconds"] >= vllm["terminationGracePeriodSeconds"]
 
 
+def test_the_docs_overlay_for_another_prometheus_namespace_and_the_apiserver(tmp_path):
+    docs = docs_overlay(DEPLOY_DOC, "kubernetes.io~1metadata.name", tmp_path)
+    manifest = tmp_path / "mine.yaml"
+    manifest.write_text(yaml.safe_dump_all(docs))
+    checked = validate(manifest)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    prometheus = Peer(
+        "prometheus", {"app.kubernetes.io/name": "prometheus"}, "observability", ip="10.244.2.1"
+    )
+    pods = workloads(docs)
+    assert reaches(docs, prometheus, pods["vllm"], 8000)
+    assert reaches(docs, prometheus, pods["router"], 29000)
+    assert not reaches(docs, others(docs)["prometheus"], pods["vllm"], 8000)
+    assert apiserver_address(docs) == "10.0.0.10"
+    assert reaches(docs, pods["router"], Peer("apiserver", ip="10.0.0.10"), 6443)
+    assert not reaches(docs, pods["router"], Peer("elsewhere", ip="10.0.0.11"), 6443)
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_workload_has_a_disruption_budget(overlay):
     docs = built(overlay)
