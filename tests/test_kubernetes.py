@@ -570,6 +570,17 @@ def test_a_policy_that_admits_everyone_is_caught():
     assert into(matrix, "vllm") != {("router", 8000, "TCP"), ("prometheus", 8000, "TCP")}
 
 
+def test_a_namespace_label_as_the_gateway_is_caught():
+    """The opening the manifests had: a namespace anyone may label arcvllm/gateway=true."""
+    docs = built("scale")
+    rule = one(docs, "NetworkPolicy", "router")["spec"]["ingress"][0]
+    rule["from"].append({"namespaceSelector": {"matchLabels": {"arcvllm/gateway": "true"}}})
+    matrix = reachability(docs)
+    assert ("pod in a namespace labelled arcvllm/gateway=true", 8000, "TCP") in into(
+        matrix, "router"
+    )
+
+
 def test_an_egress_rule_without_peers_is_caught():
     docs = built("scale")
     one(docs, "NetworkPolicy", "vllm")["spec"]["egress"].append({"ports": [{"port": 443}]})
