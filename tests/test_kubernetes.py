@@ -535,7 +535,7 @@ def test_policy_prometheus_reaches_vllms_port_and_the_routers_metrics_port_only(
     expected = {("vllm", 8000, "TCP")}
     if "router" in workloads(docs):
         expected.add(("router", 29000, "TCP"))
-    reached = {(d, port, proto) for d, port, proto in out_of(reachability(docs), "prometheus")}
+    reached = out_of(reachability(docs), "prometheus")
     assert reached - {("gateway", 8443, "TCP")} == expected
 
 
@@ -559,6 +559,21 @@ def test_no_label_an_ordinary_pod_or_namespace_can_carry_opens_vllm_or_the_route
                 elif "podSelector" in peer:
                     assert any(selects(peer["podSelector"], labels) for labels in own)
                     assert "app.kubernetes.io/component" in peer["podSelector"]["matchLabels"]
+
+
+@pytest.mark.parametrize("overlay", SCALE_OVERLAYS)
+def test_a_pod_given_the_gateways_own_labels_here_passes_as_the_gateway(overlay):
+    """The limit docs/deploy.md states: in this namespace a pod is who its labels say;
+    only RBAC that lets nobody else create pods here keeps an impostor out."""
+    docs = built(overlay)
+    labels = pod_template(docs, "Deployment", "gateway")["metadata"]["labels"]
+    impostor = Peer("impostor", labels, NAMESPACE)
+    router = workloads(docs)["router"]
+    assert reaches(docs, impostor, router, 8000)
+    assert not reaches(docs, impostor, workloads(docs)["vllm"], 8000)
+    text = DEPLOY_DOC.read_text()
+    assert "What someone who can create pods in `arcvllm` can do" in text
+    assert "kubectl auth can-i create pods -n arcvllm" in text
 
 
 def test_a_policy_that_admits_everyone_is_caught():
