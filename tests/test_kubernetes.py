@@ -461,6 +461,17 @@ def outside_the_namespace(docs: list[dict]) -> list[str]:
     return [p.name for p in others(docs).values() if p.namespace != NAMESPACE]
 
 
+POLICIES = {"default-deny", "gateway", "gateway-upstream", "prometheus-to-vllm", "vllm"}
+POLICIES_OF_THE_ROUTER = {"router", "router-to-apiserver", "prometheus-to-router"}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_policy_is_one_a_test_below_reads(overlay):
+    docs = built(overlay)
+    expected = POLICIES | (POLICIES_OF_THE_ROUTER if overlay in SCALE_OVERLAYS else set())
+    assert sorted(p["metadata"]["name"] for p in policies(docs)) == sorted(expected)
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_policy_default_deny_isolates_every_pod_of_the_namespace_both_ways(overlay):
     docs = built(overlay)
@@ -496,6 +507,7 @@ def test_policy_vllm_alone_takes_the_gateway_and_prometheus_sends_only_dns():
 def test_policy_router_takes_the_gateway_and_prometheus_reaches_replicas_and_apiserver(overlay):
     docs = built(overlay)
     one(docs, "NetworkPolicy", "router")
+    one(docs, "NetworkPolicy", "router-to-apiserver")
     matrix = reachability(docs)
     assert into(matrix, "router") == {("gateway", 8000, "TCP"), ("prometheus", 29000, "TCP")}
     assert out_of(matrix, "router") == DNS | {
@@ -509,6 +521,7 @@ def test_policy_router_takes_the_gateway_and_prometheus_reaches_replicas_and_api
 def test_policy_gateway_takes_anyone_on_its_port_and_reaches_only_its_upstream(overlay):
     docs = built(overlay)
     one(docs, "NetworkPolicy", "gateway")
+    one(docs, "NetworkPolicy", "gateway-upstream")
     matrix = reachability(docs)
     # The entry: TLS and the key are its defence, any address may try them. Pods of this
     # namespace cannot (their egress is denied).
