@@ -36,6 +36,7 @@ COMMANDS = (
     "smoke",
     "bench",
     "doctor",
+    "gpus",
     "fieldreport",
     "scale",
     "tinymodel",

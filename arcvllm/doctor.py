@@ -185,6 +185,36 @@ def intel_gpus(host: Host) -> list[Gpu]:
     return gpus
 
 
+def render_node(host: Host, gpu: Gpu) -> str | None:
+    """GPU's render node name (renderD129) from sysfs, or None (no driver bound)."""
+    drm = host.path(f"/sys/bus/pci/devices/{gpu.slot}/drm")
+    nodes = sorted(drm.glob("renderD*")) if drm.is_dir() else []
+    return nodes[0].name if nodes else None
+
+
+def level_zero_devices(host: Host) -> list[tuple[Gpu, str]]:
+    """The Intel GPUs Level Zero enumerates here, in order: those whose render node this
+    machine (or container: sysfs shows the host's PCI devices, /dev/dri only the nodes it
+    was given) can see, by PCI address, the order of /dev/dri/by-path that compute-runtime
+    walks (ZE_ENABLE_PCI_ID_DEVICE_ORDER=1 forces it). Index i is ZE_AFFINITY_MASK's i."""
+    found = []
+    for gpu in intel_gpus(host):
+        node = render_node(host, gpu)
+        if node and host.path(f"/dev/dri/{node}").exists():
+            found.append((gpu, node))
+    return found
+
+
+def affinity_mask(host: Host, preset: Preset) -> tuple[str | None, str]:
+    """ZE_AFFINITY_MASK as the server will get it, and from where: a non-empty value of the
+    environment or the settings file wins over the preset's (arcvllm serve's rule)."""
+    for where, values in (("environment", host.environ), ("settings", host.settings)):
+        if values.get("ZE_AFFINITY_MASK"):
+            return values["ZE_AFFINITY_MASK"], where
+    value = preset.env.get("ZE_AFFINITY_MASK")
+    return (str(value), "preset") if value else (None, "unset")
+
+
 def bar_sizes(dev: Path) -> tuple[int, ...]:
     """Sizes of BARs 0-5 from sysfs `resource` (one `start end flags` line each)."""
     sizes = []
@@ -625,6 +655,46 @@ def check_bar(host: Host, preset: Preset) -> Finding:
     )
 
 
+def check_level_zero(host: Host, preset: Preset) -> Finding:
+    """Which GPU each Level Zero index is, and whether the server's indices are B70s: an
+    enabled Intel iGPU sorts first by PCI address, so with all of /dev/dri it is device 0."""
+    devices = level_zero_devices(host)
+    mask, source = affinity_mask(host, preset)
+    seen = ", ".join(f"{i}: {g.slot} {g.name} ({node})" for i, (g, node) in enumerate(devices))
+    if preset.device == "cpu":
+        return Finding("Level Zero", OK, f"{seen or 'no Intel GPU node'} (not needed: CPU preset)")
+    if not devices:
+        return Finding("Level Zero", WARN, "no Intel GPU with a render node here")
+    if mask is None:
+        wanted, said = (
+            list(range(max(preset.gpus, 1))),
+            f"ZE_AFFINITY_MASK unset: devices 0-{max(preset.gpus, 1) - 1}",
+        )
+    else:
+        wanted, said = [], f"ZE_AFFINITY_MASK={mask} ({source})"
+        for part in mask.split(","):
+            head = part.strip().split(".")[0]
+            if head.isdigit():
+                wanted.append(int(head))
+    seen = f"{seen}; {said}"
+    missing = [i for i in wanted if i >= len(devices)]
+    wrong = [i for i in wanted if i < len(devices) and not devices[i][0].is_b70]
+    fix = (
+        "give the server only the B70s' render nodes (`arcvllm gpus --compose FILE`, "
+        "docs/images.md), or set ZE_AFFINITY_MASK to the B70s' indices above"
+    )
+    if wrong:
+        names = ", ".join(
+            f"device {i} is {devices[i][0].slot} ({devices[i][0].name})" for i in wrong
+        )
+        return Finding("Level Zero", WARN, f"{seen}: {names}, not an Arc Pro B70", fix)
+    if missing:
+        return Finding(
+            "Level Zero", WARN, f"{seen}: no device {', '.join(map(str, missing))} here", fix
+        )
+    return Finding("Level Zero", OK, seen)
+
+
 CHECKS = (
     check_render_nodes,
     check_render_access,
@@ -634,6 +704,7 @@ CHECKS = (
     check_kernel,
     check_firmware,
     check_bar,
+    check_level_zero,
     check_runtime,
     check_sycl_ls,
     check_xpu_smi,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from arcvllm.doctor import Host, intel_gpus
+from arcvllm.doctor import Host, intel_gpus, render_node
 from arcvllm.errors import ArcvllmError
 
 TEMPLATE_KEY = "x-xpu-replica"
@@ -52,11 +52,9 @@ def b70s(host: Host) -> list[Card]:
     for gpu in intel_gpus(host):
         if not gpu.is_b70:
             continue
-        drm = host.path(f"/sys/bus/pci/devices/{gpu.slot}/drm")
-        nodes = sorted(drm.glob("renderD*")) if drm.is_dir() else []
-        if not nodes:
+        name = render_node(host, gpu)
+        if name is None:
             continue  # no driver bound: doctor says why
-        name = nodes[0].name
         names = tuple(
             link.name
             for link in links
@@ -98,17 +96,59 @@ def targets(count: int) -> list[dict]:
     return [{"targets": [f"{name(i)}:8000"], "labels": {"replica": name(i)}} for i in range(count)]
 
 
+def by_path_folder(cards: list[Card], folder: Path) -> Path:
+    """FOLDER holding the by-path links of CARDS only (made again each time)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for link in folder.iterdir():
+        link.unlink()
+    for card in cards:
+        for entry in card.by_path:
+            (folder / entry).symlink_to(f"../{Path(card.render).name}")
+    return folder
+
+
+# The single server's file (docker/compose.yaml's `vllm`): compose appends a later file's
+# `devices` to the earlier one's, so the list is replaced (`!override`, compose 2.24+) over
+# compose.yaml's placeholder, which no host has: without this file the service does not
+# start, naming the command that writes it.
+SERVER = "vllm"
+PLACEHOLDER = "/dev/dri/run-arcvllm-gpus-compose"
+
+
+def server(cards: list[Card], state: Path) -> str:
+    """The compose file that gives compose.yaml's XPU server every B70 of CARDS and nothing
+    else (no iGPU: Level Zero's device 0 is then the first B70), as YAML text."""
+    folder = by_path_folder(cards, state / "by-path" / SERVER)
+    service = {
+        "devices": [f"{c.render}:{c.render}" for c in cards],
+        "volumes": [f"{folder}:/dev/dri/by-path:ro"],
+        "labels": {
+            "org.arcvllm.gpu.slots": " ".join(c.slot for c in cards),
+            "org.arcvllm.gpu.render": " ".join(c.render for c in cards),
+        },
+    }
+    text = yaml.safe_dump({"services": {SERVER: service}}, sort_keys=False)
+    return text.replace("    devices:\n", "    devices: !override\n", 1)
+
+
+def write_server(cards: list[Card], out: Path) -> Path:
+    """OUT for CARDS, the by-path folder beside it; OUT."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    head = (
+        "# The Arc Pro B70s of this host for docker/compose.yaml's `vllm` (written by\n"
+        "# `arcvllm gpus compose`): after compose.yaml. Index i of ZE_AFFINITY_MASK is the\n"
+        "# i-th B70 below.\n"
+    )
+    out.write_text(head + server(cards, out.parent))
+    return out
+
+
 def render(cards: list[Card], base: dict, state: Path) -> dict:
     """The compose file of the replicas (absolute paths only: compose reads relative ones
     from the first file's folder). Writes each replica's by-path folder under STATE."""
     services: dict[str, dict] = {}
     for i, card in enumerate(cards):
-        by_path = state / "by-path" / name(i)
-        by_path.mkdir(parents=True, exist_ok=True)
-        for link in by_path.iterdir():
-            link.unlink()
-        for entry in card.by_path:
-            (by_path / entry).symlink_to(f"../{Path(card.render).name}")
+        by_path = by_path_folder([card], state / "by-path" / name(i))
         service = copy.deepcopy(base)
         service["devices"] = [f"{card.render}:{card.render}"]
         service["group_add"] = [str(card.gid)]

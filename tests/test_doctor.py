@@ -55,9 +55,11 @@ def build(
     pci.mkdir(parents=True)
     (root / "sys/bus/pci/drivers/xe").mkdir(parents=True)
     (root / "sys/bus/pci/drivers/i915").mkdir(parents=True)
-    for slot, device, driver in gpus:
+    for i, (slot, device, driver) in enumerate(gpus):
         dev = pci / slot
         dev.mkdir()
+        if driver:  # the node the bound driver made: renderD128 for the first GPU, ...
+            (dev / "drm" / f"renderD{128 + i}").mkdir(parents=True)
         (dev / "vendor").write_text("0x8086\n")
         (dev / "device").write_text(f"0x{device:04x}\n")
         (dev / "class").write_text("0x030000\n")
@@ -512,3 +514,47 @@ def test_xpu_smi_that_lists_no_device_is_not_ok(tmp_path):
     r = finding(empty, D.check_xpu_smi)
     assert r.status == D.FAIL and "no device" in r.seen
     assert finding(empty, D.check_xpu_smi, CPU).status == D.WARN
+
+
+IGPU_AND_B70 = (("0000:00:02.0", 0x7D67, "xe"), ("0000:03:00.0", 0xE223, "xe"))
+
+
+def test_level_zero_warns_when_an_igpu_is_device_0_and_the_preset_says_mask_0(tmp_path):
+    """All of /dev/dri on a host with an enabled iGPU: Level Zero's device 0 is the iGPU
+    (first by PCI address) and the 1xb70 preset's ZE_AFFINITY_MASK=0 would serve on it."""
+    host = build(tmp_path, nodes=("renderD128", "renderD129"), gpus=IGPU_AND_B70)
+    row = finding(host, D.check_level_zero)
+    assert row.status == D.WARN
+    assert row.seen == (
+        "0: 0000:00:02.0 Intel GPU (renderD128), 1: 0000:03:00.0 Arc Pro B70 (renderD129); "
+        "ZE_AFFINITY_MASK=0 (preset): device 0 is 0000:00:02.0 (Intel GPU), not an Arc Pro B70"
+    )
+    assert "arcvllm gpus --compose" in row.fix
+
+
+def test_level_zero_is_ok_when_the_container_has_the_b70s_node_only(tmp_path):
+    """sysfs still lists the host's iGPU in the container; its node is not there, so
+    Level Zero's device 0 is the B70."""
+    host = build(tmp_path, nodes=("renderD129",), gpus=IGPU_AND_B70)
+    row = finding(host, D.check_level_zero)
+    assert row.status == D.OK
+    assert row.seen == "0: 0000:03:00.0 Arc Pro B70 (renderD129); ZE_AFFINITY_MASK=0 (preset)"
+
+
+def test_level_zero_takes_the_operators_mask_over_the_presets(tmp_path):
+    host = build(
+        tmp_path, nodes=("renderD128", "renderD129"), gpus=IGPU_AND_B70,
+        environ={"ZE_AFFINITY_MASK": "1"},
+    )  # fmt: skip
+    row = finding(host, D.check_level_zero)
+    assert row.status == D.OK and row.seen.endswith("ZE_AFFINITY_MASK=1 (environment)")
+    host.environ["ZE_AFFINITY_MASK"] = ""  # the settings file's empty line: the preset's
+    host.settings = {"ZE_AFFINITY_MASK": "0"}
+    assert "ZE_AFFINITY_MASK=0 (settings)" in finding(host, D.check_level_zero).seen
+
+
+def test_level_zero_warns_for_a_mask_naming_a_device_that_is_not_there(tmp_path):
+    host = build(tmp_path, environ={"ZE_AFFINITY_MASK": "0,1"})
+    row = finding(host, D.check_level_zero)
+    assert row.status == D.WARN and row.seen.endswith("no device 1 here")
+    assert finding(host, D.check_level_zero, CPU).status == D.OK
