@@ -44,6 +44,55 @@ _PATTERNS = (
 SHORT_BENCH = "--num-prompts 4 --input-len 128 --output-len 32 --crossings 1 --runs 1"
 
 
+# oneCCL's libfabric as the image has it: the environment that picks it, every libfabric,
+# provider and fi_info under ROOTS, and impi-rt's fi_info listing the tcp provider (the
+# tree a B70 build really has, docs/images.md). Always exit 0: what is missing is the news.
+LIBFABRIC_ENV = ("CCL_ROOT", "CCL_OFI_LIBRARY_PATH", "FI_PROVIDER_PATH", "I_MPI_ROOT")
+FI_INFO = "/opt/venv/bin/libfabric/fi_info"
+# The compile caches on the volume: a warm restart loads them instead of compiling again.
+CACHE_ENV = ("NEO_CACHE_DIR", "SYCL_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
+             "VLLM_CACHE_ROOT")  # fmt: skip
+HEALTH = (
+    'python3 -c "import urllib.request; '
+    "urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=4)\""
+)
+
+
+def libfabric_command(roots: tuple[str, ...] = ("/opt", "/usr"), fi_info: str = FI_INFO) -> str:
+    names = " ".join(LIBFABRIC_ENV)
+    where = " ".join(shlex.quote(r) for r in roots)
+    return (
+        f'for v in {names}; do printf \'%s=%s\\n\' "$v" "$(printenv "$v")"; done; '
+        "echo '# libfabric, its providers and fi_info in this image:'; "
+        f"find {where} -xdev \\( -name 'libfabric.so*' -o -name 'lib*-fi.so' -o -name fi_info \\) "
+        "2>/dev/null | sort; "
+        f"echo '# {fi_info} -p tcp:'; "
+        f"if [ -x {shlex.quote(fi_info)} ]; then {shlex.quote(fi_info)} -p tcp 2>&1 | head -n 24; "
+        "else echo 'fi_info: not in this image'; fi; true"
+    )
+
+
+def caches_command(names: tuple[str, ...] = CACHE_ENV) -> str:
+    return (
+        f'for v in {" ".join(names)}; do d=$(printenv "$v"); '
+        'if [ -n "$d" ] && [ -d "$d" ]; then '
+        'echo "$v=$d: $(find "$d" -type f | wc -l) files, $(du -sk "$d" | cut -f1) KiB"; '
+        'else echo "$v=${d:-unset}: no folder"; fi; done'
+    )
+
+
+def restart_command(compose: str, service: str, timeout: int = 1800) -> str:
+    """Restart SERVICE and time it to a healthy /health (inside it): the warm restart."""
+    inner = shlex.quote(HEALTH)
+    return (
+        f"start=$(date +%s); {compose} restart {service} >/dev/null && "
+        f"until {compose} exec -T {service} sh -c {inner} >/dev/null 2>&1; do "
+        f'[ $(($(date +%s) - start)) -lt {timeout} ] || {{ echo "not healthy after {timeout} s"; '
+        "exit 124; }; sleep 2; done; "
+        'echo "healthy after $(($(date +%s) - start)) s"'
+    )
+
+
 def secrets_from(values: Mapping[str, str]) -> set[str]:
     return {values[k] for k in SECRET_KEYS if values.get(k)}
 
@@ -181,6 +230,8 @@ def collect(opts: argparse.Namespace, settings: Mapping[str, str]) -> Collector:
         "'^(libze|level-zero|intel-|libigdgmm|libigc)' ; python3 -m pip list 2>/dev/null | "
         "grep -i -E '^(vllm|torch|triton|oneccl|intel|transformers|arcvllm)'",
     )
+    c.exec("container/libfabric.txt", libfabric_command())
+    c.exec("container/compile-caches.txt", caches_command())
     for tool, args in (("sycl-ls", ""), ("xpu-smi", " discovery")):
         c.exec(
             f"container/{tool}.txt",
@@ -207,6 +258,11 @@ def collect(opts: argparse.Namespace, settings: Mapping[str, str]) -> Collector:
         )
         c.exec("bench/bench.json", f"cat {out}/bench.json")
     c.shell("server.log", f"{opts.compose} logs --no-color --tail=5000 {opts.service}")
+    if opts.restart:
+        # Last: the caches are warm from the steps above; the log is already taken.
+        command = restart_command(opts.compose, opts.service, int(c.timeout) - 30)
+        c.shell("restart/restart.txt", command)
+        c.exec("restart/compile-caches.txt", caches_command())
     return c
 
 
@@ -244,6 +300,10 @@ def summary(c: Collector, started: str) -> str:
         failed = ", ".join(smoke.get("failed") or [])
         lines.append(
             f"smoke: {smoke.get('verdict', 'no report')}" + (f" ({failed})" if failed else "")
+        )
+    if "restart/restart.txt" in by_name:
+        lines.append(
+            f"warm restart: {by_name['restart/restart.txt'].stdout.strip() or 'no result'}"
         )
     if "bench/bench.json" in by_name:
         bench = by_name["bench/bench.json"]
@@ -317,6 +377,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--bench-args", default=SHORT_BENCH, help=f"default: {SHORT_BENCH}")
     p.add_argument("--no-smoke", action="store_true", help="skip the smoke test")
     p.add_argument("--no-bench", action="store_true", help="skip the bench")
+    p.add_argument(
+        "--restart",
+        action="store_true",
+        help="last, restart the service and time it to healthy on its warm compile caches",
+    )
     p.add_argument(
         "--scratch",
         type=cli.existing_dir,

@@ -5,6 +5,9 @@ The end-to-end run against the CPU service is in tests/test_deploy.py."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
 import tarfile
 
 from arcvllm import fieldreport as F
@@ -121,3 +124,72 @@ def test_the_hosts_doctor_checks_the_deployments_settings_file(tmp_path, capsys)
         commands = tar.extractfile("r/commands.txt").read().decode()
     assert f"doctor --json --preset tiny-hybrid-cpu --env-file {settings}" in commands
     assert "RENDER_GID" in {row["check"] for row in doctor["rows"]}
+
+
+def sh(command: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["sh", "-c", command], capture_output=True, text=True, timeout=60,
+        env={"PATH": os.environ["PATH"], **env},
+    )  # fmt: skip
+
+
+def test_the_libfabric_step_lists_the_tree_the_image_really_has(tmp_path):
+    """What a B70 build holds (docs/images.md): the variables that pick libfabric, every
+    libfabric / provider / fi_info file, and fi_info's tcp provider; exit 0 either way."""
+    lib = tmp_path / "opt/venv/lib"
+    lib.mkdir(parents=True)
+    for name in ("libfabric.so.1", "libtcp-fi.so", "libshm-fi.so", "libmpi.so.12"):
+        (lib / name).write_text("")
+    tool = tmp_path / "opt/venv/bin/libfabric/fi_info"
+    tool.parent.mkdir(parents=True)
+    tool.write_text('#!/bin/sh\necho "provider: tcp ($*)"\n')
+    tool.chmod(0o755)
+    env = {"CCL_OFI_LIBRARY_PATH": "/opt/venv/lib/libfabric.so.1", "FI_PROVIDER_PATH": "/x"}
+    done = sh(F.libfabric_command((str(tmp_path / "opt"),), str(tool)), env)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "CCL_OFI_LIBRARY_PATH=/opt/venv/lib/libfabric.so.1" in lines
+    assert "I_MPI_ROOT=" in lines
+    assert [ln for ln in lines if ln.startswith(str(tmp_path))] == [
+        str(tool), str(lib / "libfabric.so.1"), str(lib / "libshm-fi.so"), str(lib / "libtcp-fi.so")
+    ]  # fmt: skip
+    assert lines[-1] == "provider: tcp (-p tcp)"
+    tool.unlink()
+    done = sh(F.libfabric_command((str(tmp_path / "opt"),), str(tool)), {})
+    assert done.returncode == 0 and done.stdout.splitlines()[-1] == "fi_info: not in this image"
+
+
+def test_the_caches_step_counts_what_each_compile_cache_holds(tmp_path):
+    neo = tmp_path / "neo"
+    neo.mkdir()
+    (neo / "a.l0_cache").write_text("x" * 2048)
+    (neo / "b.l0_cache").write_text("y")
+    done = sh(F.caches_command(("NEO_CACHE_DIR", "SYCL_CACHE_DIR")), {"NEO_CACHE_DIR": str(neo)})
+    assert done.returncode == 0, done.stderr
+    first, second = done.stdout.splitlines()
+    assert first.startswith(f"NEO_CACHE_DIR={neo}: 2 files, ")
+    assert second == "SYCL_CACHE_DIR=unset: no folder"
+
+
+def test_the_restart_step_times_the_service_to_healthy_and_the_summary_says_it(tmp_path):
+    """A compose that restarts and answers /health from its second try: the step waits
+    for it; one that never answers is cut at the timeout (exit 124)."""
+    compose = tmp_path / "compose"
+    tries = tmp_path / "tries"
+    compose.write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> {tries}\n'
+        '[ "$3" = restart ] && exit 0\n'
+        f'[ "$(grep -c exec {tries})" -ge 2 ]\n'
+    )
+    compose.chmod(0o755)
+    done = sh(F.restart_command(f"{compose} -p x", "vllm", 60), {})
+    assert done.returncode == 0, done.stderr
+    assert re.fullmatch(r"healthy after \d+ s\n", done.stdout)
+    assert tries.read_text().splitlines()[0] == "-p x restart vllm"
+    c = F.Collector("compose", "svc")
+    c.add("restart/restart.txt", "restart", done.stdout)
+    assert f"warm restart: {done.stdout.strip()}" in F.summary(c, "now")
+    compose.write_text('#!/bin/sh\n[ "$3" = restart ]\n')
+    done = sh(F.restart_command(f"{compose} -p x", "vllm", 1), {})
+    assert done.returncode == 124 and done.stdout.strip() == "not healthy after 1 s"
