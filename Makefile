@@ -27,7 +27,7 @@ help: ## list the targets
 
 $(VENV)/.stamp: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q -e '.[dev,client,bench,stack]'
+	$(VENV)/bin/pip install -q -e '.[dev,client,bench,stack,sbom]'
 	touch $@
 
 .PHONY: venv
@@ -144,12 +144,11 @@ ARCVLLM_COMPOSE = ENV_FILE=$(ENV_PATH) IMAGE=$(IMAGE) PORT=$(PORT) GATEWAY_IMAGE
 BUILD_FLAGS   ?=
 # FLAVOR given by the operator must match the stack's; the default follows the stack.
 FLAVOR_CHECK   = $(if $(filter command line environment,$(origin FLAVOR)),--flavor $(FLAVOR))
-# ALLOW_UNVERIFIED=1 takes downloads that have no pinned sha256 (the image's label says so).
-DOCKER_BUILD   = $(DOCKER) build -f docker/Dockerfile $(BUILD_FLAGS) \
-	$(if $(ALLOW_UNVERIFIED),--build-arg ALLOW_UNVERIFIED=$(ALLOW_UNVERIFIED)) \
-	$(if $(CA_BUNDLE),--secret id=ca$(comma)src=$(CA_BUNDLE)) \
-	--build-arg REVISION=$$(git rev-parse --short HEAD 2>/dev/null || echo unknown) \
-	--build-arg CREATED=$$(date -u +%Y-%m-%dT%H:%M:%SZ)
+# One build command (arcvllm/image.py): the stack's pins, the commit's revision and time,
+# the CA bundle as a secret; ALLOW_UNVERIFIED=1 takes downloads that have no pinned sha256.
+IMAGE_BUILD    = $(ARCVLLM) image build
+BUILD_EXTRA    = $(strip $(BUILD_FLAGS) $(if $(ALLOW_UNVERIFIED),--build-arg ALLOW_UNVERIFIED=$(ALLOW_UNVERIFIED)))
+export CA_BUNDLE DOCKER
 
 .PHONY: wheelhouse
 wheelhouse: ## link the local wheel folder into the build context (build/wheelhouse)
@@ -163,22 +162,18 @@ stacks: $(VENV)/.stamp ## list the pinned stacks (configs/stacks.yaml)
 
 .PHONY: build
 build: $(VENV)/.stamp wheelhouse ## build the image of STACK (default: cpu, or xpu-0.23 on a host with an XPU)
-	@$(ARCVLLM) stack build-args $(STACK) $(FLAVOR_CHECK) >/dev/null || { $(ARCVLLM) stack list; exit 2; }
-	$(DOCKER_BUILD) --target runtime -t $(IMAGE) \
-		$(shell $(ARCVLLM) stack build-args $(STACK) 2>/dev/null) \
-		--build-arg ARCVLLM_VERSION=$$($(ARCVLLM) --version | cut -d' ' -f2) \
-		--build-arg ARCVLLM_PATCHES=$$($(ARCVLLM) patches plan --vllm-version $$($(ARCVLLM) stack get $(STACK) VLLM_VERSION)) \
-		.
+	@$(ARCVLLM) stack show $(STACK) >/dev/null 2>&1 || { $(ARCVLLM) stack list; }
+	$(IMAGE_BUILD) $(STACK) $(FLAVOR_CHECK) --tag $(IMAGE) $(if $(BUILD_EXTRA),-- $(BUILD_EXTRA))
 
 .PHONY: scale-images
 scale-images: $(VENV)/.stamp wheelhouse ## the router, Prometheus and Alertmanager images docker/compose.scale.yaml runs
-	$(DOCKER_BUILD) --target router -t arcvllm-router:0.1.17 $(shell $(ARCVLLM) stack build-args cpu) .
-	$(DOCKER_BUILD) --target prometheus -t arcvllm-prometheus:2.42 $(shell $(ARCVLLM) stack build-args cpu) .
-	$(DOCKER_BUILD) --target alertmanager -t arcvllm-alertmanager:0.25 $(shell $(ARCVLLM) stack build-args cpu) .
+	$(IMAGE_BUILD) --side router $(if $(BUILD_EXTRA),-- $(BUILD_EXTRA))
+	$(IMAGE_BUILD) --side prometheus $(if $(BUILD_EXTRA),-- $(BUILD_EXTRA))
+	$(IMAGE_BUILD) --side alertmanager $(if $(BUILD_EXTRA),-- $(BUILD_EXTRA))
 
 .PHONY: gateway-image
-gateway-image: $(VENV)/.stamp ## the gateway image compose publishes (GATEWAY_IMAGE: Debian's nginx, TLS, the key, an allow-list)
-	$(DOCKER_BUILD) --target gateway -t $(GATEWAY_IMAGE) $(shell $(ARCVLLM) stack build-args cpu) .
+gateway-image: $(VENV)/.stamp wheelhouse ## the gateway image compose publishes (Debian's nginx: TLS, the key, an allow-list)
+	$(IMAGE_BUILD) --side gateway --tag $(GATEWAY_IMAGE) $(if $(BUILD_EXTRA),-- $(BUILD_EXTRA))
 
 
 # CI's rehearsal of `make build STACK=<xpu stack>`: the same Dockerfile stages, scripts and
@@ -194,10 +189,8 @@ standins: $(VENV)/.stamp wheelhouse ## CI: make the stand-ins of configs/ci-stan
 build-xpu-ci: standins ## CI: the XPU build of STACK stage for stage with named stand-ins (arcvllm:STACK-ci, arcvllm:STACK-ci-user)
 	@$(ARCVLLM) stack build-args $(XPU_STACK) --flavor xpu >/dev/null || { $(ARCVLLM) stack list; exit 2; }
 	@$(ARCVLLM) stack build-args $(XPU_STACK) --ci >/dev/null
-	$(DOCKER_BUILD) --target vllm -t arcvllm:$(XPU_STACK)-ci \
-		$(shell $(ARCVLLM) stack build-args $(XPU_STACK) --ci 2>/dev/null) .
-	$(DOCKER_BUILD) --target runtime-user -t arcvllm:$(XPU_STACK)-ci-user \
-		$(shell $(ARCVLLM) stack build-args $(XPU_STACK) --ci 2>/dev/null) .
+	$(IMAGE_BUILD) $(XPU_STACK) --ci --target vllm --tag arcvllm:$(XPU_STACK)-ci
+	$(IMAGE_BUILD) $(XPU_STACK) --ci --target runtime-user --tag arcvllm:$(XPU_STACK)-ci-user
 XPU_STACK     ?= $(if $(filter xpu-%,$(STACK)),$(STACK),xpu-0.23)
 
 # The API key file compose hands to the gateway and vLLM (a relative path is read from docker/).

@@ -28,6 +28,8 @@ from arcvllm.errors import ArcvllmError
 COMMANDS = (
     "patches",
     "stack",
+    "image",
+    "release",
     "standins",
     "toolchain",
     "presets",

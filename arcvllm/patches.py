@@ -453,6 +453,22 @@ def _cmd_verify(args) -> int:
     return 0
 
 
+def plan_states(the_series, version) -> dict[str, str]:
+    """What the series expects for a vLLM version: patch name -> applied/upstream/..."""
+    names = {
+        series.APPLY: APPLIED,
+        series.UPSTREAM: UPSTREAM,
+        series.UNPATCHED: UNPATCHED,
+        series.NOT_APPLICABLE: NOT_APPLICABLE,
+    }
+    return {s.patch.name: names[s.expect] for s in series.entries_for(the_series, version)}
+
+
+def plan_summary(vllm_version: str) -> str:
+    """The bundled series' summary for a vLLM version (the image's org.arcvllm.patches)."""
+    return series.summary(plan_states(series.load(), series.parse_version(vllm_version)))
+
+
 def _cmd_plan(args) -> int:
     the_series = _series(args)
     try:
@@ -463,13 +479,7 @@ def _cmd_plan(args) -> int:
         raise ArcvllmError(
             f"vLLM {version} is outside the supported range {the_series.supported}", 2
         )
-    names = {
-        series.APPLY: APPLIED,
-        series.UPSTREAM: UPSTREAM,
-        series.UNPATCHED: UNPATCHED,
-        series.NOT_APPLICABLE: NOT_APPLICABLE,
-    }
-    states = {s.patch.name: names[s.expect] for s in series.entries_for(the_series, version)}
+    states = plan_states(the_series, version)
     if args.json:
         doc = {"vllm": str(version), "summary": series.summary(states), "patches": states}
         print(json.dumps(doc, indent=2))

@@ -107,6 +107,34 @@ def load(path: Path | None = None) -> tuple[dict[str, Stack], dict[str, str]]:
     return parse(yaml.safe_load(path.read_text()), str(path))
 
 
+@dataclass(frozen=True)
+class SideImage:
+    """An image beside the server (gateway, router, ...): its name, tag and provenance."""
+
+    name: str
+    image: str
+    tag: str
+    source: str
+
+    @property
+    def ref(self) -> str:
+        return f"{self.image}:{self.tag}"
+
+
+def side_images(path: Path | None = None) -> dict[str, SideImage]:
+    """The side images of the stacks file (`side_images:`), by Dockerfile target."""
+    import yaml
+
+    path = path or stacks_file()
+    raw = (yaml.safe_load(path.read_text()) or {}).get("side_images") or {}
+    out = {}
+    for name, entry in raw.items():
+        if not isinstance(entry, Mapping) or not {"image", "tag", "from"} <= set(entry):
+            raise ArcvllmError(f"{path}: side image {name} needs `image`, `tag` and `from`")
+        out[str(name)] = SideImage(str(name), entry["image"], str(entry["tag"]), entry["from"])
+    return out
+
+
 def get(name: str, path: Path | None = None, flavor: str | None = None) -> Stack:
     """The stack NAME; an unknown name (or one of another flavour) lists the valid ones."""
     stacks, _ = load(path)

@@ -1,0 +1,236 @@
+"""Building an image of docker/Dockerfile: the one place a `docker build` command is made.
+
+Runs on the build host. `make build`, the side images, CI's XPU rehearsal and
+`arcvllm release` all build through `build()`: the stack's pinned args, the project's
+identity (version, revision, patch plan), the commit's time as SOURCE_DATE_EPOCH and
+`created` (never the clock: two builds of one commit are the same image), the CA bundle as
+a secret, and the wheelhouse in the context. BuildKit on an old or loaded engine can lose
+its client session between steps (`no active session`: moby/buildkit#2367); a build that
+fails with that error alone is run once more, from its cache, and says so.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from arcvllm import __version__
+from arcvllm.errors import ArcvllmError
+from arcvllm.stack import Stack
+
+SESSION_LOST = "no active session"
+SOURCE = "https://github.com/arcvllm/arcvllm"
+
+
+def checkout_root() -> Path:
+    """The source checkout the Dockerfile and build context live in."""
+    return Path(__file__).resolve().parent.parent
+
+
+def docker_binary() -> str:
+    """$DOCKER, else Debian's client (buildx and compose plugins), else `docker` on PATH."""
+    if env := os.environ.get("DOCKER"):
+        return env
+    return "/usr/bin/docker" if Path("/usr/bin/docker").exists() else "docker"
+
+
+@dataclass(frozen=True)
+class Source:
+    """The commit an image is built from: revision and time (SOURCE_DATE_EPOCH)."""
+
+    revision: str
+    epoch: int
+
+    @property
+    def created(self) -> str:
+        from datetime import datetime, timezone
+
+        return datetime.fromtimestamp(self.epoch, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def source(root: Path | None = None) -> Source:
+    """HEAD's short revision and commit time; SOURCE_DATE_EPOCH overrides the time, and a
+    tree outside git is `unknown` at that time (else 0)."""
+    root = root or checkout_root()
+    env_epoch = os.environ.get("SOURCE_DATE_EPOCH", "")
+
+    def git(*args: str) -> str:
+        run = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
+        return run.stdout.strip() if run.returncode == 0 else ""
+
+    revision = git("rev-parse", "--short=12", "HEAD") or "unknown"
+    epoch = env_epoch if env_epoch.isdigit() else git("log", "-1", "--format=%ct") or "0"
+    return Source(revision, int(epoch))
+
+
+@dataclass
+class Build:
+    """One `docker build` of a target of docker/Dockerfile."""
+
+    stack: Stack
+    target: str
+    tags: Sequence[str] = ()
+    args: Mapping[str, str] = field(default_factory=dict)  # the stack's, resolved
+    extra_args: Mapping[str, str] = field(default_factory=dict)
+    oci_archive: Path | None = None  # reproducible export (rewrite-timestamp) instead of load
+    flags: Sequence[str] = ()
+
+    def argv(self, src: Source, docker: str | None = None, ca_bundle: str | None = None) -> list[str]:
+        values = {
+            **self.args,
+            "ARCVLLM_VERSION": __version__,
+            "REVISION": src.revision,
+            "CREATED": src.created,
+            "SOURCE_DATE_EPOCH": str(src.epoch),
+            "SOURCE": SOURCE,
+            **self.extra_args,
+        }
+        argv = [docker or docker_binary(), "buildx", "build", "-f", "docker/Dockerfile"]
+        argv += ["--target", self.target, *self.flags]
+        if ca_bundle:
+            argv += ["--secret", f"id=ca,src={ca_bundle}"]
+        for key, value in values.items():
+            argv += ["--build-arg", f"{key}={value}"]
+        if self.oci_archive is not None:
+            name = f",name={self.tags[0]}" if self.tags else ""
+            # One manifest, no build-time provenance: the archive's digest is the image's.
+            argv += ["--provenance=false", "--output"]
+            argv += [f"type=oci,dest={self.oci_archive},rewrite-timestamp=true{name}"]
+        else:
+            for tag in self.tags:
+                argv += ["-t", tag]
+        return [*argv, "."]
+
+
+def ca_bundle() -> str | None:
+    """A CA bundle for TLS-inspecting proxies ($CA_BUNDLE, else the system's), if any."""
+    if env := os.environ.get("CA_BUNDLE"):
+        return env or None
+    system = Path("/etc/ssl/certs/ca-certificates.crt")
+    return str(system) if system.exists() else None
+
+
+def run(argv: Sequence[str], cwd: Path) -> None:
+    """Run a build, its output passed through; once more if BuildKit lost its session."""
+    for attempt in (1, 2):
+        proc = subprocess.Popen(
+            argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        lost = False
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stderr.write(line)
+            lost = lost or SESSION_LOST in line
+        if proc.wait() == 0:
+            return
+        if lost and attempt == 1:
+            print(
+                "arcvllm: BuildKit lost the build's client session (moby/buildkit#2367); "
+                "building once more from the cache",
+                file=sys.stderr,
+            )
+            continue
+        raise ArcvllmError(f"docker build of target {argv[argv.index('--target') + 1]} failed")
+
+
+def build(spec: Build, root: Path | None = None, dry_run: bool = False) -> list[str]:
+    """Build SPEC from the checkout ROOT (its build context); returns the argv."""
+    root = root or checkout_root()
+    argv = spec.argv(source(root), ca_bundle=ca_bundle())
+    if not dry_run:
+        run(argv, root)
+    return argv
+
+
+def inspect_id(image: str, docker: str | None = None) -> str:
+    """The image's ID: with the containerd image store, its manifest digest."""
+    out = subprocess.run(
+        [docker or docker_binary(), "image", "inspect", "-f", "{{.Id}}", image],
+        capture_output=True,
+        text=True,
+    )
+    if out.returncode != 0:
+        raise ArcvllmError(f"no image {image}: {out.stderr.strip()}", 3)
+    return out.stdout.strip()
+
+
+def spec_for(
+    stack_name: str | None,
+    side: str | None = None,
+    ci: bool = False,
+    flavor: str | None = None,
+    stacks_file: Path | None = None,
+) -> Build:
+    """The build of a stack's server image (target runtime), or of a side image (its own
+    target on the default CPU stack); CI's stand-ins for an XPU stack with CI."""
+    from arcvllm import patches, stack
+
+    stacks, defaults = stack.load(stacks_file)
+    if side is not None:
+        sides = stack.side_images(stacks_file)
+        if side not in sides:
+            raise ArcvllmError(f"unknown side image {side!r}; side images: {', '.join(sides)}", 2)
+        the_stack = stacks[defaults["cpu"]]
+        entry = sides[side]
+        return Build(
+            the_stack,
+            target=side,
+            tags=[entry.ref],
+            args=the_stack.build_args(),
+            extra_args={"SIDE_TAG": entry.tag},
+        )
+    try:
+        the_stack = stack.get(stack_name or defaults["cpu"], stacks_file, flavor)
+    except ArcvllmError as exc:  # a stack named on the command line
+        raise ArcvllmError(str(exc), 2) from None
+    args = stack.ci_build_args(the_stack) if ci else the_stack.resolved_build_args()
+    plan = patches.plan_summary(the_stack.vllm_version)
+    return Build(the_stack, target="runtime", args=args, extra_args={"ARCVLLM_PATCHES": plan})
+
+
+def _cmd(args) -> int:
+    spec = spec_for(args.stack, args.side, args.ci, args.flavor, args.stacks_file)
+    if args.target:
+        spec.target = args.target
+    if args.tag:
+        spec.tags = args.tag
+    elif not spec.tags:
+        spec.tags = [f"arcvllm:{spec.stack.name}"]
+    spec.oci_archive = args.oci_archive
+    spec.flags = args.docker_flags
+    argv = build(spec, dry_run=args.dry_run)
+    if args.dry_run:
+        import shlex
+
+        print(shlex.join(argv))
+    return 0
+
+
+def register(subparsers) -> None:
+    from arcvllm import cli
+
+    parser = subparsers.add_parser(
+        "image",
+        help="build an image of docker/Dockerfile (a stack's server, or a side image)",
+        description="Build the server image of a stack (target runtime) or a side image "
+        "(gateway, router, prometheus, alertmanager) with the stack's pinned args, the "
+        "commit's revision and time, and the CA bundle as a secret.",
+    )
+    parser.set_defaults(func=lambda a: parser.print_help() or 2)
+    sub = parser.add_subparsers(dest="action", metavar="ACTION")
+    b = sub.add_parser("build", help="build one image")
+    b.add_argument("stack", nargs="?", help="the stack (default: the CPU default stack)")
+    b.add_argument("--side", help="a side image of configs/stacks.yaml (side_images)")
+    b.add_argument("--target", help="a Dockerfile target other than the image's own")
+    b.add_argument("--tag", action="append", help="the image's tag (repeatable)")
+    b.add_argument("--flavor", choices=("cpu", "xpu"), help="fail unless the stack is this")
+    b.add_argument("--ci", action="store_true", help="CI: an XPU stack with its stand-ins")
+    b.add_argument("--oci-archive", type=Path, help="export an OCI archive (reproducible)")
+    b.add_argument("--stacks-file", type=cli.existing_file, default=None)
+    b.add_argument("--dry-run", action="store_true", help="print the command, build nothing")
+    b.add_argument("docker_flags", nargs="*", help="more flags for docker build (after --)")
+    b.set_defaults(func=_cmd)

@@ -1,0 +1,279 @@
+"""A release: every image built reproducibly, pushed, signed, its SBOM attached, one manifest.
+
+Runs on the build host. For each stack of configs/stacks.yaml (and each side image):
+build to an OCI archive with timestamps rewritten to the commit's time (arcvllm.image),
+load it, tag `arcvllm:<stack>-<version>` and `arcvllm:<stack>`, push both to the registry,
+check the registry holds the archive's digest, sign that digest with cosign (a key pair from
+a file; the hosted workflow signs keyless), attach the image's own SBOM
+(/opt/arcvllm/sbom.cdx.json) as a signed CycloneDX attestation, and write manifest.json
+(stack -> digest, tags, vLLM version, patch plan, SBOM, signature). `verify` checks a
+manifest's every digest against a public key: an unsigned or altered digest fails.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import tarfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from arcvllm import image
+from arcvllm.errors import ArcvllmError
+
+SBOM_PATH = "/opt/arcvllm/sbom.cdx.json"
+
+
+@dataclass(frozen=True)
+class Target:
+    """One image of a release: a stack's server (kind server) or a side image."""
+
+    name: str  # the stack or side image name
+    kind: str  # server | side
+
+    def repository(self) -> str:
+        if self.kind == "server":
+            return "arcvllm"
+        from arcvllm import stack
+
+        return stack.side_images()[self.name].image
+
+    def tags(self, version: str) -> list[str]:
+        if self.kind == "server":
+            return [f"{self.name}-{version}", self.name]
+        from arcvllm import stack
+
+        tag = stack.side_images()[self.name].tag
+        return [f"{tag}-{version}", tag]
+
+
+def targets(stacks: Sequence[str] | None, sides: Sequence[str] | None) -> list[Target]:
+    """The release's images: the named stacks (default all) and side images (default all)."""
+    from arcvllm import stack
+
+    all_stacks, _ = stack.load()
+    all_sides = stack.side_images()
+    chosen = list(stacks) if stacks is not None else list(all_stacks)
+    for name in chosen:
+        if name not in all_stacks:
+            raise ArcvllmError(f"unknown stack {name!r}; stacks: {', '.join(all_stacks)}", 2)
+    side_names = list(sides) if sides is not None else list(all_sides)
+    for name in side_names:
+        if name not in all_sides:
+            raise ArcvllmError(f"unknown side image {name!r}; {', '.join(all_sides)}", 2)
+    return [Target(n, "server") for n in chosen] + [Target(n, "side") for n in side_names]
+
+
+def archive_digest(archive: Path) -> str:
+    """The manifest digest an OCI archive holds (index.json's one manifest)."""
+    with tarfile.open(archive) as tar:
+        member = tar.extractfile("index.json")
+        if member is None:
+            raise ArcvllmError(f"{archive}: no index.json")
+        index = json.load(member)
+    manifests = index.get("manifests") or []
+    if len(manifests) != 1:
+        raise ArcvllmError(f"{archive}: expected one manifest, found {len(manifests)}")
+    return manifests[0]["digest"]
+
+
+def _run(argv: Sequence[str], what: str, capture: bool = False) -> str:
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    if proc.returncode != 0:
+        detail = (proc.stderr or proc.stdout).strip().splitlines()
+        raise ArcvllmError(f"{what} failed: {detail[-1] if detail else proc.returncode}")
+    return proc.stdout if capture else ""
+
+
+def cosign_flags(registry: str) -> list[str]:
+    """A registry on this machine speaks plain http; any other is https."""
+    host = registry.split("/")[0].split(":")[0]
+    return ["--allow-http-registry"] if host in ("127.0.0.1", "localhost", "::1") else []
+
+
+def extract_sbom(ref: str, dest: Path, docker: str) -> dict:
+    """The image's own SBOM file, copied out of a container that never starts."""
+    cid = _run([docker, "create", ref], f"docker create {ref}", capture=True).strip()
+    try:
+        _run([docker, "cp", f"{cid}:{SBOM_PATH}", str(dest)], f"docker cp {SBOM_PATH}")
+    finally:
+        subprocess.run([docker, "rm", cid], capture_output=True)
+    data = dest.read_bytes()
+    doc = json.loads(data)
+    return {
+        "file": dest.name,
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "format": f"CycloneDX {doc.get('specVersion')}",
+        "components": len(doc.get("components", [])),
+    }
+
+
+def release_one(
+    target: Target, version: str, registry: str, key: Path, out: Path, docker: str
+) -> dict:
+    """Build, load, tag, push, sign and attest one image; its manifest entry."""
+    if target.kind == "server":
+        spec = image.spec_for(target.name)
+    else:
+        spec = image.spec_for(None, side=target.name)
+    repo = target.repository()
+    tags = target.tags(version)
+    local = [f"{repo}:{t}" for t in tags]
+    remote = [f"{registry}/{repo}:{t}" for t in tags]
+    archive = out / f"{repo}-{tags[0]}.oci.tar"
+    spec.tags = [local[0]]
+    spec.oci_archive = archive
+    print(f"release: building {local[0]} ({spec.target})", file=sys.stderr)
+    image.build(spec)
+    digest = archive_digest(archive)
+    _run([docker, "load", "-i", str(archive)], f"docker load {archive.name}")
+    for ref in local[1:] + remote:
+        _run([docker, "tag", local[0], ref], f"docker tag {ref}")
+    loaded = image.inspect_id(local[0], docker)
+    if loaded != digest:
+        raise ArcvllmError(f"{local[0]}: loaded as {loaded}, the archive holds {digest}")
+    for ref in remote:
+        pushed = _run([docker, "push", ref], f"docker push {ref}", capture=True)
+        if digest not in pushed:
+            raise ArcvllmError(f"{ref}: the registry did not take digest {digest}")
+    by_digest = f"{registry}/{repo}@{digest}"
+    sbom_file = out / f"{repo}-{tags[0]}.cdx.json"
+    sbom = extract_sbom(local[0], sbom_file, docker)
+    flags = cosign_flags(registry)
+    sign = ["cosign", "sign", "--key", str(key), "--tlog-upload=false", "-y", *flags, by_digest]
+    _run(sign, f"cosign sign {by_digest}")
+    attest = ["cosign", "attest", "--key", str(key), "--type", "cyclonedx", "--predicate"]
+    attest += [str(sbom_file), "--tlog-upload=false", "-y", *flags, by_digest]
+    _run(attest, f"cosign attest {by_digest}")
+    labels = json.loads(
+        _run(
+            [docker, "image", "inspect", "-f", "{{json .Config.Labels}}", local[0]],
+            "docker image inspect",
+            capture=True,
+        )
+    ) or {}
+    entry = {
+        "name": target.name,
+        "kind": target.kind,
+        "repository": f"{registry}/{repo}",
+        "tags": tags,
+        "digest": digest,
+        "ref": by_digest,
+        "archive": archive.name,
+        "vllm": labels.get("org.arcvllm.vllm.version", ""),
+        "patches": labels.get("org.arcvllm.patches", ""),
+        "sbom": sbom,
+        "signature": f"{registry}/{repo}:{digest.replace(':', '-')}.sig",
+        "attestation": f"{registry}/{repo}:{digest.replace(':', '-')}.att",
+    }
+    print(f"release: {by_digest} pushed, signed, SBOM attested", file=sys.stderr)
+    return entry
+
+
+def release(
+    version: str,
+    registry: str,
+    key: Path,
+    out: Path,
+    stacks: Sequence[str] | None = None,
+    sides: Sequence[str] | None = None,
+) -> dict:
+    """Every image of the release; writes OUT/manifest.json and returns it."""
+    if not key.is_file():
+        raise ArcvllmError(f"no cosign key at {key} (cosign generate-key-pair)", 2)
+    chosen = targets(stacks, sides)
+    out.mkdir(parents=True, exist_ok=True)
+    docker = image.docker_binary()
+    src = image.source()
+    manifest = {
+        "version": version,
+        "revision": src.revision,
+        "created": src.created,
+        "registry": registry,
+        "public_key": key.with_suffix(".pub").name,
+        "images": [release_one(t, version, registry, key, out, docker) for t in chosen],
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def verify_ref(ref: str, public_key: Path, attestation: bool = True) -> tuple[bool, str]:
+    """cosign's verdict on a digest: its signature (and its SBOM attestation)."""
+    registry = ref.split("/")[0]
+    flags = ["--key", str(public_key), "--insecure-ignore-tlog=true", *cosign_flags(registry)]
+    checks = [["cosign", "verify", *flags, ref]]
+    if attestation:
+        checks.append(["cosign", "verify-attestation", "--type", "cyclonedx", *flags, ref])
+    for argv in checks:
+        proc = subprocess.run(argv, capture_output=True, text=True)
+        if proc.returncode != 0:
+            lines = proc.stderr.strip().splitlines()
+            return False, lines[-1] if lines else f"{argv[1]} exit {proc.returncode}"
+    return True, "signature and SBOM attestation verified"
+
+
+def verify(manifest_file: Path, public_key: Path) -> list[dict]:
+    """Every image of a manifest checked; a list of {ref, ok, detail}."""
+    manifest = json.loads(manifest_file.read_text())
+    results = []
+    for entry in manifest["images"]:
+        ok, detail = verify_ref(entry["ref"], public_key)
+        results.append({"name": entry["name"], "ref": entry["ref"], "ok": ok, "detail": detail})
+    return results
+
+
+def _names(raw: str | None) -> list[str] | None:
+    """A comma-separated option: None when absent (all), [] when empty (none)."""
+    return None if raw is None else [n for n in raw.split(",") if n]
+
+
+def _cmd(args) -> int:
+    if args.action == "verify":
+        results = verify(args.manifest, args.key)
+        if args.json:
+            print(json.dumps(results, indent=2))
+        else:
+            for r in results:
+                print(f"{'ok  ' if r['ok'] else 'FAIL'} {r['ref']}  {r['detail']}")
+        return 0 if all(r["ok"] for r in results) else 1
+    if args.action == "build":
+        stacks, sides = _names(args.stacks), _names(args.sides)
+        manifest = release(args.version, args.registry, args.key, args.out, stacks, sides)
+        if args.json:
+            print(json.dumps(manifest, indent=2))
+        else:
+            for e in manifest["images"]:
+                print(f"{e['name']:14} {e['ref']}")
+            print(f"manifest: {args.out / 'manifest.json'}")
+        return 0
+    args.parser.print_help()
+    return 2
+
+
+def register(subparsers) -> None:
+    from arcvllm import cli
+
+    parser = subparsers.add_parser(
+        "release",
+        help="build, push, sign and attest every image; verify a release's signatures",
+        description="`release build`: every stack and side image built reproducibly, pushed "
+        "to REGISTRY, signed with a cosign key, its SBOM attested, and manifest.json "
+        "written. `release verify`: cosign's verdict on every digest of a manifest.",
+    )
+    parser.set_defaults(func=_cmd, action=None, parser=parser)
+    sub = parser.add_subparsers(dest="action", metavar="ACTION")
+    b = sub.add_parser("build", help="the release (make release VERSION=...)")
+    b.add_argument("--version", required=True)
+    b.add_argument("--registry", required=True, help="HOST[:PORT][/PATH] to push to")
+    b.add_argument("--key", type=Path, required=True, help="cosign private key (COSIGN_PASSWORD)")
+    b.add_argument("--out", type=Path, required=True, help="folder for archives and manifest")
+    b.add_argument("--stacks", help="comma-separated stacks (default: all of stacks.yaml; '' for none)")
+    b.add_argument("--sides", help="comma-separated side images (default: all; '' for none)")
+    v = sub.add_parser("verify", help="verify every digest of a manifest")
+    v.add_argument("manifest", type=cli.existing_file)
+    v.add_argument("--key", type=cli.existing_file, required=True, help="cosign public key")
+    for each in (b, v):
+        cli.add_json(each)
