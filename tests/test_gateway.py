@@ -217,6 +217,22 @@ def test_the_operators_certificate_is_used_and_half_of_one_is_refused(tmp_path):
     one_line_error(gone, 3, "GATEWAY_TLS_CERT")
 
 
+@pytest.mark.compose
+@pytest.mark.parametrize("bind", ["127.0.0.1", "0.0.0.0"])
+def test_in_every_profile_only_the_gateway_publishes_a_port(bind):
+    """Issue 20, item 7: the monitoring profile published Prometheus and the alertmanager
+    (whose API adds silences) without authentication. The router and vLLM never did."""
+    from test_scale import ports, services
+
+    profiles = ("cpu", "monitoring", "scale", "cpu-scale")
+    published = {
+        name: ports(service)
+        for name, service in services(*profiles, env={"BIND_ADDRESS": bind}).items()
+        if ports(service)
+    }
+    assert published == {"gateway": [(bind, 8443, 8443)]}
+
+
 # ---- one real deployment: vllm-cpu and the gateway, through the published port ----------
 
 PROJECT = "arcvllm-gw-test"

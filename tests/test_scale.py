@@ -158,11 +158,11 @@ def test_cpu_replicas_answer_as_vllm_0_and_1_with_scale_out_and_a_cpu_set_each()
     assert svc["router-cpu"]["networks"]["default"]["aliases"] == ["router"]
 
 
-def test_prometheus_has_its_own_bind_address_on_localhost_by_default():
+def test_prometheus_publishes_no_port():
+    """It has no authentication (tests/test_gateway.py: only the gateway is published)."""
     svc = services("monitoring", env={"BIND_ADDRESS": "0.0.0.0"})
-    assert ports(svc["prometheus"]) == [("127.0.0.1", 9090, 9090)]
-    svc = services("monitoring", env={"PROMETHEUS_BIND_ADDRESS": "10.0.0.5"})
-    assert ports(svc["prometheus"]) == [("10.0.0.5", 9090, 9090)]
+    assert ports(svc["prometheus"]) == []
+    assert [str(p) for p in svc["prometheus"]["expose"]] == ["9090"]
 
 
 def test_prometheus_mounts_the_targets_of_its_n(four):
@@ -312,10 +312,14 @@ def deployment(request, tmp_path_factory):
         "ROUTER_HEALTH_CHECK_INTERVAL_SECS": str(CHECK_INTERVAL),
         "ROUTER_HEALTH_FAILURE_THRESHOLD": str(FAILURE_THRESHOLD),
     }
-    # The router publishes no port (the gateway is the way in: tests/test_gateway.py); this
-    # test measures routing, so it publishes the router on loopback for itself.
+    # The router and Prometheus publish no port (the gateway is the way in:
+    # tests/test_gateway.py); this test measures routing and reads Prometheus, so it
+    # publishes both on loopback for itself.
     published = tmp_path_factory.mktemp("scale") / "router-published.yaml"
-    published.write_text("services:\n  router-cpu:\n    ports: ['127.0.0.1:${PORT}:8000']\n")
+    published.write_text(
+        "services:\n  router-cpu:\n    ports: ['127.0.0.1:${PORT}:8000']\n"
+        "  prometheus:\n    ports: ['127.0.0.1:${PROMETHEUS_PORT}:9090']\n"
+    )
     compose = [
         *compose_binary(),
         "-p",
