@@ -7,6 +7,7 @@ environment as `arcvllm stack audit` reads it, with each stack's own build args)
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shlex
@@ -150,19 +151,34 @@ def pure(name: str, version: str, *requires: str) -> tuple[standins.Wheel, dict[
 
 @pytest.fixture(scope="module")
 def xpu_index_world(tmp_path_factory):
-    """A venv with the lock installed (torch +xpu, by exact pin), vLLM's wheel, the default
-    index and an XPU index that also serves a newer build of a name vLLM wants unpinned."""
+    """A venv with the lock installed (torch +xpu, by exact pin) and vLLM's wheel; the
+    default index, and an XPU index that also serves a newer build of a name vLLM wants
+    unpinned (dep-b), beside the +xpu build of one the lock lacks (0.20's torchaudio)."""
     tmp = tmp_path_factory.mktemp("xpu-index")
-    default = pep503(tmp / "pypi", [pure("dep-b", "1.0"), pure("dep-c", "1.0")])
-    xpu = pep503(tmp / "xpu", [pure("dep-b", "9.0"), pure("torch", "2.11.0+xpu")])
+    default = pep503(
+        tmp / "pypi",
+        [pure("dep-b", "1.0"), pure("dep-c", "1.0"), pure("torchaudio", "2.11.0", "torch==2.11.0")],
+    )
+    xpu = pep503(
+        tmp / "xpu",
+        [
+            pure("dep-b", "9.0"),
+            pure("torch", "2.11.0+xpu"),
+            pure("torchaudio", "2.11.0+xpu", "torch==2.11.0"),
+            pure("torchaudio", "2.14.0+xpu", "torch==2.14.0"),
+        ],
+    )
     vllm, files = pure(
-        "vllm", "0.20.2", "dep-b>=1", "dep-c", "torch==2.11.0",
+        "vllm", "0.20.2", "dep-b>=1", "dep-c", "torch==2.11.0", "torchaudio",
         "vllm-xpu-kernels @ https://example.invalid/k.whl",
     )  # fmt: skip
     (tmp / "dist").mkdir()
     wheel = tmp / "dist" / vllm.filename
     wheel.write_bytes(standins.wheel_bytes(vllm, files))
-    (tmp / "lock.txt").write_text("torch==2.11.0+xpu\ndep-c==1.0\n")
+    # As the real locks: what the default index serves carries its sha256, the +xpu pins none.
+    dep_c = next((tmp / "pypi" / "dep-c").glob("*.whl"))
+    sha256 = hashlib.sha256(dep_c.read_bytes()).hexdigest()
+    (tmp / "lock.txt").write_text(f"torch==2.11.0+xpu\ndep-c==1.0 --hash=sha256:{sha256}\n")
     subprocess.run([sys.executable, "-m", "venv", str(tmp / "v")], check=True)
     # install-vllm-xpu's Python reads requirements with `packaging`, as the image's venv has it
     import packaging
@@ -185,6 +201,11 @@ def xpu_index_world(tmp_path_factory):
 
 
 def install(world: dict, *args: str, **env: str) -> subprocess.CompletedProcess:
+    pip = world["tmp"] / "v" / "bin" / "pip"
+    subprocess.run(
+        [str(pip), "uninstall", "-q", "-y", "dep-b", "dep-c", "torchaudio"],
+        env=world["env"], capture_output=True,
+    )  # fmt: skip
     cmd = ["bash", str(INSTALL), str(world["wheel"]), str(world["tmp"] / "lock.txt"), "index"]
     return subprocess.run(
         [*cmd, *args], env={**world["env"], **env}, capture_output=True, text=True
@@ -198,38 +219,35 @@ def installed_version(world: dict, name: str) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
-def test_index_mode_takes_what_the_lock_lacks_from_the_default_index_only(xpu_index_world):
+def test_index_mode_takes_each_name_from_its_own_index_only(xpu_index_world):
     """xpu-0.20 (VLLM_DEPS_FROM=index), run with the Dockerfile's own arguments: dep-b,
-    unpinned in the lock, must come from the default index, not the XPU index's 9.0."""
+    unpinned in the lock, comes from the default index, not as the XPU index's 9.0; the
+    +xpu name the lock lacks (torchaudio) from the XPU index, at torch's version."""
     world = xpu_index_world
-    subprocess.run(
-        [str(world["tmp"] / "v" / "bin" / "pip"), "uninstall", "-q", "-y", "dep-b", "dep-c"],
-        env=world["env"], capture_output=True,
-    )  # fmt: skip
     done = install(world, *dockerfile_install_args(world["xpu"]))
     assert done.returncode == 0, done.stderr
     assert installed_version(world, "dep-b") == "1.0"
     assert installed_version(world, "dep-c") == "1.0"
+    assert installed_version(world, "torchaudio") == "2.11.0+xpu"
     assert installed_version(world, "torch") == "2.11.0+xpu"  # the lock's, untouched
 
 
-def test_an_index_given_to_install_vllm_xpu_is_refused_and_the_environments_ignored(
-    xpu_index_world,
-):
-    """The sibling: the XPU index handed over as before (a PIP_ARGS index) stops the build
-    in one line; through PIP_EXTRA_INDEX_URL it takes no part."""
+def test_another_index_is_refused_and_the_environments_ignored(xpu_index_world):
+    """The siblings: the XPU index handed over as a pip index (as before) stops the build
+    in one line; through PIP_EXTRA_INDEX_URL it takes no part; a +xpu name with no XPU
+    index given is refused rather than taken from the default index."""
     world = xpu_index_world
     done = install(world, "--extra-index-url", world["xpu"])
     assert done.returncode == 2
-    assert "resolve from the default index only" in done.stderr
-    subprocess.run(
-        [str(world["tmp"] / "v" / "bin" / "pip"), "uninstall", "-q", "-y", "dep-b"],
-        env=world["env"], capture_output=True,
-    )  # fmt: skip
-    done = install(world, PIP_EXTRA_INDEX_URL=world["xpu"])
+    assert "the only option is --xpu-index URL" in done.stderr
+    done = install(world, "--xpu-index", world["xpu"], PIP_EXTRA_INDEX_URL=world["xpu"])
     assert done.returncode == 0, done.stderr
     assert installed_version(world, "dep-b") == "1.0"
     assert not list(world["tmp"].glob("tmp*/vllm-requires.txt"))  # its scratch is gone
+    done = install(world)
+    assert done.returncode == 2
+    assert "vLLM wants torch==2.11.0 torchaudio from the XPU index" in done.stderr
+    assert installed_version(world, "torchaudio") is None
 
 
 def test_the_xpu_index_serves_only_the_locks_unhashed_pins():
