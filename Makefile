@@ -62,8 +62,9 @@ tools: ## install the Debian tools the tests need (prometheus, promtool, alertma
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing
 
 .PHONY: test
-test: ## everything, set-up included: lint, unit, real vLLM code, every image (XPU rehearsals too), compose, smoke, emulation
+test: ## everything, set-up included: lint, unit, real vLLM code, every image (XPU rehearsals too), compose, smoke, emulation, the release pulled on a clean engine
 	scripts/ci/engine.sh run scripts/ci/pipeline.sh
+	scripts/ci/release-check.sh
 
 # pytest's scratch under build/ (nothing left in /tmp). The host part (no image) and the
 # image part (-m docker) run apart so the images can build while the host part runs
@@ -79,16 +80,16 @@ PYTEST = mkdir -p $(BUILD)/tmp && TMPDIR=$(abspath $(BUILD))/tmp \
 
 .PHONY: test-host
 test-host: $(VENV)/.stamp ## the tests that need no image (unit, real vLLM code, servers on the host, compose config)
-	$(PYTEST) -m 'not docker'
+	$(PYTEST) -m 'not docker and not release'
 
 # Its two halves apart, so that CI runs the first while the test venvs are still made.
 .PHONY: test-unit
 test-unit: $(VENV)/.stamp ## the host tests that need neither a test venv nor an image
-	$(PYTEST) --basetemp=$(BUILD)/pytest-unit -m 'not docker and not vllm and not server'
+	$(PYTEST) --basetemp=$(BUILD)/pytest-unit -m 'not docker and not vllm and not server and not release'
 
 .PHONY: test-vllm
 test-vllm: $(VENV)/.stamp ## the host tests of real vLLM releases and servers (make test-venvs first)
-	$(PYTEST) --basetemp=$(BUILD)/pytest-vllm -m 'not docker and (vllm or server)'
+	$(PYTEST) --basetemp=$(BUILD)/pytest-vllm -m 'not docker and not release and (vllm or server)'
 
 # Then the container smoke test of the CPU image with the high-address emulation on,
 # whatever the host (the plain smoke test of that image runs in tests/test_deploy.py):
@@ -163,17 +164,17 @@ stacks: $(VENV)/.stamp ## list the pinned stacks (configs/stacks.yaml)
 .PHONY: build
 build: $(VENV)/.stamp wheelhouse ## build the image of STACK (default: cpu, or xpu-0.23 on a host with an XPU)
 	@$(ARCVLLM) stack show $(STACK) >/dev/null 2>&1 || { $(ARCVLLM) stack list; }
-	$(IMAGE_BUILD) $(STACK) $(FLAVOR_CHECK) --tag $(IMAGE) $(if $(BUILD_EXTRA),-- $(BUILD_EXTRA))
+	$(IMAGE_BUILD) $(STACK) $(FLAVOR_CHECK) --tag $(IMAGE) $(if $(BUILD_EXTRA),--docker-flags '$(BUILD_EXTRA)')
 
 .PHONY: scale-images
 scale-images: $(VENV)/.stamp wheelhouse ## the router, Prometheus and Alertmanager images docker/compose.scale.yaml runs
-	$(IMAGE_BUILD) --side router $(if $(BUILD_EXTRA),-- $(BUILD_EXTRA))
-	$(IMAGE_BUILD) --side prometheus $(if $(BUILD_EXTRA),-- $(BUILD_EXTRA))
-	$(IMAGE_BUILD) --side alertmanager $(if $(BUILD_EXTRA),-- $(BUILD_EXTRA))
+	$(IMAGE_BUILD) --side router $(if $(BUILD_EXTRA),--docker-flags '$(BUILD_EXTRA)')
+	$(IMAGE_BUILD) --side prometheus $(if $(BUILD_EXTRA),--docker-flags '$(BUILD_EXTRA)')
+	$(IMAGE_BUILD) --side alertmanager $(if $(BUILD_EXTRA),--docker-flags '$(BUILD_EXTRA)')
 
 .PHONY: gateway-image
 gateway-image: $(VENV)/.stamp wheelhouse ## the gateway image compose publishes (Debian's nginx: TLS, the key, an allow-list)
-	$(IMAGE_BUILD) --side gateway --tag $(GATEWAY_IMAGE) $(if $(BUILD_EXTRA),-- $(BUILD_EXTRA))
+	$(IMAGE_BUILD) --side gateway --tag $(GATEWAY_IMAGE) $(if $(BUILD_EXTRA),--docker-flags '$(BUILD_EXTRA)')
 
 
 # CI's rehearsal of `make build STACK=<xpu stack>`: the same Dockerfile stages, scripts and
@@ -192,6 +193,27 @@ build-xpu-ci: standins ## CI: the XPU build of STACK stage for stage with named 
 	$(IMAGE_BUILD) $(XPU_STACK) --ci --target vllm --tag arcvllm:$(XPU_STACK)-ci
 	$(IMAGE_BUILD) $(XPU_STACK) --ci --target runtime-user --tag arcvllm:$(XPU_STACK)-ci-user
 XPU_STACK     ?= $(if $(filter xpu-%,$(STACK)),$(STACK),xpu-0.23)
+
+# ---- release: images to pull (docs/release.md) ----
+# `make release VERSION=1.2.0 REGISTRY=registry.example.org/arcvllm COSIGN_KEY=cosign.key`
+# (COSIGN_PASSWORD in the environment): every stack of configs/stacks.yaml (RELEASE_STACKS:
+# a comma-separated few) and every side image, built reproducibly, pushed, signed, the
+# SBOM attested; build/release/VERSION/manifest.json says stack -> digest.
+VERSION        ?=
+REGISTRY       ?=
+COSIGN_KEY     ?= cosign.key
+RELEASE_STACKS ?=
+RELEASE_OUT    ?= $(BUILD)/release/$(VERSION)
+
+.PHONY: release
+release: $(VENV)/.stamp wheelhouse ## build, push, sign and attest every image: VERSION, REGISTRY, COSIGN_KEY (manifest in build/release/VERSION)
+	$(ARCVLLM) release build --version '$(VERSION)' --registry '$(REGISTRY)' --key $(COSIGN_KEY) \
+		--out $(RELEASE_OUT) $(if $(RELEASE_STACKS),--stacks $(RELEASE_STACKS))
+	cp $(COSIGN_KEY:.key=.pub) $(RELEASE_OUT)/cosign.pub
+
+.PHONY: release-rehearsal
+release-rehearsal: $(VENV)/.stamp ## CI: make release of the CPU stack and side images into a local registry, then a no-cache rebuild: one digest
+	scripts/ci/release-rehearsal.sh
 
 # The API key file compose hands to the gateway and vLLM (a relative path is read from docker/).
 KEY_FILE       = $(or $(VLLM_API_KEY_FILE),$(call setting,VLLM_API_KEY_FILE),../secrets/api-key)

@@ -12,6 +12,7 @@ fails with that error alone is run once more, from its cache, and says so.
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -79,7 +80,9 @@ class Build:
     oci_archive: Path | None = None  # reproducible export (rewrite-timestamp) instead of load
     flags: Sequence[str] = ()
 
-    def argv(self, src: Source, docker: str | None = None, ca_bundle: str | None = None) -> list[str]:
+    def argv(
+        self, src: Source, docker: str | None = None, ca_bundle: str | None = None
+    ) -> list[str]:
         values = {
             **self.args,
             "ARCVLLM_VERSION": __version__,
@@ -187,7 +190,12 @@ def spec_for(
         the_stack = stack.get(stack_name or defaults["cpu"], stacks_file, flavor)
     except ArcvllmError as exc:  # a stack named on the command line
         raise ArcvllmError(str(exc), 2) from None
-    args = stack.ci_build_args(the_stack) if ci else the_stack.resolved_build_args()
+    if ci:
+        args = stack.ci_build_args(the_stack)
+    else:  # every download pinned: by stacks.yaml, else trusted on first use (arcvllm.sums)
+        from arcvllm import sums
+
+        args = sums.apply(the_stack.name, the_stack.resolved_build_args())
     plan = patches.plan_summary(the_stack.vllm_version)
     return Build(the_stack, target="runtime", args=args, extra_args={"ARCVLLM_PATCHES": plan})
 
@@ -201,12 +209,22 @@ def _cmd(args) -> int:
     elif not spec.tags:
         spec.tags = [f"arcvllm:{spec.stack.name}"]
     spec.oci_archive = args.oci_archive
-    spec.flags = args.docker_flags
+    spec.flags = shlex.split(args.docker_flags)
     argv = build(spec, dry_run=args.dry_run)
     if args.dry_run:
-        import shlex
-
         print(shlex.join(argv))
+    return 0
+
+
+def _cmd_sums(args) -> int:
+    """Every download of the stack pinned (fetching and recording the unpinned ones)."""
+    from arcvllm import stack, sums
+
+    the_stack = stack.get(args.stack)
+    values = sums.apply(the_stack.name, the_stack.build_args())
+    for arg, sums_arg in sums.PAIRS.items():
+        if values.get(arg):
+            print(f"{sums_arg}={values.get(sums_arg, '')}")
     return 0
 
 
@@ -232,5 +250,14 @@ def register(subparsers) -> None:
     b.add_argument("--oci-archive", type=Path, help="export an OCI archive (reproducible)")
     b.add_argument("--stacks-file", type=cli.existing_file, default=None)
     b.add_argument("--dry-run", action="store_true", help="print the command, build nothing")
-    b.add_argument("docker_flags", nargs="*", help="more flags for docker build (after --)")
+    b.add_argument(
+        "--docker-flags", default="", help="more flags for docker build, one string (shell words)"
+    )
     b.set_defaults(func=_cmd)
+    su = sub.add_parser(
+        "sums",
+        help="pin every download of a stack: the unpinned ones fetched once and recorded "
+        "in configs/trusted-sums.txt (trust on first use)",
+    )
+    su.add_argument("stack")
+    su.set_defaults(func=_cmd_sums)

@@ -13,6 +13,7 @@ manifest's every digest against a public key: an unsigned or altered digest fail
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import subprocess
 import sys
@@ -78,6 +79,48 @@ def archive_digest(archive: Path) -> str:
     if len(manifests) != 1:
         raise ArcvllmError(f"{archive}: expected one manifest, found {len(manifests)}")
     return manifests[0]["digest"]
+
+
+def _blob(tar: tarfile.TarFile, digest: str) -> bytes:
+    member = tar.extractfile("blobs/sha256/" + digest.split(":", 1)[1])
+    if member is None:
+        raise ArcvllmError(f"no blob {digest}")
+    return member.read()
+
+
+def archive_files(archive: Path) -> dict[str, str]:
+    """Every file of an OCI archive's image, layer by layer: path -> what it holds (mode,
+    owner, mtime, size and sha256; the last layer that names a path wins), plus its config."""
+    import gzip
+
+    files: dict[str, str] = {}
+    with tarfile.open(archive) as tar:
+        manifest = json.loads(_blob(tar, archive_digest(archive)))
+        config = _blob(tar, manifest["config"]["digest"])
+        files["<image config>"] = hashlib.sha256(config).hexdigest()
+        for number, layer in enumerate(manifest["layers"]):
+            raw = _blob(tar, layer["digest"])
+            data = gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
+            with tarfile.open(fileobj=io.BytesIO(data)) as inner:
+                for m in inner:
+                    body = inner.extractfile(m).read() if m.isfile() else m.linkname.encode()
+                    files[m.name] = (
+                        f"layer {number} mode {m.mode:o} {m.uid}:{m.gid} mtime {m.mtime} "
+                        f"size {m.size} sha256 {hashlib.sha256(body).hexdigest()[:16]}"
+                    )
+    return files
+
+
+def compare(first: Path, second: Path) -> list[str]:
+    """The files that differ between two OCI archives (empty when their digests agree)."""
+    if archive_digest(first) == archive_digest(second):
+        return []
+    a, b = archive_files(first), archive_files(second)
+    return [
+        f"{path}: {a.get(path, 'absent')} | {b.get(path, 'absent')}"
+        for path in sorted(set(a) | set(b))
+        if a.get(path) != b.get(path)
+    ]
 
 
 def _run(argv: Sequence[str], what: str, capture: bool = False) -> str:
@@ -148,13 +191,16 @@ def release_one(
     attest = ["cosign", "attest", "--key", str(key), "--type", "cyclonedx", "--predicate"]
     attest += [str(sbom_file), "--tlog-upload=false", "-y", *flags, by_digest]
     _run(attest, f"cosign attest {by_digest}")
-    labels = json.loads(
-        _run(
-            [docker, "image", "inspect", "-f", "{{json .Config.Labels}}", local[0]],
-            "docker image inspect",
-            capture=True,
+    labels = (
+        json.loads(
+            _run(
+                [docker, "image", "inspect", "-f", "{{json .Config.Labels}}", local[0]],
+                "docker image inspect",
+                capture=True,
+            )
         )
-    ) or {}
+        or {}
+    )
     entry = {
         "name": target.name,
         "kind": target.kind,
@@ -182,6 +228,12 @@ def release(
     sides: Sequence[str] | None = None,
 ) -> dict:
     """Every image of the release; writes OUT/manifest.json and returns it."""
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,100}", version):
+        raise ArcvllmError(f"release: VERSION {version!r} is not a tag (e.g. 1.2.0)", 2)
+    if not re.fullmatch(r"[A-Za-z0-9.-]+(:[0-9]+)?(/[a-z0-9._/-]+)?", registry):
+        raise ArcvllmError(f"release: REGISTRY {registry!r} is not host[:port][/path]", 2)
     if not key.is_file():
         raise ArcvllmError(f"no cosign key at {key} (cosign generate-key-pair)", 2)
     chosen = targets(stacks, sides)
@@ -231,6 +283,18 @@ def _names(raw: str | None) -> list[str] | None:
 
 
 def _cmd(args) -> int:
+    if args.action == "compare":
+        differ = compare(args.first, args.second)
+        digests = (archive_digest(args.first), archive_digest(args.second))
+        print(f"{args.first.name}: {digests[0]}\n{args.second.name}: {digests[1]}")
+        for line in differ[: args.limit]:
+            print(f"  differs: {line}")
+        if len(differ) > args.limit:
+            print(f"  ... and {len(differ) - args.limit} more")
+        if differ:
+            raise ArcvllmError(f"the two builds differ in {len(differ)} files", 1)
+        print("the same image: one digest")
+        return 0
     if args.action == "verify":
         results = verify(args.manifest, args.key)
         if args.json:
@@ -270,10 +334,14 @@ def register(subparsers) -> None:
     b.add_argument("--registry", required=True, help="HOST[:PORT][/PATH] to push to")
     b.add_argument("--key", type=Path, required=True, help="cosign private key (COSIGN_PASSWORD)")
     b.add_argument("--out", type=Path, required=True, help="folder for archives and manifest")
-    b.add_argument("--stacks", help="comma-separated stacks (default: all of stacks.yaml; '' for none)")
+    b.add_argument("--stacks", help="comma-separated stacks (default: all; '' for none)")
     b.add_argument("--sides", help="comma-separated side images (default: all; '' for none)")
     v = sub.add_parser("verify", help="verify every digest of a manifest")
     v.add_argument("manifest", type=cli.existing_file)
     v.add_argument("--key", type=cli.existing_file, required=True, help="cosign public key")
+    c = sub.add_parser("compare", help="two builds' OCI archives: one digest, or what differs")
+    c.add_argument("first", type=cli.existing_file)
+    c.add_argument("second", type=cli.existing_file)
+    c.add_argument("--limit", type=int, default=40, help="how many differing files to name")
     for each in (b, v):
         cli.add_json(each)

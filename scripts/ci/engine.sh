@@ -6,7 +6,9 @@
 #   engine.sh run CMD...  up, run CMD with DOCKER_HOST exported, then stop what up started
 #   engine.sh env         print the DOCKER_HOST line for this engine
 # Settings (env): ARCVLLM_DOCKER_ROOT (data-root, outside the repo so layer caches survive),
-# ARCVLLM_DOCKER_RUN (socket, pidfile, exec-root), BASE_IMAGE (name the Dockerfile's FROM uses).
+# ARCVLLM_DOCKER_RUN (socket, pidfile, exec-root), BASE_IMAGE (name the Dockerfile's FROM uses;
+# none: an engine that only pulls), ARCVLLM_DOCKER_BRIDGE (none: no default bridge, for a
+# second engine beside a running one; compose's own networks still work).
 #
 # The engine is Debian trixie's (stable): Docker 26.1 with BuildKit 0.13, buildx 0.13 and
 # the compose v2 plugin, cosign and the distribution registry — the engine operators run
@@ -66,7 +68,7 @@ engine_installed() {
 install_engine() {
 	engine_installed && return
 	local codename
-	codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+	codename=$(sed -n "s/^VERSION_CODENAME=//p" /etc/os-release)
 	if [[ $codename != "$engine_suite" && $codename != forky && $codename != sid ]]; then
 		log "adding Debian $engine_suite's source at pin priority 100 (only the engine comes from it)"
 		printf 'Types: deb\nURIs: %s\nSuites: %s\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
@@ -86,7 +88,9 @@ start_engine() {
 	mkdir -p "$run_dir" "$data_root"
 	log "starting dockerd (data-root $data_root, socket $socket)"
 	printf '{"features": {"containerd-snapshotter": true}}\n' >"$run_dir/daemon.json"
+	# shellcheck disable=SC2046 # no bridge flag, or one
 	nohup /usr/sbin/dockerd --config-file "$run_dir/daemon.json" --data-root "$data_root" \
+		$([[ -n ${ARCVLLM_DOCKER_BRIDGE:-} ]] && echo "--bridge=$ARCVLLM_DOCKER_BRIDGE") \
 		--exec-root "$run_dir/exec" --pidfile "$pidfile" -H "$DOCKER_HOST" \
 		>"$run_dir/dockerd.log" 2>&1 &
 	echo $! >"$owner"
@@ -100,6 +104,7 @@ start_engine() {
 
 # No registry here: build the base image from Debian's own packages when it is absent.
 ensure_base_image() {
+	[[ $base_image == none ]] && return # an engine that only pulls (release-check.sh)
 	"$docker" image inspect "$base_image" >/dev/null 2>&1 && return
 	"$docker" pull -q "$base_image" >/dev/null 2>&1 && return
 	local mirror rootfs

@@ -1,0 +1,138 @@
+"""The sha256 of every download a build takes: pinned, or trusted on first use.
+
+Runs on the build host. Most downloads of an XPU stack are pinned in configs/stacks.yaml
+(a publisher's sum, or one a release recorded). Where a publisher gives none (two GPU debs
+and the kernels wheel of the older stacks), the first `make build` fetches the file once on
+this host, records its sha256 in configs/trusted-sums.txt (kept out of git) and says so in
+one line; that build and every later one is checked against the recorded sum, so a file
+that changes upstream is refused. The hosted release workflow records the same sums and
+pins them in stacks.yaml (`arcvllm stack sums --write`), so operators of a release never
+need the local file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from arcvllm.errors import ArcvllmError
+from arcvllm.paths import configs_dir
+
+TRUSTED_FILE = "trusted-sums.txt"
+
+# Each download arg and the arg that pins it: URLs (space separated) -> "sha256 file" pairs.
+PAIRS = {
+    "GPU_DEBS": "GPU_DEBS_SHA256",
+    "ONECCL_INSTALLER_URL": "ONECCL_INSTALLER_SHA256",
+    "VLLM_XPU_KERNELS": "VLLM_XPU_KERNELS_SHA256",
+}
+
+
+@dataclass(frozen=True)
+class Download:
+    arg: str
+    url: str
+
+    @property
+    def name(self) -> str:
+        return self.url.rsplit("/", 1)[-1]
+
+
+def urls(arg: str, value: str) -> list[str]:
+    """The URLs of a download arg (a pip requirement `name @ URL` gives its URL)."""
+    if arg == "VLLM_XPU_KERNELS":
+        return [value.split("@", 1)[1].strip()] if "@" in value else []
+    return [u for u in value.split() if "://" in u]
+
+
+def pinned(arg: str, value: str) -> dict[str, str]:
+    """file name -> sha256 of a *_SHA256 arg (pairs, or one bare sum for the kernels)."""
+    words = value.split()
+    if len(words) == 1:
+        return {"": words[0]}
+    return {name: digest for digest, name in zip(words[::2], words[1::2], strict=False)}
+
+
+def unpinned(args: Mapping[str, str]) -> list[Download]:
+    """The downloads of a stack's args that have no sha256 pinned."""
+    out = []
+    for arg, sums_arg in PAIRS.items():
+        have = pinned(sums_arg, args.get(sums_arg, ""))
+        for url in urls(arg, args.get(arg, "")):
+            name = url.rsplit("/", 1)[-1]
+            if name not in have and "" not in have:
+                out.append(Download(arg, url))
+    return out
+
+
+def trusted_file() -> Path:
+    return configs_dir() / TRUSTED_FILE
+
+
+def read_trusted(path: Path) -> dict[str, str]:
+    """url -> sha256 from the local file ("sha256  url" lines)."""
+    if not path.is_file():
+        return {}
+    out = {}
+    for line in path.read_text().splitlines():
+        words = line.split()
+        if len(words) == 2 and not line.startswith("#"):
+            out[words[1]] = words[0]
+    return out
+
+
+def fetch_sha256(url: str) -> str:
+    """The sha256 of a URL's content, streamed (through the proxy and CA the host uses)."""
+    import httpx
+
+    digest = hashlib.sha256()
+    try:
+        with httpx.stream("GET", url, follow_redirects=True, timeout=120) as response:
+            response.raise_for_status()
+            for chunk in response.iter_bytes():
+                digest.update(chunk)
+    except httpx.HTTPError as exc:
+        raise ArcvllmError(f"cannot fetch {url} to record its sha256: {exc}", 3) from None
+    return digest.hexdigest()
+
+
+def apply(
+    stack_name: str,
+    args: Mapping[str, str],
+    path: Path | None = None,
+    fetch: Callable[[str], str] = fetch_sha256,
+) -> dict[str, str]:
+    """ARGS with every unpinned download pinned by its trusted sum, fetched and recorded
+    the first time (one line on stderr says which and where)."""
+    path = path or trusted_file()
+    missing = unpinned(args)
+    if not missing:
+        return dict(args)
+    trusted = read_trusted(path)
+    new = [d for d in missing if d.url not in trusted]
+    for d in new:
+        trusted[d.url] = fetch(d.url)
+    if new:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as out:
+            if path.stat().st_size == 0:
+                out.write("# sha256  url: downloads trusted on first use (arcvllm.sums)\n")
+            for d in new:
+                out.write(f"{trusted[d.url]}  {d.url}\n")
+        names = ", ".join(d.name for d in new)
+        print(
+            f"arcvllm: {stack_name}: no published sha256 for {names}: trusting on first use, "
+            f"recorded in {path}; every later build checks them",
+            file=sys.stderr,
+        )
+    values = dict(args)
+    for d in missing:
+        sums_arg = PAIRS[d.arg]
+        if d.arg == "VLLM_XPU_KERNELS":
+            values[sums_arg] = trusted[d.url]
+        else:
+            values[sums_arg] = f"{values.get(sums_arg, '')} {trusted[d.url]} {d.name}".strip()
+    return values

