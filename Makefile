@@ -43,6 +43,7 @@ lint: $(VENV)/.stamp ## ruff, shellcheck, hadolint
 	$(VENV)/bin/ruff format --check arcvllm tests
 	$(VENV)/bin/shellcheck scripts/*.sh scripts/ci/*.sh docker/*.sh .ci/run
 	$(VENV)/bin/hadolint docker/Dockerfile
+	$(VENV)/bin/actionlint .github/workflows/*.yml
 
 .PHONY: test-fast
 test-fast: $(VENV)/.stamp ## unit tests only (no vLLM, no Docker)
@@ -209,7 +210,7 @@ RELEASE_OUT    ?= $(BUILD)/release/$(VERSION)
 release: $(VENV)/.stamp wheelhouse ## build, push, sign and attest every image: VERSION, REGISTRY, COSIGN_KEY (manifest in build/release/VERSION)
 	$(ARCVLLM) release build --version '$(VERSION)' --registry '$(REGISTRY)' --key $(COSIGN_KEY) \
 		--out $(RELEASE_OUT) $(if $(RELEASE_STACKS),--stacks $(RELEASE_STACKS))
-	cp $(COSIGN_KEY:.key=.pub) $(RELEASE_OUT)/cosign.pub
+	$(if $(filter keyless,$(COSIGN_KEY)),,cp $(COSIGN_KEY:.key=.pub) $(RELEASE_OUT)/cosign.pub)
 
 .PHONY: release-rehearsal
 release-rehearsal: $(VENV)/.stamp ## CI: make release of the CPU stack and side images into a local registry, then a no-cache rebuild: one digest

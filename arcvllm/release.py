@@ -26,6 +26,7 @@ from arcvllm import image
 from arcvllm.errors import ArcvllmError
 
 SBOM_PATH = "/opt/arcvllm/sbom.cdx.json"
+KEYLESS = "keyless"  # --key keyless: cosign's keyless signing (the hosted workflow's OIDC)
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,30 @@ def cosign_flags(registry: str) -> list[str]:
     return ["--allow-http-registry"] if host in ("127.0.0.1", "localhost", "::1") else []
 
 
+def provenance(spec: image.Build, digest: str) -> dict:
+    """A SLSA v1 provenance predicate: what built the image from which commit and inputs."""
+    src = image.source()
+    args = {**spec.args, **spec.extra_args}
+    return {
+        "buildDefinition": {
+            "buildType": "https://github.com/arcvllm/arcvllm/make-release@v1",
+            "externalParameters": {
+                "target": spec.target,
+                "stack": spec.stack.name,
+                "dockerfile": "docker/Dockerfile",
+            },
+            "internalParameters": {"build_args": args, "source_date_epoch": src.epoch},
+            "resolvedDependencies": [
+                {"uri": f"git+{image.SOURCE}", "digest": {"gitCommit": src.revision}}
+            ],
+        },
+        "runDetails": {
+            "builder": {"id": "https://github.com/arcvllm/arcvllm/make-release"},
+            "metadata": {"invocationId": digest},
+        },
+    }
+
+
 def extract_sbom(ref: str, dest: Path, docker: str) -> dict:
     """The image's own SBOM file, copied out of a container that never starts."""
     cid = _run([docker, "create", ref], f"docker create {ref}", capture=True).strip()
@@ -185,12 +210,16 @@ def release_one(
     by_digest = f"{registry}/{repo}@{digest}"
     sbom_file = out / f"{repo}-{tags[0]}.cdx.json"
     sbom = extract_sbom(local[0], sbom_file, docker)
-    flags = cosign_flags(registry)
-    sign = ["cosign", "sign", "--key", str(key), "--tlog-upload=false", "-y", *flags, by_digest]
-    _run(sign, f"cosign sign {by_digest}")
-    attest = ["cosign", "attest", "--key", str(key), "--type", "cyclonedx", "--predicate"]
-    attest += [str(sbom_file), "--tlog-upload=false", "-y", *flags, by_digest]
-    _run(attest, f"cosign attest {by_digest}")
+    # A key file signs offline (no transparency log); keyless signs with the CI's identity.
+    signer = ["-y", *cosign_flags(registry)]
+    signer += [] if str(key) == KEYLESS else ["--key", str(key), "--tlog-upload=false"]
+    _run(["cosign", "sign", *signer, by_digest], f"cosign sign {by_digest}")
+    attest = ["cosign", "attest", *signer, "--type", "cyclonedx", "--predicate", str(sbom_file)]
+    _run([*attest, by_digest], f"cosign attest {by_digest}")
+    provenance_file = out / f"{repo}-{tags[0]}.provenance.json"
+    provenance_file.write_text(json.dumps(provenance(spec, digest), indent=2) + "\n")
+    attest = ["cosign", "attest", *signer, "--type", "slsaprovenance1"]
+    _run([*attest, "--predicate", str(provenance_file), by_digest], "cosign attest provenance")
     labels = (
         json.loads(
             _run(
@@ -234,7 +263,7 @@ def release(
         raise ArcvllmError(f"release: VERSION {version!r} is not a tag (e.g. 1.2.0)", 2)
     if not re.fullmatch(r"[A-Za-z0-9.-]+(:[0-9]+)?(/[a-z0-9._/-]+)?", registry):
         raise ArcvllmError(f"release: REGISTRY {registry!r} is not host[:port][/path]", 2)
-    if not key.is_file():
+    if str(key) != KEYLESS and not key.is_file():
         raise ArcvllmError(f"no cosign key at {key} (cosign generate-key-pair)", 2)
     chosen = targets(stacks, sides)
     out.mkdir(parents=True, exist_ok=True)
@@ -245,7 +274,7 @@ def release(
         "revision": src.revision,
         "created": src.created,
         "registry": registry,
-        "public_key": key.with_suffix(".pub").name,
+        "public_key": None if str(key) == KEYLESS else key.with_suffix(".pub").name,
         "images": [release_one(t, version, registry, key, out, docker) for t in chosen],
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
@@ -332,7 +361,9 @@ def register(subparsers) -> None:
     b = sub.add_parser("build", help="the release (make release VERSION=...)")
     b.add_argument("--version", required=True)
     b.add_argument("--registry", required=True, help="HOST[:PORT][/PATH] to push to")
-    b.add_argument("--key", type=Path, required=True, help="cosign private key (COSIGN_PASSWORD)")
+    b.add_argument(
+        "--key", type=Path, required=True, help="cosign private key (COSIGN_PASSWORD), or `keyless`"
+    )
     b.add_argument("--out", type=Path, required=True, help="folder for archives and manifest")
     b.add_argument("--stacks", help="comma-separated stacks (default: all; '' for none)")
     b.add_argument("--sides", help="comma-separated side images (default: all; '' for none)")

@@ -349,3 +349,30 @@ def test_a_pinned_stack_fetches_nothing(tmp_path):
         raise AssertionError(f"fetched {url}")
 
     assert sums.apply("xpu-0.33", args, tmp_path / "t.txt", refuse) == args
+
+
+# ---- the hosted workflows: one road ------------------------------------------------------
+
+
+def test_the_hosted_workflows_pass_actionlint():
+    workflows = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
+    assert {w.name for w in workflows} == {"ci.yml", "release.yml"}
+    out = subprocess.run(
+        [str(Path(os.sys.executable).parent / "actionlint"), *map(str, workflows)],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_release_workflow_runs_the_rehearsals_make_targets():
+    """One road: the hosted release is `make release` (what release-rehearsal.sh runs with
+    a key and a local registry), and pull requests run .ci/run itself."""
+    release_yml = yaml.safe_load((ROOT / ".github/workflows/release.yml").read_text())
+    steps = [s.get("run", "") for s in release_yml["jobs"]["release"]["steps"]]
+    assert any(r.startswith("make release ") and "COSIGN_KEY=keyless" in r for r in steps)
+    assert any("scripts/ci/engine.sh up" in r for r in steps)
+    rehearsal = (ROOT / "scripts/ci/release-rehearsal.sh").read_text()
+    assert "make --no-print-directory release " in rehearsal
+    ci_yml = yaml.safe_load((ROOT / ".github/workflows/ci.yml").read_text())
+    assert any(".ci/run" in s.get("run", "") for s in ci_yml["jobs"]["ci"]["steps"])
