@@ -40,6 +40,10 @@ check GATEWAY_MAX_BODY "$MAX_BODY" '^[1-9][0-9]*[kKmM]?$' 4m
 check GATEWAY_READ_TIMEOUT "$READ_TIMEOUT" '^[1-9][0-9]*[smh]?$' 3600s
 check GATEWAY_SERVER_NAME "$SERVER_NAME" '^[A-Za-z0-9.-]+$' api.example.org
 check GATEWAY_DIAGNOSTIC_ROUTES "$DIAGNOSTIC" '^[01]$' 0
+# The relay's socket to the https server lives there: a socket path holds at most 107 bytes
+# (checked when nginx is to start; a rendering alone makes no socket).
+[[ ${1-} == --render-only ]] || ((${#RUN_DIR} <= 96)) ||
+	die 2 "GATEWAY_RUN_DIR=$RUN_DIR is longer than 96 characters (its socket's path would not fit)"
 
 # ---- the key
 [[ -n ${VLLM_API_KEY_FILE-} ]] || die 3 "VLLM_API_KEY_FILE is not set: the file holding the API key (compose: the api-key secret)"

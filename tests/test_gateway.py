@@ -105,6 +105,11 @@ def test_a_bad_setting_is_one_line_naming_it_and_exit_2(tmp_path, setting, value
     one_line_error(entrypoint(tmp_path, "--render-only", **{setting: value}), 2, setting)
 
 
+def test_a_run_folder_whose_socket_path_would_not_fit_is_refused_before_nginx_starts(tmp_path):
+    done = entrypoint(tmp_path, GATEWAY_RUN_DIR=str(tmp_path / ("d" * 100)))
+    one_line_error(done, 2, "GATEWAY_RUN_DIR")
+
+
 def test_the_rendered_config_has_every_field_filled_and_only_the_allow_list(tmp_path):
     conf = render(
         tmp_path,
@@ -853,6 +858,13 @@ def test_attack_tls_1_2_takes_only_forward_secret_aead_suites(attacked, ciphers,
     else:
         with pytest.raises((ssl.SSLError, ConnectionResetError)), attacked.connect(context):
             pass
+
+
+@pytest.mark.docker
+def test_attack_plain_http_through_the_relay_gets_no_answer(attacked):
+    with socket.create_connection(("127.0.0.1", attacked.port), timeout=30) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        assert sock.recv(4096) == b""  # closed without a byte
 
 
 @pytest.mark.docker
