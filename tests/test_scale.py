@@ -233,35 +233,14 @@ class Deployment:
 
 
 def build_target(target: str, tag: str) -> None:
-    """Build TARGET of docker/Dockerfile with the CPU stack's build args (configs/stacks.yaml
-    is the only place that declares them)."""
-    from arcvllm import stack
+    """Build the side image TARGET of docker/Dockerfile as `make` does (arcvllm.image: the CPU
+    stack's build args from configs/stacks.yaml, the image's SIDE_TAG, the commit's
+    SOURCE_DATE_EPOCH for its SBOM), tagged TAG."""
+    from arcvllm import image
 
-    ca = Path("/etc/ssl/certs/ca-certificates.crt")
-    secret = ["--secret", f"id=ca,src={ca}"] if ca.exists() else []
-    args = [f"--build-arg={k}={v}" for k, v in stack.get("cpu").build_args().items()]
-    result = subprocess.run(
-        [
-            docker_client(),
-            "build",
-            "-q",
-            "-f",
-            "docker/Dockerfile",
-            "--target",
-            target,
-            "-t",
-            tag,
-            *secret,
-            *args,
-            ".",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        env={**os.environ, "DOCKER_BUILDKIT": "1"},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    spec = image.spec_for(None, side=target)
+    spec.tags = [tag]
+    image.build(spec, root=ROOT)
 
 
 def router_ready(url: str, workers: int) -> bool:
