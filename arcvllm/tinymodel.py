@@ -10,6 +10,17 @@ The architecture is `Qwen3NextForCausalLM`. The production architecture
 imports torchvision, which the CPU flavour does not carry. Constraints of vLLM's CPU
 kernels: linear-attention head dims of 64 or 128, bf16 weights.
 
+The checkpoint also carries one multi-token-prediction (MTP) layer in Qwen3-Next's own
+format, as the production checkpoints do: `num_nextn_predict_layers: 1` in config.json and
+`mtp.*` weights (a full-attention MoE decoder layer, `fc` over [embedding; hidden], and
+its norms), which vLLM's `Qwen3NextMTP` loads for `--speculative-config
+'{"method": "mtp", ...}'` (vllm/model_executor/models/qwen3_next_mtp.py; method detection
+in vllm/config/speculative.py). The main model's loaders skip `mtp.*` (vLLM's
+`Qwen3NextForCausalLM` maps the prefix to None, transformers ignores it on load), so plain
+serving is unchanged. The MTP weights are random like the rest: its drafts are mostly
+rejected, which is what a correctness test wants (speculative output must equal plain
+output whatever the drafts are).
+
 Everything is deterministic for a given seed: the tokenizer is trained on text generated
 here (no files, no network), the weights come from a seeded generator.
 """
@@ -50,7 +61,10 @@ CONFIG = {
     "decoder_sparse_step": 1,
     "max_position_embeddings": 4096,
     "tie_word_embeddings": False,
+    # One MTP layer (Qwen3-Next's format, see the module docstring).
+    "num_nextn_predict_layers": 1,
 }
+MTP_PREFIX = "mtp."
 
 _WORDS = [
     "the",
@@ -145,6 +159,56 @@ def train_tokenizer(seed: int):
     return fast
 
 
+def mtp_tensors(weights: dict, config, seed: int) -> dict:
+    """Qwen3-Next's MTP weights, seeded: names and shapes as vLLM's Qwen3NextMTP loads them.
+
+    The MTP decoder layer is a full-attention MoE layer: its tensors have the names and
+    shapes of the main model's first full-attention layer, under `mtp.layers.0.`. Norm
+    weights start at zero, as Qwen3-Next's zero-centred RMSNorm initialises them
+    (scale 1 + w); every matrix is normal(0, initializer_range) from its own generator, so
+    adding the layer leaves the main model's weights as they were.
+    """
+    import torch
+
+    layer = config.layer_types.index("full_attention")
+    source = f"model.layers.{layer}."
+    hidden = config.hidden_size
+    shapes = {
+        f"{MTP_PREFIX}layers.0.{name[len(source) :]}": tuple(t.shape)
+        for name, t in weights.items()
+        if name.startswith(source)
+    }
+    shapes[f"{MTP_PREFIX}fc.weight"] = (hidden, 2 * hidden)
+    for norm in ("norm", "pre_fc_norm_hidden", "pre_fc_norm_embedding"):
+        shapes[f"{MTP_PREFIX}{norm}.weight"] = (hidden,)
+    generator = torch.Generator().manual_seed(seed + 1)
+    out = {}
+    for name in sorted(shapes):
+        if name.endswith("norm.weight"):
+            out[name] = torch.zeros(shapes[name], dtype=torch.bfloat16)
+        else:
+            values = torch.randn(shapes[name], generator=generator) * config.initializer_range
+            out[name] = values.to(torch.bfloat16)
+    # fc maps [embedding of the next token; hidden state] to the layer's input. Passing
+    # the (normed) embedding straight through makes the layer draft what follows that
+    # token on its own, which is often what the main model decodes too: some drafts are
+    # accepted, so the accepted-draft path of align mode runs, not only the rejections.
+    fc = torch.zeros(shapes[f"{MTP_PREFIX}fc.weight"])
+    fc[:, :hidden] = torch.eye(hidden)
+    out[f"{MTP_PREFIX}fc.weight"] = fc.to(torch.bfloat16)
+    return out
+
+
+def add_mtp_layer(weights_file: Path, config, seed: int) -> int:
+    """Add the MTP layer to the saved weights; its parameter count."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(weights_file)
+    mtp = mtp_tensors(weights, config, seed)
+    save_file({**weights, **mtp}, weights_file, metadata={"format": "pt"})
+    return sum(t.numel() for t in mtp.values())
+
+
 def build(out_dir: Path, seed: int = 0) -> Path:
     """Write config, bf16 safetensors and tokenizer to OUT_DIR (created, must be empty)."""
     out_dir = Path(out_dir)
@@ -167,12 +231,18 @@ def build(out_dir: Path, seed: int = 0) -> Path:
     model = Qwen3NextForCausalLM(config).to(torch.bfloat16).eval()
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
+    mtp = add_mtp_layer(out_dir / "model.safetensors", config, seed)
     tokenizer.save_pretrained(out_dir)
     # Generation defaults in the model folder would change vLLM's sampling defaults.
     (out_dir / "generation_config.json").unlink(missing_ok=True)
     (out_dir / "arcvllm-tinymodel.json").write_text(
         json.dumps(
-            {"seed": seed, "served_model_name": SERVED_NAME, "parameters": model.num_parameters()},
+            {
+                "seed": seed,
+                "served_model_name": SERVED_NAME,
+                "parameters": model.num_parameters(),
+                "mtp_parameters": mtp,
+            },
             indent=2,
         )
         + "\n"

@@ -58,6 +58,20 @@ def test_build_is_deterministic_and_loads_offline(tmp_path):
     config = json.loads((tmp_path / "a" / "config.json").read_text())
     assert config["architectures"] == ["Qwen3NextForCausalLM"]
     assert config["dtype"] == "bfloat16"
+    # One MTP layer in Qwen3-Next's format: what vLLM's Qwen3NextMTP reads.
+    assert config["num_nextn_predict_layers"] == 1
+    keys = env.run(
+        "-c",
+        "import sys; from safetensors import safe_open;"
+        "print(' '.join(safe_open(sys.argv[1], 'pt').keys()))",
+        str(tmp_path / "a" / "model.safetensors"),
+        timeout=120,
+    ).stdout.split()
+    mtp = {k for k in keys if k.startswith("mtp.")}
+    assert {"mtp.fc.weight", "mtp.norm.weight", "mtp.pre_fc_norm_hidden.weight"} <= mtp
+    assert "mtp.layers.0.self_attn.q_proj.weight" in mtp
+    assert "mtp.layers.0.mlp.experts.3.down_proj.weight" in mtp
+    assert summary["mtp_parameters"] > 0
     # Readable by the unprivileged user an image serves as.
     assert all(p.stat().st_mode & 0o044 == 0o044 for p in (tmp_path / "a").iterdir())
     load = env.run(
