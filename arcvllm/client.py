@@ -238,6 +238,37 @@ class Client:
             wait_until(moved, timeout, 0.1, "prefix-cache counters")
         return last
 
+    def prompt_logprobs(
+        self, model: str, prompt: Sequence[int], salt: str | None = None
+    ) -> list[dict[int, float] | None]:
+        """Per prompt position, the logprobs of the token there and of the model's top
+        choice (vLLM's `prompt_logprobs=1`; None for the first position). One prefill,
+        no decoding: what the plain model predicts at every position of PROMPT."""
+        import httpx
+
+        body: dict[str, Any] = {
+            "model": model,
+            "prompt": list(prompt),
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "prompt_logprobs": 1,
+        }
+        if salt:
+            body["cache_salt"] = salt
+        response = httpx.post(
+            f"{self.root}/v1/completions",
+            json=body,
+            headers=self.headers(),
+            timeout=self.timeout,
+            verify=self.verify,
+        )
+        response.raise_for_status()
+        entries = response.json()["choices"][0]["prompt_logprobs"]
+        return [
+            None if e is None else {int(k): float(v["logprob"]) for k, v in e.items()}
+            for e in entries
+        ]
+
     # ---- completions
 
     @cached_property

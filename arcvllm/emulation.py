@@ -10,7 +10,11 @@ general plugin:
 - wraps `collect_mamba_copy_meta` so that every source and destination pointer it reads
   (via `state[block].data_ptr()` in the copy specs and for the destination) has bit 63 set;
 - wraps `do_mamba_copy_block` so that, right before the memory copy, the bit is cleared
-  again on exactly the entries it tagged (a pointer that was already high stays untouched).
+  again on exactly the entries it tagged (a pointer that was already high stays untouched);
+- on the fused speculative-decoding path (vLLM >= 0.22, `MambaSpecDecodeGPUContext`),
+  wraps `initialize_from_forward_context` the same way: the state pointers it stores into
+  its int64 metadata (`state_base_addrs`, where vllm-project/vllm#48059 overflowed) have
+  bit 63 set, and the bit is cleared on exactly those entries before any kernel reads them.
 
 vLLM loads general plugins in every process; the wrappers are installed only where
 `vllm.v1.worker.mamba_utils` is imported (the engine's worker), through an import hook, so
@@ -161,12 +165,51 @@ def _wrap_copy(original):
     return do_mamba_copy_block
 
 
+MASK64 = (1 << 64) - 1
+
+
+def untag_metadata(values: Any, tagged: set[int]) -> int:
+    """Clear bit 63 in place on the entries of an int64 tensor whose u64 pattern is in
+    TAGGED (stored as two's complement by a fixed vLLM)."""
+    count = 0
+    for i, value in enumerate(values.tolist()):
+        if value & MASK64 in tagged:
+            values[i] = (value & MASK64) & ~BIT63
+            count += 1
+    return count
+
+
+def _wrap_fused_init(original):
+    def initialize_from_forward_context(self, kv_cache_config, forward_context, *a, **kw):
+        if self.is_initialized:
+            return original(self, kv_cache_config, forward_context, *a, **kw)
+        before = set(_ledger.tagged)
+        original(self, kv_cache_config, _TaggedContext(forward_context), *a, **kw)
+        mine = _ledger.tagged - before
+        untagged = untag_metadata(self.state_base_addrs, mine)
+        _ledger.tagged -= mine
+        logger.warning(
+            "arcvllm emulation: fused spec-decode metadata: %d state pointers stored high; "
+            "%d high pointers untagged before the kernels",
+            len(mine),
+            untagged,
+        )
+
+    initialize_from_forward_context.__wrapped__ = original
+    return initialize_from_forward_context
+
+
 def install(module: Any) -> None:
-    """Wrap the two functions of a loaded `vllm.v1.worker.mamba_utils` (idempotent)."""
+    """Wrap the copy functions of a loaded `vllm.v1.worker.mamba_utils` (idempotent)."""
     if getattr(module, "_arcvllm_emulation", False):
         return
     module.collect_mamba_copy_meta = _wrap_collect(module.collect_mamba_copy_meta)
     module.do_mamba_copy_block = _wrap_copy(module.do_mamba_copy_block)
+    fused = getattr(module, "MambaSpecDecodeGPUContext", None)
+    if fused is not None:
+        fused.initialize_from_forward_context = _wrap_fused_init(
+            fused.initialize_from_forward_context
+        )
     module._arcvllm_emulation = True
     logger.warning("arcvllm emulation: wrapped %s in process %d", TARGET, os.getpid())
 

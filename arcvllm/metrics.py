@@ -88,3 +88,49 @@ def block_size(metrics: Metrics) -> int | None:
     labels = metrics.info(CACHE_CONFIG) or {}
     value = labels.get("effective_attention_block_size") or ""
     return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+SPEC_DRAFTS = "vllm:spec_decode_num_drafts"
+SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
+SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
+
+
+@dataclass(frozen=True)
+class SpecDecode:
+    """Cumulative speculative-decoding counters: verification steps that had drafts,
+    tokens drafted, drafted tokens accepted (diff two scrapes for one run)."""
+
+    drafts: float
+    draft_tokens: float
+    accepted: float
+
+    def __sub__(self, other: SpecDecode) -> SpecDecode:
+        return SpecDecode(
+            self.drafts - other.drafts,
+            self.draft_tokens - other.draft_tokens,
+            self.accepted - other.accepted,
+        )
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted / drafted tokens (vLLM's "Avg Draft acceptance rate")."""
+        return self.accepted / self.draft_tokens if self.draft_tokens else None
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        """Tokens a verification step yields: 1 + accepted drafts per step (vLLM's
+        "Mean acceptance length", vllm/v1/spec_decode/metrics.py)."""
+        return 1 + self.accepted / self.drafts if self.drafts else None
+
+
+def spec_decode(metrics: Metrics, model: str | None = None) -> SpecDecode | None:
+    """The server's speculative-decoding counters; None when it does not speculate (vLLM
+    registers them only with a speculative config)."""
+    if not metrics.has(SPEC_DRAFTS):
+        return None
+    labels = {"model_name": model} if model else {}
+    return SpecDecode(
+        metrics.total(SPEC_DRAFTS, **labels),
+        metrics.total(SPEC_DRAFT_TOKENS, **labels),
+        metrics.total(SPEC_ACCEPTED, **labels),
+    )

@@ -70,3 +70,27 @@ def test_info_labels_and_has():
 def test_garbage_is_an_error_of_the_parser():
     with pytest.raises(ValueError):
         m.Metrics.parse("this is { not prometheus\n")
+
+
+SPEC = """\
+# TYPE vllm:spec_decode_num_drafts counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="tiny-hybrid"} 2432.0
+# TYPE vllm:spec_decode_num_draft_tokens counter
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="tiny-hybrid"} 4864.0
+# TYPE vllm:spec_decode_num_accepted_tokens counter
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="tiny-hybrid"} 180.0
+"""
+
+
+def test_spec_decode_counters_give_acceptance_and_mean_accepted_length():
+    spec = m.spec_decode(m.Metrics.parse(SPEC), "tiny-hybrid")
+    assert spec == m.SpecDecode(2432.0, 4864.0, 180.0)
+    assert spec.acceptance_rate == pytest.approx(180 / 4864)
+    assert spec.mean_accepted_length == pytest.approx(1 + 180 / 2432)
+    assert (spec - m.SpecDecode(432.0, 864.0, 80.0)).accepted == 100.0
+
+
+def test_a_server_that_does_not_speculate_has_no_spec_decode_counters():
+    assert m.spec_decode(m.Metrics.parse("# TYPE x counter\nx_total 1.0\n")) is None
+    assert m.SpecDecode(0, 0, 0).acceptance_rate is None
+    assert m.SpecDecode(0, 0, 0).mean_accepted_length is None

