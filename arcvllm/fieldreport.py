@@ -281,6 +281,18 @@ def _json(step: Step | None) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
+def bench_line(bench: dict) -> str:
+    """Decode tokens/s and, on a speculative server, the acceptance: the numbers a B70
+    operator sends back."""
+    decode = (bench.get("summary") or {}).get("decode_tok_s")
+    out = f", decode {decode:.1f} tok/s" if isinstance(decode, int | float) else ""
+    spec = bench.get("speculation") or {}
+    rate, length = spec.get("acceptance_rate"), spec.get("mean_accepted_length")
+    if isinstance(rate, int | float) and isinstance(length, int | float):
+        out += f", speculative: acceptance {rate:.1%}, mean accepted length {length:.2f}"
+    return out
+
+
 def summary(c: Collector, started: str) -> str:
     """One screen: what ran, what failed, the doctor verdicts, smoke and bench in a line."""
     by_name = {s.name: s for s in c.steps}
@@ -308,6 +320,7 @@ def summary(c: Collector, started: str) -> str:
     if "bench/bench.json" in by_name:
         bench = by_name["bench/bench.json"]
         lines.append(f"bench: {'bench/bench.json' if bench.rc == 0 else 'no result'}")
+        lines[-1] += bench_line(_json(bench) or {})
     lines += ["", "step                          rc  seconds"]
     for s in c.steps:
         lines.append(f"{s.name:<28} {s.rc:>4} {s.seconds:>8.1f}")

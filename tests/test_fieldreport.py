@@ -193,3 +193,19 @@ def test_the_restart_step_times_the_service_to_healthy_and_the_summary_says_it(t
     compose.write_text('#!/bin/sh\n[ "$3" = restart ]\n')
     done = sh(F.restart_command(f"{compose} -p x", "vllm", 1), {})
     assert done.returncode == 124 and done.stdout.strip() == "not healthy after 1 s"
+
+
+def test_the_summary_carries_decode_and_the_speculative_acceptance_of_the_bench():
+    from arcvllm.fieldreport import bench_line
+
+    spec = {
+        "summary": {"decode_tok_s": 61.26},
+        "speculation": {"acceptance_rate": 0.374, "mean_accepted_length": 1.75},
+    }
+    assert bench_line(spec) == (
+        ", decode 61.3 tok/s, speculative: acceptance 37.4%, mean accepted length 1.75"
+    )
+    assert bench_line({"summary": {"decode_tok_s": 60.0}, "speculation": None}) == (
+        ", decode 60.0 tok/s"
+    )
+    assert bench_line({}) == ""
