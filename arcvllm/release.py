@@ -315,6 +315,9 @@ def _cmd(args) -> int:
     if args.action == "compare":
         differ = compare(args.first, args.second)
         digests = (archive_digest(args.first), archive_digest(args.second))
+        if args.json:
+            print(json.dumps({"digests": digests, "differ": differ}, indent=2))
+            return 1 if differ else 0
         print(f"{args.first.name}: {digests[0]}\n{args.second.name}: {digests[1]}")
         for line in differ[: args.limit]:
             print(f"  differs: {line}")
@@ -374,5 +377,5 @@ def register(subparsers) -> None:
     c.add_argument("first", type=cli.existing_file)
     c.add_argument("second", type=cli.existing_file)
     c.add_argument("--limit", type=int, default=40, help="how many differing files to name")
-    for each in (b, v):
+    for each in (b, v, c):
         cli.add_json(each)

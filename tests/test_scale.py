@@ -126,9 +126,10 @@ def test_one_b70_per_replica_no_host_ports_behind_the_router(four):
     assert ports(svc["gateway"]) == [("0.0.0.0", 8080, 8443)]
     assert svc["gateway"]["environment"]["GATEWAY_UPSTREAM"] == "http://router:8000"
     assert router["environment"]["ROUTER_POLICY"] == "cache_aware"
-    assert router["command"].split()[1:] == [f"http://vllm-{i}:8000" for i in range(4)]
+    # compose v2 renders a command as its words
+    assert router["command"][1:] == [f"http://vllm-{i}:8000" for i in range(4)]
     two = services("scale", env={"ROUTER_WORKER_URLS": "http://vllm-2:8000"}, extra=(four,))
-    assert two["router"]["command"] == "--worker-urls http://vllm-2:8000"  # scale up's choice
+    assert two["router"]["command"] == ["--worker-urls", "http://vllm-2:8000"]  # scale up's
     assert router["build"]["target"] == "router"
 
 
@@ -143,7 +144,7 @@ def test_router_policy_thresholds_and_scale_out_flag_are_settings(four):
     assert svc["router"]["environment"]["ROUTER_POLICY"] == "round_robin"
     assert svc["router"]["environment"]["ROUTER_CACHE_THRESHOLD"] == "0.5"
     assert svc["vllm-0"]["image"] == "arcvllm:xpu-0.33"
-    assert svc["vllm-0"]["command"].split()[1:] == ["--enable-scale-out"]
+    assert svc["vllm-0"]["command"][1:] == ["--enable-scale-out"]
 
 
 def test_cpu_replicas_answer_as_vllm_0_and_1_with_scale_out_and_a_cpu_set_each():
