@@ -76,6 +76,10 @@ class Selection:
     experts_module: str = ""
     layers: tuple[tuple[str, str, bool], ...] = ()  # (layer kind, path, has an XPU path)
     error: str = ""
+    # Speculative decoding (presets with a speculative-config): what the release serves
+    # the drafter with, and why it cannot ("" when it can).
+    spec: str = ""
+    spec_error: str = ""
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Selection:
@@ -87,6 +91,8 @@ class Selection:
             experts_module=str(data.get("experts_module", "")),
             layers=tuple((str(k), str(p), bool(ok)) for k, p, ok in data.get("layers", ())),
             error=str(data.get("error", "")),
+            spec=str(data.get("spec", "")),
+            spec_error=str(data.get("spec_error", "")),
         )
 
     @property
@@ -126,6 +132,10 @@ def verdict(selection: Selection) -> Verdict:
     missing = [f"{kind} ({path})" for kind, path, ok in selection.layers if not ok]
     if missing:
         return Verdict(False, "no XPU path for " + ", ".join(missing))
+    if selection.spec_error:
+        return Verdict(False, f"speculative: {selection.spec_error}")
+    if selection.spec:
+        return Verdict(True, f"XPU kernels; {selection.spec}")
     return Verdict(True, "XPU kernels")
 
 
@@ -207,6 +217,7 @@ class Request:
     name: str
     model_config: Mapping[str, Any]
     tensor_parallel_size: int = 1
+    speculative: Mapping[str, Any] | None = None  # the preset's speculative-config
 
 
 def select(
@@ -218,7 +229,12 @@ def select(
     """Run the release's selection code for every request in one subprocess (ENV added)."""
     payload = json.dumps(
         [
-            {"name": r.name, "model_config": r.model_config, "tp": r.tensor_parallel_size}
+            {
+                "name": r.name,
+                "model_config": r.model_config,
+                "tp": r.tensor_parallel_size,
+                "speculative": dict(r.speculative or {}),
+            }
             for r in requests
         ]
     )
@@ -388,6 +404,11 @@ def _probe_one(state: dict[str, Any], request: Mapping[str, Any]) -> dict[str, A
             layer = _build_moe(shape, quant_config, int(request.get("tp", 1)), torch.bfloat16)
             out.update(_describe_moe(layer))
     out["layers"] = _hybrid_layers(config, text)
+    if request.get("speculative"):
+        try:
+            out["spec"] = _speculative(config, dict(request["speculative"]))
+        except Exception as exc:  # the release refusing IS the answer
+            out["spec_error"] = _one_line(exc)
     return out
 
 
@@ -456,6 +477,106 @@ def _find(root: Any, cls: type, depth: int = 4) -> Any:
             nxt += [c for c in children if hasattr(c, "__dict__") and not isinstance(c, type)]
         level = nxt
     return None
+
+
+def _drafter_module(entry: Any) -> str:
+    """'' when the drafter's class imports here; else why it was not imported.
+
+    The drafter's module must exist in the release and define the class. Importing it
+    may need what this test Python lacks (Qwen3.5's model code imports transformers'
+    image processing, hence torchvision, which the CPU venv leaves out): that is this
+    environment's limit, not the release's answer, and is said so.
+    """
+    import importlib
+    import importlib.util
+    import inspect
+
+    module, name = getattr(entry, "module_name", ""), getattr(entry, "class_name", "")
+    if not module:
+        return ""
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        raise ValueError(f"{module} is not in this release")
+    if f"class {name}" not in Path(spec.origin).read_text():
+        raise ValueError(f"{module} defines no {name}")
+    try:
+        inspect.getmodule(getattr(importlib.import_module(module), name))
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").startswith("vllm"):
+            raise
+        return f" (not imported here: needs {exc.name})"
+    return ""
+
+
+def _hf_config(config: Mapping[str, Any], base: type) -> Any:
+    """The excerpt as a transformers config object (a nested text_config as one too), as
+    vLLM's config code expects: attributes, model_type, update()."""
+    values = {k: v for k, v in config.items() if k != "quantization_config"}
+    if isinstance(values.get("text_config"), Mapping):
+        values["text_config"] = _hf_config(values["text_config"], base)
+    hf = base(**values)
+    hf.model_type = str(config.get("model_type", ""))
+    return hf
+
+
+def _speculative(config: Mapping[str, Any], spec: dict[str, Any]) -> str:
+    """How the release would draft for this model on XPU; raises where it cannot.
+
+    MTP: the release's own SpeculativeConfig must know the method and map the model's
+    config to an MTP architecture (`hf_config_override`), which its model registry must
+    load. Then the paths a speculative step takes on XPU: the linear-attention core must
+    take speculative metadata (0.20.2's XPU GDN op asserts it gets none), and the fused
+    align-mode state copies (0.22.0 on) are checked for vllm-project/vllm#48059's raw
+    pointer store (the image's patch series carries mamba-fused-u64 for 0.22-0.28).
+    """
+    import inspect
+    from typing import get_args
+
+    from transformers import PretrainedConfig
+    from vllm.config import speculative as sc
+    from vllm.model_executor.models import ModelRegistry
+
+    method = str(spec.get("method", ""))
+    parts = []
+    if method == "mtp" or method in get_args(sc.MTPModelTypes):
+        if "mtp" not in get_args(sc.MTPModelTypes):
+            raise ValueError(f"method {method!r}: this release has no generic 'mtp' method")
+        hf = _hf_config(config, PretrainedConfig)
+        drafter = sc.SpeculativeConfig.hf_config_override(hf)
+        archs = list(getattr(drafter, "architectures", None) or [])
+        if not archs or archs == list(config.get("architectures") or []):
+            raise ValueError(f"no MTP architecture for model_type {hf.model_type!r}")
+        arch = archs[0]
+        if arch not in set(ModelRegistry.get_supported_archs()):
+            raise ValueError(f"{arch} is not in this release's model registry")
+        parts.append(f"MTP {arch}" + _drafter_module(ModelRegistry.models[arch]))
+    elif method not in ("ngram", "[ngram]"):
+        raise ValueError(f"method {method!r} is not checked here")
+    else:
+        parts.append("n-gram")
+    try:
+        from vllm import _xpu_ops
+    except ImportError:
+        _xpu_ops = None
+    core = getattr(_xpu_ops, "_gdn_attention_core_xpu_impl", None)
+    if core is not None:
+        lines, start = inspect.getsourcelines(core)
+        for offset, line in enumerate(lines):
+            if "assert" in line and "spec_sequence_masks is None" in line:
+                raise ValueError(
+                    "the XPU GatedDeltaNet core asserts no speculative metadata "
+                    f"(vllm/_xpu_ops.py:{start + offset}: {line.strip()})"
+                )
+    from vllm.v1.worker import mamba_utils
+
+    fused = getattr(mamba_utils, "MambaSpecDecodeGPUContext", None)
+    if fused is None:
+        parts.append("align copies: collect_mamba_copy_meta")
+    elif "_reinterpret_u64_as_i64" in inspect.getsource(mamba_utils):
+        parts.append("fused align copies (u64-safe)")
+    else:
+        parts.append("fused align copies: needs mamba-fused-u64")
+    return ", ".join(parts)
 
 
 # The layer classes a release serves linear attention / mamba2 with, newest layout first.

@@ -319,6 +319,21 @@ def render(
     return Command(python or sys.executable, tuple(args), dict(preset.env))
 
 
+def speculative_config(preset: Preset) -> dict[str, Any] | None:
+    """The preset's speculative-config (a mapping, or vLLM's JSON text), None without."""
+    value = preset.vllm_args.get("speculative-config")
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise ArcvllmError(f"preset {preset.name}: speculative-config is not JSON") from exc
+    if not isinstance(value, Mapping):
+        raise ArcvllmError(f"preset {preset.name}: speculative-config must be a mapping")
+    return dict(value)
+
+
 # ---- memory fit, computed from the config excerpt (pure) ----
 
 GPU_GIB = 32.0  # Arc Pro B70
@@ -337,10 +352,11 @@ class Fit:
     states_gib: float
     budget_gib: float
     reserve_gib: float = RUNTIME_RESERVE_GIB
+    draft_gib: float = 0.0  # MTP layers: their weights and their attention KV cache
 
     @property
     def total_gib(self) -> float:
-        return self.weights_gib + self.kv_gib + self.states_gib + self.reserve_gib
+        return self.weights_gib + self.kv_gib + self.states_gib + self.draft_gib + self.reserve_gib
 
     @property
     def ok(self) -> bool:
@@ -350,7 +366,9 @@ class Fit:
         return (
             f"{self.total_gib:.1f}/{self.budget_gib:.1f} GiB "
             f"(w {self.weights_gib:.1f} + kv {self.kv_gib:.1f} + states "
-            f"{self.states_gib:.2f} + {self.reserve_gib:.0f})"
+            f"{self.states_gib:.2f}"
+            + (f" + mtp {self.draft_gib:.1f}" if self.draft_gib else "")
+            + f" + {self.reserve_gib:.0f})"
         )
 
 
@@ -468,12 +486,47 @@ def memory_fit(preset: Preset) -> Fit | None:
         ssm = m_heads // tp * head * int(text["mamba_d_state"]) * ssm_bytes
         state += layers["mamba2"] * (conv // tp * (int(text["mamba_d_conv"]) - 1) * 2 + ssm)
     utilization = float(values.get("gpu-memory-utilization", 0.9))
+    draft = 0.0
+    spec = speculative_config(preset) or {}
+    if spec.get("method") == "mtp":
+        n = mtp_layers(text)
+        kv_layer = kv_per_token // max(layers["attention"], 1)
+        draft = n * (mtp_layer_bytes(text) / tp + kv_layer * tokens)
     return Fit(
         weights_gib=weight_bytes(preset.model_config) / tp / GIB,
         kv_gib=kv_per_token * tokens / GIB,
         states_gib=state * seqs / GIB,
         budget_gib=utilization * GPU_GIB,
+        draft_gib=draft / GIB,
     )
+
+
+def mtp_layers(text: Mapping[str, Any]) -> int:
+    """MTP layers of the checkpoint: Qwen3.5/3.6 say mtp_num_hidden_layers, Qwen3-Next
+    num_nextn_predict_layers; vLLM's Qwen3NextMTP defaults to one."""
+    return int(text.get("mtp_num_hidden_layers") or text.get("num_nextn_predict_layers") or 1)
+
+
+def mtp_layer_bytes(text: Mapping[str, Any]) -> float:
+    """One MTP layer, bf16: a full-attention MoE decoder layer, fc over [embedding; hidden]
+    and three norms (vllm/model_executor/models/qwen3_next_mtp.py). Its experts are taken
+    unquantized: W4A16 checkpoints keep the MTP layer out of the quantized set or drop it,
+    so the estimate errs on the large side; embedding and lm_head are the model's own."""
+    from arcvllm.kernels import moe_shape
+
+    hidden = int(text["hidden_size"])
+    heads, kv_heads, head_dim = _attention_dims(text)
+    gate = 2 if text.get("attn_output_gate") else 1
+    params = hidden * heads * head_dim * (gate + 1) + 2 * hidden * kv_heads * head_dim
+    shape = moe_shape(text)
+    if shape is not None:
+        shared = int(text.get("shared_expert_intermediate_size") or 0)
+        params += shape["num_experts"] * 3 * hidden * shape["intermediate_size"]
+        params += hidden * shape["num_experts"] + 3 * hidden * shared
+    else:
+        params += 3 * hidden * int(text["intermediate_size"])
+    params += 2 * hidden * hidden + 3 * hidden
+    return params * 2.0
 
 
 # ---- stacks: which vLLM versions a preset is known to work with ----
@@ -617,6 +670,7 @@ def kernel_rows(
             p.name,
             p.model_config,
             int(flag_values(render(p).args).get("tensor-parallel-size", 1)),
+            speculative_config(p),
         )
         for p in checked
     ]

@@ -46,6 +46,14 @@ def test_verdict_passes_only_xpu_kernels(selection, ok, reason):
     assert reason in result.reason
 
 
+def test_a_release_that_cannot_speculate_fails_the_verdict_and_one_that_can_says_how():
+    xpu = {"backend": "WNA16MoEBackend.XPU", "experts": "XPUExpertsWNA16"}
+    refused = K.verdict(K.Selection(**xpu, spec_error="ValueError: asserts no spec"))
+    assert not refused.ok and refused.reason == "speculative: ValueError: asserts no spec"
+    served = K.verdict(K.Selection(**xpu, spec="MTP Qwen3_5MoeMTP"))
+    assert served.ok and served.reason == "XPU kernels; MTP Qwen3_5MoeMTP"
+
+
 def test_a_release_given_on_the_command_line_is_parsed_and_a_bad_one_refused():
     release = K.parse_release("0.33.0=/py/bin/python:/site")
     assert (release.version, release.python, release.site) == (
@@ -171,7 +179,8 @@ def test_the_committed_presets_list_only_stacks_whose_kernels_pass(tmp_path):
     assert code == 0, out + err[-3000:]
     rows = [ln.split() for ln in out.splitlines() if ln.startswith(tuple(P.load_all()))]
     kernel_rows = [r for r in rows if len(r) > 2 and r[1].startswith("xpu-")]
-    assert len(kernel_rows) == 4 * 3, out
+    xpu_presets = [p for p in P.load_all().values() if p.device == "xpu"]
+    assert len(kernel_rows) == len(xpu_presets) * 3, out
     for row in kernel_rows:
         listed = row[-1] == "yes"
         passed = "pass:" in row
@@ -187,3 +196,25 @@ def test_a_preset_listing_a_release_without_an_xpu_kernel_fails_the_check(tmp_pa
     code, out, err = check(tmp_path, tmp_path / "presets")
     assert code == 1, out + err[-3000:]
     assert f"{QWEN} on xpu-0.20" in err
+
+
+MTP = {"method": "mtp", "num_speculative_tokens": 2}
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize(
+    ("version", "verdict"),
+    [
+        # 0.20.2's XPU GatedDeltaNet core asserts it gets no speculative metadata.
+        ("0.20.2", ("asserts no speculative metadata", "vllm/_xpu_ops.py:")),
+        # 0.23.0 drafts with Qwen3_5MoeMTP; its fused align copies store raw pointers.
+        ("0.23.0", ("MTP Qwen3_5MoeMTP", "fused align copies: needs mamba-fused-u64")),
+        ("0.32.0", ("MTP Qwen3_5MoeMTP", "fused align copies (u64-safe)")),
+    ],
+)
+def test_each_release_decides_mtp_for_qwen3_6_from_its_own_code(tmp_path, version, verdict):
+    scratch = {"TMPDIR": str(tmp_path), "VLLM_CACHE_ROOT": str(tmp_path / "cache")}
+    request = K.Request("mtp", P.get_preset(QWEN).model_config, 1, MTP)
+    got = K.select(release(version), [request], env=scratch)["mtp"]
+    assert all(part in (got.spec_error or got.spec) for part in verdict), got
+    assert bool(got.spec_error) is (version == "0.20.2"), got

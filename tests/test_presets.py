@@ -405,6 +405,27 @@ def test_every_preset_fits_its_gpus_and_twice_the_sequences_do_not(name):
     assert not P.memory_fit(doubled).ok
 
 
+def test_the_mtp_twin_fits_with_its_mtp_layer_and_its_kv_cache():
+    plain = P.memory_fit(P.get_preset("qwen3.6-35b-a3b-w4a16-1xb70"))
+    mtp = P.memory_fit(P.get_preset("qwen3.6-35b-a3b-w4a16-1xb70-mtp"))
+    # One bf16 MoE decoder layer (256 experts x 3 x 2048 x 512: 1.5 GiB) plus one
+    # attention layer's KV for 32k x 8 (0.5 GiB).
+    assert 1.9 < mtp.draft_gib < 2.3, mtp
+    assert mtp.total_gib == pytest.approx(plain.total_gib + mtp.draft_gib)
+    assert "+ mtp 2.1 + 1)" in mtp.summary() and "mtp" not in plain.summary()
+    assert plain.draft_gib == 0.0
+
+
+def test_speculative_config_is_read_as_a_mapping_or_json():
+    preset = P.get_preset("tiny-hybrid-cpu-mtp")
+    assert P.speculative_config(preset) == {"method": "mtp", "num_speculative_tokens": 2}
+    text = replace(preset, vllm_args={"speculative-config": '{"method": "ngram"}'})
+    assert P.speculative_config(text) == {"method": "ngram"}
+    assert P.speculative_config(P.get_preset("tiny-hybrid-cpu")) is None
+    with pytest.raises(P.ArcvllmError, match="not JSON"):
+        P.speculative_config(replace(preset, vllm_args={"speculative-config": "{"}))
+
+
 def test_fit_rows_fail_a_preset_that_does_not_fit():
     preset = P.get_preset("qwen3.6-35b-a3b-w4a16-1xb70")
     big = replace(preset, vllm_args={**preset.vllm_args, "max-model-len": 262144})
