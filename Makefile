@@ -139,7 +139,9 @@ SERVICE       ?= $(if $(filter cpu,$(FLAVOR)),vllm-cpu,vllm)
 # Compose project name: a second deployment on the same host needs its own (and PORT).
 PROJECT       ?= arcvllm
 RENDER_GID    ?= $(firstword $(shell stat -c %g /dev/dri/renderD* 2>/dev/null))
-COMPOSE_FILES ?= --env-file $(ENV_PATH) -f docker/compose.yaml $(if $(filter cpu,$(FLAVOR)),--profile cpu)
+# XPU: the B70s' render nodes only (arcvllm gpus --compose writes them; never an iGPU).
+GPUS_FILE     ?= $(abspath $(BUILD))/gpus.yaml
+COMPOSE_FILES ?= --env-file $(ENV_PATH) -f docker/compose.yaml $(if $(filter cpu,$(FLAVOR)),--profile cpu,-f $(GPUS_FILE))
 ARCVLLM_COMPOSE = ENV_FILE=$(ENV_PATH) IMAGE=$(IMAGE) PORT=$(PORT) GATEWAY_IMAGE=$(GATEWAY_IMAGE) \
 	$(if $(RENDER_GID),RENDER_GID=$(RENDER_GID)) \
 	$(COMPOSE) -p $(PROJECT) $(COMPOSE_FILES)
@@ -219,8 +221,12 @@ release-rehearsal: $(VENV)/.stamp ## CI: make release of the CPU stack and side 
 # The API key file compose hands to the gateway and vLLM (a relative path is read from docker/).
 KEY_FILE       = $(or $(VLLM_API_KEY_FILE),$(call setting,VLLM_API_KEY_FILE),../secrets/api-key)
 
+.PHONY: gpus
+gpus: $(VENV)/.stamp ## the XPU server's GPUs: every B70's render node, never an iGPU (build/gpus.yaml)
+	@$(ARCVLLM) gpus --compose $(GPUS_FILE) --env-file $(ENV_FILE)
+
 .PHONY: up
-up: $(VENV)/.stamp ## start the server and its gateway with compose (XPU service; FLAVOR=cpu: the CPU service); settings: ENV_FILE
+up: $(VENV)/.stamp $(if $(filter xpu,$(FLAVOR)),gpus) ## start the server and its gateway with compose (XPU service; FLAVOR=cpu: the CPU service); settings: ENV_FILE
 	@$(ARCVLLM) settings check $(ENV_FILE)
 	@cd docker && test -f '$(KEY_FILE)' -a -r '$(KEY_FILE)' || { echo "make up: VLLM_API_KEY_FILE=$(KEY_FILE) is not a readable file (from docker/): make one, e.g. (umask 077; openssl rand -hex 32 > secrets/api-key), readable by UID 1000" >&2; exit 3; }
 	$(ARCVLLM_COMPOSE) up -d $(SERVICE) gateway
@@ -278,7 +284,7 @@ smoke-secrets: # the smoke project's throwaway key and self-signed certificate (
 	@chmod 0644 $(SMOKE_SECRETS)/api-key $(SMOKE_SECRETS)/key.pem
 
 .PHONY: smoke-check
-smoke-check: $(VENV)/.stamp smoke-secrets ## the smoke test against the image as built, through the gateway (no build step)
+smoke-check: $(VENV)/.stamp smoke-secrets $(if $(filter xpu,$(FLAVOR)),gpus) ## the smoke test against the image as built, through the gateway (no build step)
 	$(ARCVLLM) smoke --base-url https://127.0.0.1:$(SMOKE_PORT) --preset $(PRESET) \
 		--ca-cert $(SMOKE_SECRETS)/cert.pem --api-key-file $(SMOKE_SECRETS)/api-key \
 		--start-cmd '$(SMOKE_COMPOSE) up -d $(SERVICE) gateway' --stop-cmd '$(SMOKE_STOP)' \
