@@ -297,3 +297,35 @@ def test_a_server_that_counts_no_hits_shows_a_zero_hit_rate(http_server):
     client = Client(http_server(handler(Fake({"no_hits"}))))
     prefix = measurements.measure_prefix(client, "tiny-hybrid", BLOCK, MAX_LEN, 1, random.Random(0))
     assert prefix["warm_hit_rate"] == 0.0 and prefix["warm_queries"] > 0
+
+
+def test_decode_summary_gives_tokens_per_second_and_itl_percentiles():
+    # Two streams: 1 token per 10 ms, and chunks of 3 tokens per 30 ms (speculation).
+    plain = stream(0, [1] * 11, gap=0.010)
+    spec = stream(0, [1] + [3] * 10, gap=0.030)
+    summary = measurements.decode_summary([plain, spec])
+    assert summary["decode_tok_s"] == pytest.approx(100.0)
+    assert summary["itl_ms_p50"] == pytest.approx(10.0)
+    assert summary["tokens"] == 11 + 31 and summary["streams"] == 2
+
+
+def test_speculation_summary_is_the_servers_counters_or_nothing():
+    from arcvllm.metrics import SpecDecode
+
+    run = measurements.speculation_summary(SpecDecode(100, 200, 50))
+    assert run == {
+        "draft_tokens": 200,
+        "accepted_tokens": 50,
+        "acceptance_rate": 0.25,
+        "mean_accepted_length": 1.5,
+    }
+    assert measurements.speculation_summary(None) is None
+
+
+def test_the_summary_names_acceptance_and_speedup():
+    report = {"speculation": {"acceptance_rate": 0.25, "mean_accepted_length": 1.5},
+              "compare": {"speedup": 1.2}}  # fmt: skip
+    summary = reference.summary_metrics(report)
+    assert summary["spec_acceptance_rate"] == 0.25
+    assert summary["spec_mean_accepted_length"] == 1.5
+    assert summary["spec_speedup"] == 1.2

@@ -14,11 +14,17 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from arcvllm.bench.measurements import measure_boundaries, measure_prefix, token_steps
+from arcvllm.bench.measurements import (
+    compare_speculation,
+    measure_boundaries,
+    measure_prefix,
+    speculation_summary,
+    token_steps,
+)
 from arcvllm.bench.plot import plot_report
 from arcvllm.bench.reference import load_reference, ratio_rows, summary_metrics
 from arcvllm.bench.runner import VLLM_BENCH_KEYS, run_vllm_bench, vllm_bench_args
-from arcvllm.cli import add_json, add_server
+from arcvllm.cli import add_json, add_server, url
 from arcvllm.client import Client
 from arcvllm.errors import ArcvllmError
 
@@ -86,6 +92,9 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             3,
         )
     tokenizer = resolve_tokenizer(args.tokenizer, preset.model if preset else None, model)
+    from arcvllm import metrics as m
+
+    spec_before = m.spec_decode(client.metrics(), model)
     rng = random.Random(args.seed if args.seed is not None else time.time_ns())
 
     input_len = min(args.input_len, max_len - args.output_len - 1)
@@ -125,7 +134,23 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         for s in streams
     ]
     say(f"  prefix cache: {args.runs} cold/warm pairs")
-    prefix = measure_prefix(client, model, block, max_len, args.runs, rng)
+    prefix = measure_prefix(
+        client, model, block, max_len, args.runs, rng, speculative=spec_before is not None
+    )
+    spec_after = m.spec_decode(client.metrics(), model) if spec_before else None
+    compare = None
+    if args.plain_url:
+        say(f"  speculative vs plain ({args.plain_url}): {args.runs} streams each, same prompts")
+        plain = Client(
+            args.plain_url, args.api_key, timeout=600.0, ca_cert=str(args.ca_cert or "") or None
+        )
+        try:
+            plain.max_model_len(model)
+        except httpx.HTTPError as exc:
+            raise ArcvllmError(f"cannot reach {plain.root}/v1/models: {exc}", 3) from exc
+        compare = compare_speculation(
+            client, plain, model, block, max_len, args.crossings, args.runs, rng
+        )
     report: dict[str, Any] = {
         "model": model,
         "preset": preset.name if preset else None,
@@ -135,6 +160,11 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         "vllm_bench": {k: vb.get(k) for k in VLLM_BENCH_KEYS},
         "boundary": boundary,
         "prefix_cache": prefix,
+        # The server's own counters over the whole bench (None: it does not speculate).
+        "speculation": speculation_summary(
+            spec_after - spec_before if spec_before and spec_after else None
+        ),
+        "compare": compare,
         "runs": [[asdict(s) for s in token_steps(st, block)] for st in streams],
     }
     report["summary"] = summary_metrics(report)
@@ -169,6 +199,34 @@ def format_report(report: Mapping[str, Any]) -> str:
         f"block-boundary steps: {b['boundary_steps']} (p50 {fmt(b['itl_ms_boundary_p50'])} ms) "
         f"vs other steps: {b['other_steps']} (p50 {fmt(b['itl_ms_other_p50'])} ms)"
     )
+    spec = report.get("speculation")
+    if spec:
+        lines.append(
+            f"speculation (server counters, whole bench): {fmt(spec['accepted_tokens'])} of "
+            f"{fmt(spec['draft_tokens'])} drafted tokens accepted "
+            f"({fmt(spec['acceptance_rate'])}), mean accepted length "
+            f"{fmt(spec['mean_accepted_length'])}"
+        )
+    compare = report.get("compare")
+    if compare:
+        rows = [("SERVER", "DECODE TOK/S", "ITL P50 MS", "ITL P90 MS", "ITL P99 MS")]
+        for name in ("plain", "speculative"):
+            d = compare[name]
+            rows.append(
+                (name, fmt(d["decode_tok_s"]), fmt(d["itl_ms_p50"]), fmt(d["itl_ms_p90"]),
+                 fmt(d["itl_ms_p99"]))
+            )  # fmt: skip
+        acc = compare.get("acceptance") or {}
+        lines.append(
+            f"\nspeculative vs plain, same {compare['runs']} prompts x "
+            f"{compare['decode_tokens']} tokens (one stream at a time):"
+        )
+        lines.append(columns(rows))
+        lines.append(
+            f"speedup {fmt(compare['speedup'])}; acceptance {fmt(acc.get('acceptance_rate'))}, "
+            f"mean accepted length {fmt(acc.get('mean_accepted_length'))}; identical outputs "
+            f"{compare['same_tokens']} of {compare['runs']}"
+        )
     ref = report.get("reference")
     if ref:
         lines.append(f"\nagainst {ref['name']} ({ref['source']}):")
@@ -237,6 +295,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--crossings", type=int, default=3, help="block boundaries per decode run")
     p.add_argument("--runs", type=int, default=2, help="decode runs and cold/warm pairs")
     p.add_argument("--seed", type=int, help="prompt seed (default: fresh, so cold is cold)")
+    p.add_argument(
+        "--plain-url",
+        type=url,
+        metavar="URL",
+        help="a plain (non-speculative) server of the same model: decode the same prompts on "
+        "it and on --base-url (speculative) and compare tokens/s, ITL and acceptance",
+    )
     p.set_defaults(func=_cmd_bench)
     sub = p.add_subparsers(dest="bench_command", metavar="replot", title="subcommand")
     replot = sub.add_parser(

@@ -125,8 +125,17 @@ def measure_boundaries(
 
 
 def measure_prefix(
-    client: Client, model: str, block: int, max_len: int, runs: int, rng: random.Random
+    client: Client,
+    model: str,
+    block: int,
+    max_len: int,
+    runs: int,
+    rng: random.Random,
+    speculative: bool = False,
 ) -> dict[str, Any]:
+    """TTFT cold vs warm and the warm hit rate. SPECULATIVE (EAGLE/MTP): vLLM stores the
+    replay checkpoint of a prompt when it sees it again, so the third send is the warm
+    one (docs/smoke.md, Speculative decoding)."""
     pool = token_pool(client, model)
     length = prefix_length(block, max_len)
     cold, warm, rates, hits_total, queries_total = [], [], [], 0.0, 0.0
@@ -135,6 +144,9 @@ def measure_prefix(
         base = m.prefix_cache(client.metrics())
         first = stream(client, model, prompt, 2)
         before = client.prefix_cache_after(base)  # the cold request's queries are counted
+        if speculative:
+            stream(client, model, prompt, 2)
+            before = client.prefix_cache_after(before)
         second = stream(client, model, prompt, 2)
         delta = client.prefix_cache_after(before) - before
         cold.append(first.ttft * 1000)
@@ -153,3 +165,71 @@ def measure_prefix(
         "warm_queries": queries_total,
         "prefill_tok_s": length / (cold_p50 / 1000) if cold_p50 else None,
     }
+
+
+# ---- speculative decoding: the same prompts on a plain and a speculative server
+
+
+def decode_summary(streams: Sequence[Stream]) -> dict[str, Any]:
+    """Decode tokens/s (median over streams) and inter-token latency over every gap."""
+    rates = [r for r in (s.decode_tok_s() for s in streams) if r]
+    gaps = [g * 1000 for s in streams for g in s.token_gaps()]
+    return {
+        "decode_tok_s": percentile(rates, 50),
+        "itl_ms_p50": percentile(gaps, 50),
+        "itl_ms_p90": percentile(gaps, 90),
+        "itl_ms_p99": percentile(gaps, 99),
+        "streams": len(streams),
+        "tokens": sum(s.tokens for s in streams),
+    }
+
+
+def speculation_summary(run: m.SpecDecode | None) -> dict[str, Any] | None:
+    """Acceptance over a run, from the difference of the server's own counters."""
+    if run is None:
+        return None
+    return {
+        "draft_tokens": run.draft_tokens,
+        "accepted_tokens": run.accepted,
+        "acceptance_rate": run.acceptance_rate,
+        "mean_accepted_length": run.mean_accepted_length,
+    }
+
+
+def compare_speculation(
+    speculative: Client,
+    plain: Client,
+    model: str,
+    block: int,
+    max_len: int,
+    crossings: int,
+    runs: int,
+    rng: random.Random,
+) -> dict[str, Any]:
+    """Decode the same prompts (across CROSSINGS block boundaries) on both servers, one
+    stream at a time, alternating; tokens/s, ITL percentiles and the speculative
+    server's acceptance over exactly these streams."""
+    pool = token_pool(speculative, model)
+    prompt_len, decode = boundary_lengths(block, max_len, crossings)
+    prompts = [[rng.choice(pool) for _ in range(prompt_len)] for _ in range(runs)]
+    before = m.spec_decode(speculative.metrics(), model)
+    spec_streams, plain_streams = [], []
+    for prompt in prompts:
+        plain_streams.append(stream(plain, model, prompt, decode))
+        spec_streams.append(stream(speculative, model, prompt, decode))
+    after = m.spec_decode(speculative.metrics(), model)
+    out = {
+        "prompt_len": prompt_len,
+        "decode_tokens": decode,
+        "runs": runs,
+        "plain": decode_summary(plain_streams),
+        "speculative": decode_summary(spec_streams),
+        "acceptance": speculation_summary(after - before if after and before else None),
+        "same_tokens": sum(
+            a.token_ids == b.token_ids for a, b in zip(plain_streams, spec_streams, strict=True)
+        ),
+    }
+    plain_rate = out["plain"]["decode_tok_s"]
+    spec_rate = out["speculative"]["decode_tok_s"]
+    out["speedup"] = spec_rate / plain_rate if plain_rate and spec_rate else None
+    return out

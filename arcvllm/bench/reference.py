@@ -29,6 +29,9 @@ def summary_metrics(report: Mapping[str, Any]) -> dict[str, float | None]:
         "prefix_ttft_cold_ms": prefix.get("ttft_ms_cold"),
         "prefix_ttft_warm_ms": prefix.get("ttft_ms_warm"),
         "prefix_cache_hit_rate": prefix.get("warm_hit_rate"),
+        "spec_acceptance_rate": (report.get("speculation") or {}).get("acceptance_rate"),
+        "spec_mean_accepted_length": (report.get("speculation") or {}).get("mean_accepted_length"),
+        "spec_speedup": (report.get("compare") or {}).get("speedup"),
     }
 
 
