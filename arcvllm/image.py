@@ -102,16 +102,32 @@ class Build:
             name = f",name={self.tags[0]}" if self.tags else ""
             # One manifest, no build-time provenance: the archive's digest is the image's.
             argv += ["--provenance=false", "--output"]
-            # zstd: the layers are compressed twice (export, then the timestamps' rewrite);
-            # gzip took ~450 s a pass for the CPU image on 2 cores. Docker >= 23 pulls zstd.
             argv += [
                 f"type=oci,dest={self.oci_archive},rewrite-timestamp=true,"
-                f"compression=zstd,compression-level=3,force-compression=true{name}"
+                f"{compression()},force-compression=true{name}"
             ]
         else:
             for tag in self.tags:
                 argv += ["-t", tag]
         return [*argv, "."]
+
+
+COMPRESSIONS = {
+    # The layers are compressed twice (export, then the timestamps' rewrite): gzip took
+    # ~450 s a pass for the CPU image on 2 loaded cores, zstd ~370 s, none ~70 s.
+    # Docker >= 23 pulls zstd. `uncompressed` suits a registry on the same machine (CI).
+    "zstd": "compression=zstd,compression-level=3",
+    "gzip": "compression=gzip",
+    "uncompressed": "compression=uncompressed",
+}
+
+
+def compression() -> str:
+    """The release archives' layer compression: $ARCVLLM_LAYER_COMPRESSION, else zstd."""
+    name = os.environ.get("ARCVLLM_LAYER_COMPRESSION", "zstd")
+    if name not in COMPRESSIONS:
+        raise ArcvllmError(f"ARCVLLM_LAYER_COMPRESSION={name}: one of {', '.join(COMPRESSIONS)}", 2)
+    return COMPRESSIONS[name]
 
 
 def ca_bundle() -> str | None:
