@@ -33,7 +33,10 @@ class Fake:
         block_in_metrics: bool = True,
         models: tuple[str, ...] = ("tiny-hybrid",),
         retention: str = "None",
+        speculative: bool = False,
     ) -> None:
+        self.speculative = speculative  # vllm:spec_decode_* counters, prompt_logprobs
+        self.generated: dict[tuple[int, ...], int] = {}  # decoded sequence -> prompt length
         self.retention = retention  # prefix_cache_retention_interval: "None" keeps every block
         self.faults = set(faults)
         self.block_in_metrics = block_in_metrics
@@ -54,6 +57,16 @@ class Fake:
             "# TYPE vllm:prefix_cache_queries_total counter",
             f'vllm:prefix_cache_queries_total{{model_name="tiny-hybrid"}} {self.queries}',
         ]
+        if self.speculative:
+            n = self.completions
+            lines += [
+                "# TYPE vllm:spec_decode_num_drafts counter",
+                f'vllm:spec_decode_num_drafts_total{{model_name="tiny-hybrid"}} {100 * n}',
+                "# TYPE vllm:spec_decode_num_draft_tokens counter",
+                f'vllm:spec_decode_num_draft_tokens_total{{model_name="tiny-hybrid"}} {200 * n}',
+                "# TYPE vllm:spec_decode_num_accepted_tokens counter",
+                f'vllm:spec_decode_num_accepted_tokens_total{{model_name="tiny-hybrid"}} {50 * n}',
+            ]
         if self.block_in_metrics:
             lines += [
                 "# TYPE vllm:cache_config_info gauge",
@@ -88,11 +101,26 @@ class Fake:
         # The blocks a decode fills are kept only with dense retention, and not at all
         # under "lost_state" (their state was not copied across the boundary).
         sequence = key + tuple(ids)
+        with self.lock:
+            self.generated[sequence] = len(prompt)
         dense = self.retention == "None" and "lost_state" not in self.faults
         computed = len(sequence) - 1 if dense else len(prompt)
         with self.lock:
             self.cached.update(sequence[: k * BLOCK] for k in range(1, computed // BLOCK + 1))
         return ids
+
+    def prompt_logprobs(self, sequence: list[int]) -> list[dict[str, dict] | None]:
+        """The plain model's view of SEQUENCE: its decoded tokens are the top ones, or
+        (fault "not_greedy") one token in 50 is off by 2 nats, as a corrupted state is."""
+        start = self.generated.get(tuple(sequence), len(sequence))
+        out: list[dict[str, dict] | None] = [None]
+        for j in range(1, len(sequence)):
+            token = sequence[j]
+            entry = {str(token): {"logprob": -1.0 if j < start else -0.1}}
+            if j >= start and "not_greedy" in self.faults and (j - start) % 50 == 7:
+                entry = {str(token): {"logprob": -2.1}, str(token + 1): {"logprob": -0.1}}
+            out.append(entry)
+        return out
 
     def healthy(self) -> bool:
         # "dies": after the boundary decode and its re-send, the first two requests.
@@ -124,6 +152,10 @@ def handler(fake: Fake, hits_in_metrics: bool = True):
                 return
             if self.path != "/v1/completions" or not fake.healthy():
                 self.send(500, json.dumps({"error": {"message": "engine dead"}}))
+                return
+            if body.get("prompt_logprobs"):
+                entries = fake.prompt_logprobs(body["prompt"])
+                self.send(200, json.dumps({"choices": [{"prompt_logprobs": entries}]}))
                 return
             ids = fake.complete(body["prompt"], body["max_tokens"])
             if ids is None:
@@ -512,3 +544,39 @@ def test_greedy_checks_add_up():
 def test_with_eagle_or_mtp_speculation_the_prefix_repeat_hits_one_block_less():
     assert S.expected_prefix_hits(7, 256, speculative=False) == int(0.9 * 7 * 256)
     assert S.expected_prefix_hits(7, 256, speculative=True) == int(0.9 * 6 * 256)
+
+
+def test_a_speculative_server_gets_the_greedy_check_and_its_acceptance(serve, capsys, tmp_path):
+    report = tmp_path / "r.json"
+    code, out, _ = run_cli(
+        capsys, "--base-url", serve(Fake(speculative=True)), "--out", str(report)
+    )
+    assert code == 0, out
+    data = json.loads(report.read_text())
+    names = [c["name"] for c in data["checks"]]
+    assert names[-2:] == ["speculative == plain", "speculation"]
+    plan = data["server"]["plan"]
+    assert data["outputs"]["greedy_check"]["tokens"] == 9 * plan["decode_tokens"]
+    assert data["measurements"]["spec_acceptance_rate"] == 0.25
+    assert data["measurements"]["spec_mean_accepted_length"] == 1.5
+    assert data["server"]["speculative"] is True
+
+
+def test_a_speculative_server_off_the_plain_greedy_choice_fails_that_check_alone(
+    serve, capsys, tmp_path
+):
+    report = tmp_path / "r.json"
+    url = serve(Fake({"not_greedy"}, speculative=True))
+    code, out, _ = run_cli(capsys, "--base-url", url, "--out", str(report))
+    assert code == 1, out
+    data = json.loads(report.read_text())
+    assert data["failed"] == ["speculative == plain"]
+    name, index, gap = data["outputs"]["greedy_check"]["misses"][0]
+    assert (name, index, round(gap, 2)) == ("decode", 7, 2.0)
+
+
+def test_a_plain_server_gets_no_speculation_rows(serve, capsys, tmp_path):
+    report = tmp_path / "r.json"
+    code, out, _ = run_cli(capsys, "--base-url", serve(Fake({"not_greedy"})), "--out", str(report))
+    assert code == 0, out
+    assert "speculative == plain" not in out and "greedy_check" not in report.read_text()
