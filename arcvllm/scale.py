@@ -29,7 +29,7 @@ from arcvllm import cli, replicas
 from arcvllm.client import Client, WaitTimeout, wait_until
 from arcvllm.doctor import Host
 from arcvllm.errors import ArcvllmError
-from arcvllm.settings import api_key_file, check_api_key_file
+from arcvllm.settings import api_key_file, check_api_key_file, effective
 from arcvllm.settings import load as load_settings
 
 PROJECT = "arcvllm-scale"
@@ -295,7 +295,7 @@ def up(args: argparse.Namespace, health: Health | None = None, status=None) -> i
     if not args.cpu:
         cards = replicas.pick(Host(root=Path(args.dev_root)), args.replicas)
         replicas.write(cards, docker_dir() / "compose.scale.yaml", state_dir(args.project))
-    port = os.environ.get("PORT", "8443")
+    port = effective("PORT", args.env_file.resolve(), os.environ, "8443")
     try:
         # The replicas first, with compose.yaml's gateway (https, the key: the published
         # port); the router last, told only the replicas that became healthy: at its start

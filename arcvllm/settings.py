@@ -151,6 +151,14 @@ def load(path: Path) -> dict[str, str]:
     return {s.key: s.value for s in read(path)}
 
 
+def effective(key: str, env_file: Path, environ: Mapping[str, str], default: str) -> str:
+    """A setting as compose resolves it: the shell's value wins, then the settings file's,
+    then compose.yaml's default."""
+    if environ.get(key):
+        return environ[key]
+    return load(env_file).get(key) or default
+
+
 # compose.yaml's default for the key file: the secret `api-key` of every server and the gateway.
 DEFAULT_API_KEY_FILE = "../secrets/api-key"
 

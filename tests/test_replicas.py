@@ -162,9 +162,12 @@ def test_the_written_file_is_valid_compose_with_one_gpu_per_replica(tmp_path):
         assert replica["stop_grace_period"] in ("150s", "2m30s")
     assert "vllm-3" not in svc
     # compose v2 renders a command as its words
-    assert svc["router"]["command"] == (
-        "--worker-urls http://vllm-0:8000 http://vllm-1:8000 http://vllm-2:8000"
-    ).split()
+    assert svc["router"]["command"] == [
+        "--worker-urls",
+        "http://vllm-0:8000",
+        "http://vllm-1:8000",
+        "http://vllm-2:8000",
+    ]
     mounts = [
         v if isinstance(v, str) else f"{v['source']}:{v['target']}"
         for v in svc["prometheus"]["volumes"]
