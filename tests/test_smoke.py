@@ -580,3 +580,17 @@ def test_a_plain_server_gets_no_speculation_rows(serve, capsys, tmp_path):
     code, out, _ = run_cli(capsys, "--base-url", serve(Fake({"not_greedy"})), "--out", str(report))
     assert code == 0, out
     assert "speculative == plain" not in out and "greedy_check" not in report.read_text()
+
+
+def test_a_plain_server_checked_as_a_speculative_preset_fails_the_speculation_row(
+    serve, capsys, tmp_path
+):
+    # E.g. an image whose compose service starts its default preset, not the MTP one.
+    report = tmp_path / "r.json"
+    url = serve(Fake())
+    code, out, _ = run_cli(
+        capsys, "--base-url", url, "--preset", "tiny-hybrid-cpu-mtp", "--out", str(report)
+    )
+    assert code == 1, out
+    assert json.loads(report.read_text())["failed"] == ["speculation"]
+    assert "the server does not speculate" in out

@@ -217,6 +217,16 @@ def model_name(model: str | None, preset: str | None) -> str | None:
     return served
 
 
+def expects_speculation(preset: str | None) -> bool:
+    """Whether PRESET serves with a speculative-config: then a server that does not
+    speculate is the wrong server (e.g. started with another preset)."""
+    if preset is None:
+        return False
+    from arcvllm.presets import get_preset, speculative_config
+
+    return speculative_config(get_preset(preset)) is not None
+
+
 def discover(client: Client, model: str | None, log: LogSource) -> tuple[str, int, str, int]:
     """Model name, block size, where the block size came from, max_model_len.
 
@@ -265,7 +275,15 @@ def discover(client: Client, model: str | None, log: LogSource) -> tuple[str, in
 class Smoke:
     """One run of the checks against one server."""
 
-    def __init__(self, client: Client, model: str, p: CheckPlan, report: SmokeReport) -> None:
+    def __init__(
+        self,
+        client: Client,
+        model: str,
+        p: CheckPlan,
+        report: SmokeReport,
+        expect_speculation: bool = False,
+    ) -> None:
+        self.expect_speculation = expect_speculation  # the preset has a speculative-config
         self.client = client
         self.model = model
         self.plan = p
@@ -455,6 +473,13 @@ class Smoke:
         """With speculative decoding: every decoded token is the plain model's greedy
         choice, and how many drafts the server accepted (its own counters)."""
         if self.spec_before is None:
+            if self.expect_speculation:
+                self.add(
+                    "speculation",
+                    "the preset's speculative-config served",
+                    "the server does not speculate (no vllm:spec_decode_* in /metrics)",
+                    False,
+                )
             return
         n = len(self.decoded)
         expected = f"{n} seq: each token = plain greedy (ties <= {TIE_NATS:g} nats)"
@@ -557,7 +582,7 @@ def run(opts: SmokeOptions) -> SmokeReport:
         report.checks.append(
             Check("block size", "read from the server", f"{block} (from {source})", None)
         )
-        Smoke(client, model, p, report).run()
+        Smoke(client, model, p, report, expects_speculation(opts.preset)).run()
         return _finish(report, opts, t0)
     except subprocess.CalledProcessError as exc:
         raise ArcvllmError(f"--start-cmd failed with exit code {exc.returncode}", 3) from exc
