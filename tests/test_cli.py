@@ -70,7 +70,7 @@ def test_url_keeps_a_good_one_without_its_trailing_slash():
 def test_a_bad_url_is_one_line_and_exit_2():
     """Through the installed entry point, as an operator runs it: no usage block."""
     done = subprocess.run(
-        [sys.executable, "-m", "arcvllm", "field-report", "--base-url", "localhost:8000"],
+        [sys.executable, "-m", "arcvllm", "smoke", "--base-url", "localhost:8000"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -79,7 +79,7 @@ def test_a_bad_url_is_one_line_and_exit_2():
     assert done.stdout == ""
     lines = done.stderr.splitlines()
     assert len(lines) == 1, done.stderr
-    assert lines[0].startswith("arcvllm: field-report: ") and "not an http(s) URL" in lines[0]
+    assert lines[0].startswith("arcvllm: smoke: ") and "not an http(s) URL" in lines[0]
 
 
 def test_add_server_takes_the_api_key_from_the_environment(monkeypatch):

@@ -9,6 +9,9 @@ import os
 import re
 import subprocess
 import tarfile
+from pathlib import Path
+
+import pytest
 
 from arcvllm import fieldreport as F
 
@@ -75,8 +78,8 @@ def test_the_api_key_given_on_the_command_line_is_redacted_and_json_lists_the_st
     argv = [
         "field-report", "--compose", "sh -c 'echo leaked $ARCVLLM_TEST_LEAK' compose",
         "--service", "svc", "--image", "none", "--docker", "false",
-        "--base-url", "http://127.0.0.1:9/", "--api-key", KEY, "--preset", "tiny-hybrid-cpu",
-        "--no-smoke", "--no-bench", "--scratch", str(tmp_path), "--out", str(out), "--json",
+        "--api-key", KEY, "--preset", "tiny-hybrid-cpu",
+        "--no-smoke", "--no-bench", "--out", str(out), "--json",
     ]  # fmt: skip
     assert cli.main(argv) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -93,7 +96,7 @@ def test_an_out_that_is_no_tarball_is_a_usage_error(tmp_path, capsys):
     from arcvllm import cli
 
     argv = ["field-report", "--compose", "true", "--service", "s", "--image", "i"]
-    argv += ["--base-url", "http://127.0.0.1:9", "--out", str(tmp_path / "report.zip")]
+    argv += ["--out", str(tmp_path / "report.zip")]
     assert cli.main(argv) == 2
     assert (
         capsys.readouterr().err
@@ -110,8 +113,8 @@ def test_the_hosts_doctor_checks_the_deployments_settings_file(tmp_path, capsys)
     out = tmp_path / "r.tar.gz"
     argv = [
         "field-report", "--compose", "true", "--service", "svc", "--image", "none",
-        "--docker", "false", "--base-url", "http://127.0.0.1:9/", "--preset", "tiny-hybrid-cpu",
-        "--env-file", str(settings), "--no-smoke", "--no-bench", "--scratch", str(tmp_path),
+        "--docker", "false", "--preset", "tiny-hybrid-cpu",
+        "--env-file", str(settings), "--no-smoke", "--no-bench",
         "--out", str(out), "--json",
     ]  # fmt: skip
     assert cli.main(argv) == 0
@@ -209,3 +212,18 @@ def test_the_summary_carries_decode_and_the_speculative_acceptance_of_the_bench(
         ", decode 60.0 tok/s"
     )
     assert bench_line({}) == ""
+
+
+def test_field_report_takes_no_option_it_never_reads():
+    """It required --base-url and read neither it nor --ca-cert nor --scratch: smoke and
+    bench run inside the container against the server itself."""
+    from arcvllm.cli import main
+
+    for unused in ("--base-url", "--ca-cert", "--scratch"):
+        argv = ["field-report", "--compose", "c", "--service", "s", "--image", "i"]
+        with pytest.raises(SystemExit) as exit_:
+            main([*argv, unused, "x"])
+        assert exit_.value.code == 2, unused
+    root = Path(__file__).resolve().parent.parent
+    dry = subprocess.run(["make", "-n", "field-report"], cwd=root, capture_output=True, text=True)
+    assert "--base-url" not in dry.stdout and "--scratch" not in dry.stdout
