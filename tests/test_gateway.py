@@ -279,7 +279,7 @@ class Gateway:
 
     def container(self, service: str) -> str:
         done = subprocess.run(
-            [*self.compose, "ps", "-q", service],
+            [*self.compose, "ps", "-a", "-q", service],  # -a: a stopped one too (compose v2)
             capture_output=True,
             text=True,
             timeout=60,
