@@ -226,9 +226,10 @@ gpus: $(VENV)/.stamp ## the XPU server's GPUs: every B70's render node, never an
 	@$(ARCVLLM) gpus --compose $(GPUS_FILE) --env-file $(ENV_FILE)
 
 .PHONY: up
-up: $(VENV)/.stamp $(if $(filter xpu,$(FLAVOR)),gpus) ## start the server and its gateway with compose (XPU service; FLAVOR=cpu: the CPU service); settings: ENV_FILE
+up: $(VENV)/.stamp ## start the server and its gateway with compose (XPU service; FLAVOR=cpu: the CPU service); settings: ENV_FILE
 	@$(ARCVLLM) settings check $(ENV_FILE)
 	@cd docker && test -f '$(KEY_FILE)' -a -r '$(KEY_FILE)' || { echo "make up: VLLM_API_KEY_FILE=$(KEY_FILE) is not a readable file (from docker/): make one, e.g. (umask 077; openssl rand -hex 32 > secrets/api-key), readable by UID 1000" >&2; exit 3; }
+	$(if $(filter xpu,$(FLAVOR)),@$(ARCVLLM) gpus --compose $(GPUS_FILE) --env-file $(ENV_FILE))
 	$(ARCVLLM_COMPOSE) up -d $(SERVICE) gateway
 
 .PHONY: down
@@ -260,6 +261,7 @@ SMOKE_REPORT         ?= reports/smoke-$(STACK).json
 SMOKE_LOG            ?= $(SMOKE_REPORT:.json=.log)
 SMOKE_ARGS           ?=
 SMOKE_COMPOSE         = ENV_FILE=$(ENV_PATH) IMAGE=$(IMAGE) PORT=$(SMOKE_PORT) \
+	$(if $(filter cpu,$(FLAVOR)),CPU_PRESET=$(PRESET)) \
 	GATEWAY_IMAGE=$(GATEWAY_IMAGE) GATEWAY_DIAGNOSTIC_ROUTES=1 \
 	VLLM_API_KEY_FILE=$(SMOKE_SECRETS)/api-key GATEWAY_TLS_CERT=$(SMOKE_SECRETS)/cert.pem \
 	GATEWAY_TLS_KEY=$(SMOKE_SECRETS)/key.pem \
@@ -284,7 +286,8 @@ smoke-secrets: # the smoke project's throwaway key and self-signed certificate (
 	@chmod 0644 $(SMOKE_SECRETS)/api-key $(SMOKE_SECRETS)/key.pem
 
 .PHONY: smoke-check
-smoke-check: $(VENV)/.stamp smoke-secrets $(if $(filter xpu,$(FLAVOR)),gpus) ## the smoke test against the image as built, through the gateway (no build step)
+smoke-check: $(VENV)/.stamp smoke-secrets ## the smoke test against the image as built, through the gateway (no build step)
+	$(if $(filter xpu,$(FLAVOR)),@$(ARCVLLM) gpus --compose $(GPUS_FILE) --env-file $(ENV_FILE))
 	$(ARCVLLM) smoke --base-url https://127.0.0.1:$(SMOKE_PORT) --preset $(PRESET) \
 		--ca-cert $(SMOKE_SECRETS)/cert.pem --api-key-file $(SMOKE_SECRETS)/api-key \
 		--start-cmd '$(SMOKE_COMPOSE) up -d $(SERVICE) gateway' --stop-cmd '$(SMOKE_STOP)' \

@@ -18,6 +18,11 @@ mkdir -p "$dest"
 make_venv() {
 	local name=$1 requirements=$2 venv=$dest/$1
 	if [[ -f $venv/.stamp && $venv/.stamp -nt $requirements ]]; then
+		# arcvllm's entry points (vLLM plugins) come from pyproject.toml: reinstall on a change
+		if [[ $root/pyproject.toml -nt $venv/.stamp ]]; then
+			"$venv/bin/pip" install -q --no-deps -e "$root"
+			touch "$venv/.stamp"
+		fi
 		return
 	fi
 	rm -rf "$venv"

@@ -428,7 +428,8 @@ def test_make_up_refuses_a_missing_key_file_before_compose_runs(tmp_path):
     mine.write_text(f"VLLM_API_KEY_FILE={tmp_path / 'no-key'}\n")
 
     def up() -> subprocess.CompletedProcess:
-        settings = [f"ENV_FILE={mine}", "FLAVOR=xpu", "COMPOSE=echo RAN"]
+        # (FLAVOR=xpu would stop first at `arcvllm gpus`: no B70 here)
+        settings = [f"ENV_FILE={mine}", "FLAVOR=cpu", "COMPOSE=echo RAN"]
         return subprocess.run(
             ["make", "-s", "-C", str(ROOT), "-o", ".venv/.stamp", "up", *settings],
             capture_output=True,
@@ -444,7 +445,7 @@ def test_make_up_refuses_a_missing_key_file_before_compose_runs(tmp_path):
     (tmp_path / "no-key").write_text("k-1\n")
     ran = up()
     assert ran.returncode == 0, ran.stderr
-    assert "RAN" in ran.stdout and "up -d vllm gateway" in ran.stdout
+    assert "RAN" in ran.stdout and "up -d vllm-cpu gateway" in ran.stdout
 
 
 def seconds(duration) -> float:

@@ -63,6 +63,9 @@ images() {
 	step make build-xpu-ci STACK=xpu-0.20
 	step make build-xpu-ci STACK=xpu-0.33
 	test_step make smoke-emulated STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu
+	# MTP on the same image: speculative == plain token for token, the fused path emulated
+	test_step make smoke-emulated STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu-mtp \
+		EMULATED_REPORT=reports/smoke-cpu-mtp-emulated.json
 	# make release into a local registry, and the CPU image again with no cache: one digest
 	# (the clean engine's pull, verify and smoke are release-check.sh's, after this run).
 	test_step make release-rehearsal
