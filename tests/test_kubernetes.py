@@ -193,7 +193,7 @@ DEPLOY_DOC = ROOT / "docs" / "deploy.md"
 def image_uid() -> int:
     """The serving user's UID in the runtime stage of docker/Dockerfile (ARG UID=...)."""
     text = (ROOT / "docker" / "Dockerfile").read_text()
-    runtime = text[text.index(" AS runtime\n") :]
+    runtime = text[text.index(" AS runtime-content\n") :]
     return int(re.search(r"^ARG UID=(\d+)$", runtime, flags=re.M).group(1))
 
 
