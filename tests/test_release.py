@@ -376,3 +376,33 @@ def test_the_release_workflow_runs_the_rehearsals_make_targets():
     assert "make --no-print-directory release " in rehearsal
     ci_yml = yaml.safe_load((ROOT / ".github/workflows/ci.yml").read_text())
     assert any(".ci/run" in s.get("run", "") for s in ci_yml["jobs"]["ci"]["steps"])
+
+
+# ---- the engine operators run (findings 3 and 5) ----------------------------------------
+
+
+@pytest.mark.docker
+def test_the_engine_is_current_with_buildkit_buildx_and_the_containerd_store(engine):
+    """Not bookworm's 20.10 (end of life, its BuildKit drops sessions under load): trixie's
+    26.1 or newer, buildx, and the containerd image store (image ID = manifest digest)."""
+    docker = image.docker_binary()
+
+    def out(*args: str) -> str:
+        done = subprocess.run([docker, *args], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    server = out("version", "--format", "{{.Server.Version}}")
+    assert int(server.split(".")[0]) >= 26, server
+    assert "buildx" in out("buildx", "version")
+    assert "io.containerd.snapshotter" in out("info", "--format", "{{json .DriverStatus}}")
+    compose = out("compose", "version", "--short").lstrip("v")
+    assert int(compose.split(".")[0]) >= 2, compose
+
+
+@pytest.fixture(scope="module")
+def engine():
+    """The engine scripts/ci/engine.sh starts, unless DOCKER_HOST names another."""
+    socket = Path("/run/arcvllm-docker/docker.sock")
+    if "DOCKER_HOST" not in os.environ and socket.exists():
+        os.environ["DOCKER_HOST"] = f"unix://{socket}"
