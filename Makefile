@@ -229,6 +229,7 @@ gpus: $(VENV)/.stamp ## the XPU server's GPUs: every B70's render node, never an
 up: $(VENV)/.stamp ## start the server and its gateway with compose (XPU service; FLAVOR=cpu: the CPU service); settings: ENV_FILE
 	@$(ARCVLLM) settings check $(ENV_FILE)
 	@cd docker && test -f '$(KEY_FILE)' -a -r '$(KEY_FILE)' || { echo "make up: VLLM_API_KEY_FILE=$(KEY_FILE) is not a readable file (from docker/): make one, e.g. (umask 077; openssl rand -hex 32 > secrets/api-key), readable by UID 1000" >&2; exit 3; }
+	@cd docker && ../$(ARCVLLM) settings check $(ENV_PATH) --key-file '$(KEY_FILE)' >/dev/null
 	$(if $(filter xpu,$(FLAVOR)),@$(ARCVLLM) gpus --compose $(GPUS_FILE) --env-file $(ENV_FILE))
 	$(ARCVLLM_COMPOSE) up -d $(SERVICE) gateway
 

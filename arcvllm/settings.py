@@ -228,6 +228,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
     try:
         settings = read(args.file)
         check_render_gid(settings, render_node_gids(args.dri_dir or DRI_DIR), str(args.file))
+        if args.key_file is not None:  # the one key rule, before compose hands the file out
+            check_api_key_file(args.key_file)
     except ArcvllmError as exc:
         if args.json:
             print(json.dumps({"file": str(args.file), "ok": False, "problem": str(exc)}))
@@ -257,6 +259,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--dri-dir",
         type=cli.existing_dir,
         help=f"where the render nodes are (default {DRI_DIR}; none there: nothing to compare)",
+    )
+    check_parser.add_argument(
+        "--key-file",
+        type=Path,
+        help="also the API key file compose hands out: readable, and the one key rule",
     )
     cli.add_json(check_parser, help="the verdict and the keys (never the values) as JSON")
     check_parser.set_defaults(func=_cmd_check)

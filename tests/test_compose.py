@@ -489,3 +489,23 @@ def test_every_vllm_service_waits_longer_than_any_presets_drain(compose_files, p
     for name in servers:
         grace = seconds(services[name].get("stop_grace_period", "10s"))  # the engine's default
         assert grace >= longest + 20, f"{name}: stop_grace_period {grace:.0f} s"
+
+
+def test_make_up_refuses_a_key_file_that_breaks_the_key_rule(tmp_path):
+    """One key rule (cli.KEY_RULE) before compose runs: a two-line key stops `make up` in
+    one line, not in the containers."""
+    from arcvllm.cli import KEY_RULE
+
+    key = tmp_path / "key"
+    key.write_text("first\nsecond\n")
+    mine = tmp_path / "mine.env"
+    mine.write_text(f"VLLM_API_KEY_FILE={key}\n")
+    argv = ["make", "-s", "-C", str(ROOT), "-o", ".venv/.stamp", "up", f"ENV_FILE={mine}"]
+    done = subprocess.run(
+        [*argv, "FLAVOR=cpu", "COMPOSE=echo RAN"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0 and "RAN" not in done.stdout
+    assert KEY_RULE in done.stderr, done.stderr
