@@ -162,54 +162,81 @@ def provenance(spec: image.Build, digest: str) -> dict:
     }
 
 
-def extract_sbom(ref: str, dest: Path, docker: str) -> dict:
-    """The image's own SBOM file, copied out of a container that never starts."""
-    cid = _run([docker, "create", ref], f"docker create {ref}", capture=True).strip()
-    try:
-        _run([docker, "cp", f"{cid}:{SBOM_PATH}", str(dest)], f"docker cp {SBOM_PATH}")
-    finally:
-        subprocess.run([docker, "rm", cid], capture_output=True)
-    data = dest.read_bytes()
+def sbom_summary(path: Path) -> dict:
+    """What the manifest says of an SBOM file: its name, sha256, format and size."""
+    data = path.read_bytes()
     doc = json.loads(data)
     return {
-        "file": dest.name,
+        "file": path.name,
         "sha256": hashlib.sha256(data).hexdigest(),
         "format": f"CycloneDX {doc.get('specVersion')}",
         "components": len(doc.get("components", [])),
     }
 
 
-def release_one(
-    target: Target, version: str, registry: str, key: Path, out: Path, docker: str
-) -> dict:
-    """Build, load, tag, push, sign and attest one image; its manifest entry."""
+def archive_config(archive: Path) -> dict:
+    """The image config of an OCI archive (its labels under config.Labels)."""
+    with tarfile.open(archive) as tar:
+        manifest = json.loads(_blob(tar, archive_digest(archive)))
+        return json.loads(_blob(tar, manifest["config"]["digest"]))
+
+
+def archive_file(archive: Path, path: str) -> bytes:
+    """One file of the image in an OCI archive, from the last small layer that holds it."""
+    import gzip
+
+    with tarfile.open(archive) as tar:
+        manifest = json.loads(_blob(tar, archive_digest(archive)))
+        for layer in reversed(manifest["layers"]):
+            if layer.get("size", 0) > 64 << 20:  # the SBOM's layer is small: skip big ones
+                continue
+            raw = _blob(tar, layer["digest"])
+            if raw[:4] == b"\x28\xb5\x2f\xfd":  # zstd: the standard library cannot read it
+                raise ArcvllmError(f"{archive.name}: zstd layers (read with gzip/uncompressed)")
+            data = gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
+            with tarfile.open(fileobj=io.BytesIO(data)) as inner:
+                try:
+                    member = inner.extractfile(path.lstrip("/"))
+                except KeyError:
+                    continue
+                if member is not None:
+                    return member.read()
+    raise ArcvllmError(f"{archive.name}: no {path} in its layers")
+
+
+def push_archive(archive: Path, ref: str, digest: str) -> None:
+    """Copy the archive's image to REF as it is (skopeo: no re-compression, one digest)."""
+    local = ref.split("/")[0].split(":")[0] in ("127.0.0.1", "localhost")
+    dest_tls = ["--dest-tls-verify=false"] if local else []
+    src_tls = ["--tls-verify=false"] if local else []
+    copy = ["skopeo", "copy", "-q", *dest_tls, f"oci-archive:{archive}", f"docker://{ref}"]
+    _run(copy, f"push {ref}")
+    inspect = ["skopeo", "inspect", *src_tls, "--format", "{{.Digest}}", f"docker://{ref}"]
+    pushed = _run(inspect, f"inspect {ref}", capture=True).strip()
+    if pushed != digest:
+        raise ArcvllmError(f"{ref}: the registry holds {pushed}, the archive {digest}")
+
+
+def release_one(target: Target, version: str, registry: str, key: Path, out: Path) -> dict:
+    """Build, push, sign and attest one image; its manifest entry. The archive is pushed as
+    it is, never loaded into the engine: one copy of each image on disk."""
     if target.kind == "server":
         spec = image.spec_for(target.name)
     else:
         spec = image.spec_for(None, side=target.name)
     repo = target.repository()
     tags = target.tags(version)
-    local = [f"{repo}:{t}" for t in tags]
-    remote = [f"{registry}/{repo}:{t}" for t in tags]
     archive = out / f"{repo}-{tags[0]}.oci.tar"
-    spec.tags = [local[0]]
+    spec.tags = [f"{repo}:{tags[0]}"]
     spec.oci_archive = archive
-    print(f"release: building {local[0]} ({spec.target})", file=sys.stderr)
+    print(f"release: building {spec.tags[0]} ({spec.target})", file=sys.stderr)
     image.build(spec)
     digest = archive_digest(archive)
-    _run([docker, "load", "-i", str(archive)], f"docker load {archive.name}")
-    for ref in local[1:] + remote:
-        _run([docker, "tag", local[0], ref], f"docker tag {ref}")
-    loaded = image.inspect_id(local[0], docker)
-    if loaded != digest:
-        raise ArcvllmError(f"{local[0]}: loaded as {loaded}, the archive holds {digest}")
-    for ref in remote:
-        pushed = _run([docker, "push", ref], f"docker push {ref}", capture=True)
-        if digest not in pushed:
-            raise ArcvllmError(f"{ref}: the registry did not take digest {digest}")
+    for tag in tags:
+        push_archive(archive, f"{registry}/{repo}:{tag}", digest)
     by_digest = f"{registry}/{repo}@{digest}"
     sbom_file = out / f"{repo}-{tags[0]}.cdx.json"
-    sbom = extract_sbom(local[0], sbom_file, docker)
+    sbom_file.write_bytes(archive_file(archive, SBOM_PATH))
     # A key file signs offline (no transparency log); keyless signs with the CI's identity.
     signer = ["-y", *cosign_flags(registry)]
     signer += [] if str(key) == KEYLESS else ["--key", str(key), "--tlog-upload=false"]
@@ -220,17 +247,9 @@ def release_one(
     provenance_file.write_text(json.dumps(provenance(spec, digest), indent=2) + "\n")
     attest = ["cosign", "attest", *signer, "--type", "slsaprovenance1"]
     _run([*attest, "--predicate", str(provenance_file), by_digest], "cosign attest provenance")
-    labels = (
-        json.loads(
-            _run(
-                [docker, "image", "inspect", "-f", "{{json .Config.Labels}}", local[0]],
-                "docker image inspect",
-                capture=True,
-            )
-        )
-        or {}
-    )
-    entry = {
+    labels = archive_config(archive).get("config", {}).get("Labels") or {}
+    print(f"release: {by_digest} pushed, signed, SBOM attested", file=sys.stderr)
+    return {
         "name": target.name,
         "kind": target.kind,
         "repository": f"{registry}/{repo}",
@@ -240,12 +259,10 @@ def release_one(
         "archive": archive.name,
         "vllm": labels.get("org.arcvllm.vllm.version", ""),
         "patches": labels.get("org.arcvllm.patches", ""),
-        "sbom": sbom,
+        "sbom": sbom_summary(sbom_file),
         "signature": f"{registry}/{repo}:{digest.replace(':', '-')}.sig",
         "attestation": f"{registry}/{repo}:{digest.replace(':', '-')}.att",
     }
-    print(f"release: {by_digest} pushed, signed, SBOM attested", file=sys.stderr)
-    return entry
 
 
 def release(
@@ -267,7 +284,6 @@ def release(
         raise ArcvllmError(f"no cosign key at {key} (cosign generate-key-pair)", 2)
     chosen = targets(stacks, sides)
     out.mkdir(parents=True, exist_ok=True)
-    docker = image.docker_binary()
     src = image.source()
     manifest = {
         "version": version,
@@ -275,7 +291,7 @@ def release(
         "created": src.created,
         "registry": registry,
         "public_key": None if str(key) == KEYLESS else key.with_suffix(".pub").name,
-        "images": [release_one(t, version, registry, key, out, docker) for t in chosen],
+        "images": [release_one(t, version, registry, key, out) for t in chosen],
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest

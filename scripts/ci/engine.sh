@@ -55,12 +55,12 @@ apt_mirror() {
 
 engine_suite=trixie
 engine_debs=(docker.io docker-cli docker-buildx docker-compose containerd runc iptables
-	debootstrap cosign docker-registry)
+	debootstrap cosign docker-registry skopeo)
 
 # True when the installed engine is the suite's: dockerd, the client and both plugins.
 engine_installed() {
 	[[ -x /usr/sbin/dockerd && -x $docker && -x /usr/sbin/debootstrap && -x /usr/bin/cosign &&
-		-x /usr/bin/docker-registry ]] || return 1
+		-x /usr/bin/docker-registry && -x /usr/bin/skopeo ]] || return 1
 	"$docker" buildx version >/dev/null 2>&1 && "$docker" compose version >/dev/null 2>&1 || return 1
 	dpkg-query -W -f '${Version}' docker.io 2>/dev/null | grep -qv '^20\.'
 }

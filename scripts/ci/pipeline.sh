@@ -66,9 +66,6 @@ images() {
 	# MTP on the same image: speculative == plain token for token, the fused path emulated
 	test_step make smoke-emulated STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu-mtp \
 		EMULATED_REPORT=reports/smoke-cpu-mtp-emulated.json
-	# make release into a local registry, and the CPU image again with no cache: one digest
-	# (the clean engine's pull, verify and smoke are release-check.sh's, after this run).
-	test_step make release-rehearsal
 	echo "==> waiting for the test venvs"
 	if venvs_ok; then
 		test_step make test-images-xpu
@@ -131,6 +128,12 @@ if [[ $(cat "$images_status") != 0 ]]; then
 	tail -n 200 "$TMPDIR/images.log"
 	[[ $status != 0 ]] || status=$(cat "$images_status")
 fi
+# Last, alone (its no-cache rebuild would be evicted work for the streams): make release into
+# a local registry, the CPU image again with no cache (one digest), then the build cache
+# goes (the clean engine's pull, verify and smoke are release-check.sh's, after this run).
+test_step make release-rehearsal
+step /usr/bin/docker builder prune -af || true
+df -h "$PWD" | tail -n 1
 rm -rf "$TMPDIR"
 left=$(comm -13 <(echo "$before") <(ls -A /tmp))
 [[ -z $left ]] || echo "==> new in /tmp during the run: $left"
