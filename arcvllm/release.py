@@ -209,7 +209,9 @@ def push_archive(archive: Path, ref: str, digest: str) -> None:
     local = ref.split("/")[0].split(":")[0] in ("127.0.0.1", "localhost")
     dest_tls = ["--dest-tls-verify=false"] if local else []
     src_tls = ["--tls-verify=false"] if local else []
-    copy = ["skopeo", "copy", "-q", *dest_tls, f"oci-archive:{archive}", f"docker://{ref}"]
+    # --preserve-digests: skopeo would otherwise compress uncompressed layers on the way
+    copy = ["skopeo", "copy", "-q", "--preserve-digests", *dest_tls]
+    copy += [f"oci-archive:{archive}", f"docker://{ref}"]
     _run(copy, f"push {ref}")
     inspect = ["skopeo", "inspect", *src_tls, "--format", "{{.Digest}}", f"docker://{ref}"]
     pushed = _run(inspect, f"inspect {ref}", capture=True).strip()

@@ -128,9 +128,8 @@ if [[ $(cat "$images_status") != 0 ]]; then
 	tail -n 200 "$TMPDIR/images.log"
 	[[ $status != 0 ]] || status=$(cat "$images_status")
 fi
-# Last, alone (its no-cache rebuild would be evicted work for the streams): make release into
-# a local registry, the CPU image again with no cache (one digest), then the build cache
-# goes (the clean engine's pull, verify and smoke are release-check.sh's, after this run).
+# Last, alone: make release into a local registry, then the build cache goes (the clean
+# engine's pull, verify and smoke are release-check.sh's, after this run).
 test_step make release-rehearsal
 step /usr/bin/docker builder prune -af || true
 df -h "$PWD" | tail -n 1
