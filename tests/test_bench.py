@@ -30,10 +30,12 @@ def test_steps_are_placed_at_the_positions_the_engine_computed():
 
 
 def test_a_chunk_of_several_tokens_crosses_if_any_of_them_does():
+    """Positions 7-9 in one chunk (a loaded client reads tokens together): it crosses, at 8,
+    the block boundary it holds (a report's boundary positions are multiples of the block)."""
     ss = token_steps(stream(6, [1, 1, 3, 1]), block=8)
     assert [(s.position, s.tokens, s.crosses) for s in ss] == [
         (6, 1, False),
-        (7, 3, True),
+        (8, 3, True),
         (10, 1, False),
     ]
     assert abs(ss[1].itl_ms - 10 / 3) < 1e-9

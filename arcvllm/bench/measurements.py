@@ -43,9 +43,12 @@ def token_steps(stream: Stream, block: int) -> list[TokenStep]:
     produced = stream.chunks[0].tokens
     for chunk, before in zip(stream.chunks[1:], stream.chunks[:-1], strict=True):
         first = stream.prompt_len + produced - 1
-        crosses = any(p % block == 0 for p in range(first, first + chunk.tokens))
+        # A chunk of several tokens (a loaded client reads them together) crosses at the
+        # block's first position inside it: that is the step's position then.
+        at = next((p for p in range(first, first + chunk.tokens) if p % block == 0), first)
+        crosses = at % block == 0
         out.append(
-            TokenStep(first, chunk.tokens, 1000 * (chunk.at - before.at) / chunk.tokens, crosses)
+            TokenStep(at, chunk.tokens, 1000 * (chunk.at - before.at) / chunk.tokens, crosses)
         )
         produced += chunk.tokens
     return out
