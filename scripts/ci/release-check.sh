@@ -10,6 +10,11 @@ cd "$(dirname "$0")/../.."
 
 out=${RELEASE_DIR:-$PWD/build/release/ci}
 root=$PWD/build/engine-clean
+# One engine at a time: a second dockerd removes the first one's docker0 bridge.
+if DOCKER_HOST=unix:///run/arcvllm-docker/docker.sock timeout 10 /usr/bin/docker version >/dev/null 2>&1; then
+	echo "release-check: a Docker engine still answers on /run/arcvllm-docker: stop it first (scripts/ci/engine.sh down)" >&2
+	exit 3
+fi
 rm -rf "$root"
 status=0
 ARCVLLM_DOCKER_ROOT=$root ARCVLLM_DOCKER_RUN=/run/arcvllm-docker-clean BASE_IMAGE=none \
