@@ -166,7 +166,7 @@ class Deployment:
 
     def state(self, service: str, profiles: tuple[str, ...]) -> dict:
         """Docker's State of SERVICE's container ({} when it has none)."""
-        cid = self.run("ps", "-q", service, profiles=profiles, timeout=60).stdout.strip()
+        cid = self.run("ps", "-a", "-q", service, profiles=profiles, timeout=60).stdout.strip()
         if not cid:
             return {}
         out = subprocess.run(
