@@ -553,7 +553,7 @@ def test_a_stream_in_flight_across_scale_down_completes_with_all_its_tokens(depl
     seen = drain_stream(deployment.router, "tiny-hybrid", API_KEY, True, stop, DRAIN_TOKENS)
     MEASURED["drain_stream_left_at_stop_s"] = round(seen["stream_end"] - seen["stop_asked"], 1)
     assert_drained(seen, DRAIN_TOKENS)
-    assert deployment.run("ps", "-q").stdout.strip() == ""
+    assert deployment.run("ps", "-a", "-q").stdout.strip() == ""
     volumes = docker(
         "volume", "ls", "-q", "--filter", f"label=com.docker.compose.project={PROJECT}"
     )

@@ -403,7 +403,7 @@ def test_a_replica_that_never_becomes_healthy_is_named_and_nothing_is_left():
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and "never became healthy" in lines[0], result.stderr
         assert lines[0].startswith("arcvllm: replica vllm-cpu-")
-        left = dep.run("ps", "-q", profiles=("cpu-scale",), timeout=60).stdout.strip()
+        left = dep.run("ps", "-a", "-q", profiles=("cpu-scale",), timeout=60).stdout.strip()
         assert left == "", left
     finally:
         dep.down(("cpu-scale",), purge=True)  # a failed up keeps the volumes: not a test's
