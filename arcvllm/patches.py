@@ -288,7 +288,21 @@ def apply(
     except BaseException:
         _restore(target.root, backups)
         raise
+    _compile(python, [target.root / rel for rel in backups])
     return report
+
+
+def _compile(python: str, files: list[Path]) -> None:
+    """The patched files' bytecode, checked by hash as pip writes it in a reproducible
+    build: the .pyc of the unpatched file would be stale, and one stamped with the time
+    would differ in each build (and be stale again once a release's timestamps are set)."""
+    sources = [str(f) for f in files if f.suffix == ".py"]
+    if sources:
+        subprocess.run(
+            [python, "-m", "compileall", "-q", "--invalidation-mode", "checked-hash", *sources],
+            check=True,
+            capture_output=True,
+        )
 
 
 def _restore(root: Path, backups: dict[str, bytes]) -> None:

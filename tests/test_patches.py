@@ -7,6 +7,7 @@ pointers >= 2**63 are emulated by the probes (no CPU hands them out).
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -143,6 +144,16 @@ def test_apply_on_0202_patches_and_the_probes_pass(v0202, v0202_applied):
         "mamba-block-size-align-warning": "pass",
     }
     assert ".np.view(np.uint64)" in (v0202.site / COPY_FILE).read_text()
+
+
+def test_the_patched_files_bytecode_is_checked_by_hash_and_current(v0202, v0202_applied):
+    """A reproducible image: the patched file's .pyc is rewritten, checked by the source's
+    hash (flags 0b11), never stamped with the build's time; the unpatched one would be stale."""
+    source = v0202.site / COPY_FILE
+    (pyc,) = (source.parent / "__pycache__").glob(source.stem + ".*.pyc")
+    header = pyc.read_bytes()[:16]
+    assert int.from_bytes(header[4:8], "little") == 0b11
+    assert header[8:16] == importlib.util.source_hash(source.read_bytes())
 
 
 def test_manifest_records_each_patch_file_and_its_sha256(v0202, v0202_applied):

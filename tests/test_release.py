@@ -54,6 +54,15 @@ def test_a_release_build_exports_a_reproducible_oci_archive(tmp_path):
     assert "--provenance=false" in argv
 
 
+def test_a_local_build_loads_its_layers_uncompressed():
+    """Compressing layers for the engine's own store cost ~280 s of the CPU build here."""
+    spec = image.spec_for("cpu")
+    spec.tags = ["arcvllm:cpu"]
+    argv = spec.argv(image.Source("abc", 1700000000), docker="docker")
+    assert argv[argv.index("--output") + 1] == "type=image,compression=uncompressed"
+    assert argv[argv.index("-t") + 1] == "arcvllm:cpu"
+
+
 def test_side_images_are_declared_once_and_compose_defaults_to_them():
     sides = stack.side_images()
     assert set(sides) == {"gateway", "router", "prometheus", "alertmanager"}
