@@ -217,13 +217,19 @@ release: $(VENV)/.stamp wheelhouse ## build, push, sign and attest every image: 
 # Two builds of the CPU image with no cache, as OCI archives: one digest, or the files that
 # differ named (arcvllm release compare). ~25 min and ~15 GB here: not in make test.
 REPRO_OUT ?= $(BUILD)/reproducible
+# Stacks (cpu, ...) and side images (router, prometheus, alertmanager, gateway).
+REPRO_IMAGES ?= cpu
 .PHONY: reproducible
-reproducible: $(VENV)/.stamp wheelhouse ## build the CPU image twice with no cache and compare the digests (names what differs)
+reproducible: $(VENV)/.stamp wheelhouse ## build each of REPRO_IMAGES twice with no cache and compare the digests (names what differs)
 	@mkdir -p $(REPRO_OUT)
-	for n in 1 2; do ARCVLLM_LAYER_COMPRESSION=uncompressed $(IMAGE_BUILD) cpu --tag arcvllm:cpu-repro$$n \
-		--oci-archive $(REPRO_OUT)/cpu-$$n.oci.tar --docker-flags=--no-cache || exit 1; done
-	$(ARCVLLM) release compare $(REPRO_OUT)/cpu-1.oci.tar $(REPRO_OUT)/cpu-2.oci.tar; \
-		status=$$?; rm -f $(REPRO_OUT)/*.oci.tar; exit $$status
+	status=0; for name in $(subst $(comma), ,$(REPRO_IMAGES)); do \
+		what=$$name; $(ARCVLLM) stack get $$name STACK >/dev/null 2>&1 || what="--side $$name"; \
+		for n in 1 2; do ARCVLLM_LAYER_COMPRESSION=uncompressed $(IMAGE_BUILD) $$what \
+			--oci-archive $(REPRO_OUT)/$$name-$$n.oci.tar --docker-flags=--no-cache || exit 1; done; \
+		echo "reproducible $$name:"; \
+		$(ARCVLLM) release compare $(REPRO_OUT)/$$name-1.oci.tar $(REPRO_OUT)/$$name-2.oci.tar || status=1; \
+		rm -f $(REPRO_OUT)/$$name-*.oci.tar; \
+	done; exit $$status
 
 .PHONY: release-rehearsal
 release-rehearsal: $(VENV)/.stamp ## CI: make release of the CPU stack and side images into a local registry (pulled on a clean engine by release-check.sh)

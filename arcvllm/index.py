@@ -12,6 +12,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from arcvllm.errors import ArcvllmError
@@ -93,8 +94,13 @@ def file_url(project: str, filename: str, sha256: str, index: str | None = None)
     return url
 
 
-def fetch(url: str, sha256: str, dest: Path) -> Path:
-    """Download URL into the folder DEST (kept if it already verifies) and check its sha256."""
+ATTEMPTS = 3  # a download cut off mid-body (seen from PyPI's CDN in CI) is asked for again
+RETRY_DELAY = 2.0  # seconds, times the attempt
+
+
+def fetch(url: str, sha256: str, dest: Path, attempts: int = ATTEMPTS) -> Path:
+    """Download URL into the folder DEST (kept if it already verifies) and check its sha256.
+    A connection that breaks (or a 5xx) is tried again, up to ATTEMPTS in all, saying so."""
     import httpx
 
     dest.mkdir(parents=True, exist_ok=True)
@@ -102,15 +108,26 @@ def fetch(url: str, sha256: str, dest: Path) -> Path:
     if target.exists() and sha256_of(target) == sha256:
         return target
     part = target.with_name(target.name + ".part")
-    try:
-        with httpx.stream("GET", url, follow_redirects=True, timeout=120) as response:
-            response.raise_for_status()
-            with part.open("wb") as out:
-                for chunk in response.iter_bytes(1 << 20):
-                    out.write(chunk)
-    except httpx.HTTPError as exc:
-        part.unlink(missing_ok=True)
-        raise IndexUnavailable(f"cannot download {url}: {exc}") from None
+    for attempt in range(1, attempts + 1):
+        try:
+            with httpx.stream("GET", url, follow_redirects=True, timeout=120) as response:
+                response.raise_for_status()
+                with part.open("wb") as out:
+                    for chunk in response.iter_bytes(1 << 20):
+                        out.write(chunk)
+            break
+        except httpx.HTTPError as exc:
+            part.unlink(missing_ok=True)
+            transient = isinstance(exc, httpx.TransportError) or (
+                isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code >= 500
+            )
+            if not transient or attempt == attempts:
+                raise IndexUnavailable(f"cannot download {url}: {exc}") from None
+            print(
+                f"arcvllm: {target.name}: {exc}; trying again ({attempt + 1}/{attempts})",
+                file=sys.stderr,
+            )
+            time.sleep(RETRY_DELAY * attempt)
     got = sha256_of(part)
     if got != sha256:
         part.unlink()
