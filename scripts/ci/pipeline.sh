@@ -62,6 +62,9 @@ images() {
 	step make build-xpu-ci STACK=xpu-0.23
 	step make build-xpu-ci STACK=xpu-0.20
 	step make build-xpu-ci STACK=xpu-0.33
+	# Two clean builds of one commit give one digest (the router: apt, a venv, pip, a user;
+	# the CPU image, the same recipe at ~25 min, is `make reproducible` alone).
+	test_step make reproducible REPRO_IMAGES=router
 	test_step make smoke-emulated STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu
 	# MTP on the same image: speculative == plain token for token, the fused path emulated
 	test_step make smoke-emulated STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu-mtp \
