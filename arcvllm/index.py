@@ -118,7 +118,9 @@ def fetch(url: str, sha256: str, dest: Path, attempts: int = ATTEMPTS) -> Path:
             break
         except httpx.HTTPError as exc:
             part.unlink(missing_ok=True)
-            transient = isinstance(exc, httpx.TransportError) or (
+            # Broken mid-answer, or the server's own failure: worth asking again. Nothing
+            # listening, a name that does not resolve, a 404: the answer, said once.
+            transient = isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError)) or (
                 isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code >= 500
             )
             if not transient or attempt == attempts:

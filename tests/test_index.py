@@ -73,6 +73,14 @@ def test_a_download_cut_short_every_time_fails_after_three_tries_and_leaves_noth
     assert list(tmp_path.iterdir()) == []
 
 
+def test_nothing_listening_is_said_once(tmp_path, capsys):
+    from conftest import free_port
+
+    with pytest.raises(index.IndexUnavailable):
+        index.fetch(f"http://127.0.0.1:{free_port()}/a.whl", SHA256, tmp_path)
+    assert "trying again" not in capsys.readouterr().err
+
+
 def test_a_missing_file_is_not_asked_for_again(server, tmp_path):
     server.status = 404
     with pytest.raises(index.IndexUnavailable):
