@@ -299,7 +299,16 @@ def _compile(python: str, files: list[Path]) -> None:
     sources = [str(f) for f in files if f.suffix == ".py"]
     if sources:
         subprocess.run(
-            [python, "-m", "compileall", "-q", "--invalidation-mode", "checked-hash", *sources],
+            [
+                python,
+                "-m",
+                "compileall",
+                "-q",
+                "-f",
+                "--invalidation-mode",
+                "checked-hash",
+                *sources,
+            ],
             check=True,
             capture_output=True,
         )
