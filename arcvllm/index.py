@@ -98,7 +98,7 @@ ATTEMPTS = 3  # a download cut off mid-body (seen from PyPI's CDN in CI) is aske
 RETRY_DELAY = 2.0  # seconds, times the attempt
 
 
-def fetch(url: str, sha256: str, dest: Path, attempts: int = ATTEMPTS) -> Path:
+def fetch(url: str, sha256: str, dest: Path) -> Path:
     """Download URL into the folder DEST (kept if it already verifies) and check its sha256.
     A connection that breaks (or a 5xx) is tried again, up to ATTEMPTS in all, saying so."""
     import httpx
@@ -108,7 +108,7 @@ def fetch(url: str, sha256: str, dest: Path, attempts: int = ATTEMPTS) -> Path:
     if target.exists() and sha256_of(target) == sha256:
         return target
     part = target.with_name(target.name + ".part")
-    for attempt in range(1, attempts + 1):
+    for attempt in range(1, ATTEMPTS + 1):
         try:
             with httpx.stream("GET", url, follow_redirects=True, timeout=120) as response:
                 response.raise_for_status()
@@ -123,10 +123,10 @@ def fetch(url: str, sha256: str, dest: Path, attempts: int = ATTEMPTS) -> Path:
             transient = isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError)) or (
                 isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code >= 500
             )
-            if not transient or attempt == attempts:
+            if not transient or attempt == ATTEMPTS:
                 raise IndexUnavailable(f"cannot download {url}: {exc}") from None
             print(
-                f"arcvllm: {target.name}: {exc}; trying again ({attempt + 1}/{attempts})",
+                f"arcvllm: {target.name}: {exc}; trying again ({attempt + 1}/{ATTEMPTS})",
                 file=sys.stderr,
             )
             time.sleep(RETRY_DELAY * attempt)
