@@ -104,9 +104,11 @@ test-images: test-images-cpu test-images-xpu ## the tests of the built images (C
 test-images-cpu: $(VENV)/.stamp ## the tests of the CPU image, the gateway, router and Prometheus images (deployments)
 	$(PYTEST) --basetemp=$(BUILD)/pytest-images-cpu -m 'docker and not xpu_ci'
 
+# XPU_TESTS: a pytest -k expression, e.g. one stack's (CI tests each rehearsal, then removes it).
+XPU_TESTS ?=
 .PHONY: test-images-xpu
 test-images-xpu: $(VENV)/.stamp ## the tests of what make build-xpu-ci made (each XPU stack's rehearsal, the stand-ins)
-	$(PYTEST) --basetemp=$(BUILD)/pytest-images-xpu -m 'docker and xpu_ci'
+	$(PYTEST) --basetemp=$(BUILD)/pytest-images-xpu -m 'docker and xpu_ci' $(if $(XPU_TESTS),-k '$(XPU_TESTS)')
 
 .PHONY: test-in-engine
 test-in-engine: test-host test-images

@@ -2,12 +2,13 @@
 # `make test` on a fresh machine, inside scripts/ci/engine.sh (DOCKER_HOST set, base image
 # present): set-up, lint, every image, every test, each step timed. Two streams share the
 # machine:
-#   images (background): the stand-ins, the CPU image and the small images, the XPU
-#     rehearsals (mostly waiting on the package indexes), the emulated smoke test, then,
-#     once the test venvs are made too, the rehearsals' tests and `presets --check` (both
-#     run real vLLM releases' Python from build/venvs);
+#   images (background): the stand-ins, the CPU image and the small images, the release
+#     rehearsal (make release into a local registry), then each XPU stack's rehearsal and
+#     its tests (once the test venvs are made: they run real vLLM releases' Python from
+#     build/venvs), the router built twice;
 #   tests (foreground): the unit tests while the test venvs are made, the tests of real
-#     vLLM releases, then those of the CPU images (the deployments).
+#     vLLM releases, those of the CPU images (the deployments), the emulated smoke tests,
+#     `presets --check`.
 # Every test step runs even after a failed one; the exit status is the first failure's.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -17,9 +18,11 @@ export TMPDIR=$PWD/build/tmp
 mkdir -p "$TMPDIR"
 before=$(ls -A /tmp)
 cpu_ready=$TMPDIR/cpu-images-ready
+cpu_tests_done=$TMPDIR/cpu-tests-done
+main_pid=$$
 images_status=$TMPDIR/images-status
 venvs_status=$TMPDIR/venvs-status
-rm -f "$cpu_ready" "$images_status" "$venvs_status"
+rm -f "$cpu_ready" "$cpu_tests_done" "$images_status" "$venvs_status"
 
 # (The status is taken explicitly: a function run left of || runs without set -e.)
 step() {
@@ -52,6 +55,19 @@ test_step() {
 	if [[ $rc != 0 && $status == 0 ]]; then status=$rc; fi
 }
 
+# An XPU rehearsal needs ~25 GB while it builds (its lock alone unpacks to 13 GB) and leaves
+# ~17 GB of build cache after its images go. Short of room, the build cache goes too, once
+# the CPU image's tests (the only builds beside this stream, all cache hits) are done.
+XPU_ROOM_GB=40
+make_room() {
+	local free
+	free=$(df --output=avail -BG "$(/usr/bin/docker info --format '{{.DockerRootDir}}')" | tail -n 1 | tr -dc 0-9)
+	((free >= XPU_ROOM_GB)) && return
+	echo "==> $free GB free, $XPU_ROOM_GB wanted: the build cache goes after the CPU image's tests"
+	wait_for "$cpu_tests_done" "$main_pid" || true
+	step /usr/bin/docker builder prune -af >/dev/null
+}
+
 images() {
 	# The stand-ins first: they are in the build context (build/wheelhouse/standins), and
 	# made after the CPU image they would change it and force a rebuild.
@@ -59,25 +75,33 @@ images() {
 	step make build STACK=cpu
 	step make scale-images gateway-image
 	touch "$cpu_ready"
-	step make build-xpu-ci STACK=xpu-0.23
-	step make build-xpu-ci STACK=xpu-0.20
-	step make build-xpu-ci STACK=xpu-0.33
+	# make release into a local registry while the CPU layers are cached (the clean engine's
+	# pull, verify and smoke are release-check.sh's, after this run).
+	test_step make release-rehearsal
+	# Each XPU stack's rehearsal, then its tests (they run real vLLM releases' Python from
+	# build/venvs), then its images go: three at once outgrow CI's disk (the containerd store
+	# holds an image twice, layer blobs and unpacked snapshots). The default stack's turn
+	# also runs the rehearsal tests that name no stack.
+	local stack default
+	default=$(.venv/bin/arcvllm stack default xpu)
+	for stack in "$default" $(.venv/bin/arcvllm stack list | awk '$2 == "xpu" && $1 != "'"$default"'" {print $1}'); do
+		make_room
+		if step make build-xpu-ci STACK="$stack"; then
+			if venvs_ok; then
+				test_step make test-images-xpu \
+					XPU_TESTS="$stack$([[ $stack == "$default" ]] && echo ' or not xpu-0')"
+			else
+				echo "<== make test-venvs: FAILED (the rehearsal tests of $stack not run)"
+				[[ $status != 0 ]] || status=1
+			fi
+		elif [[ $status == 0 ]]; then
+			status=1
+		fi
+		/usr/bin/docker image rm -f "arcvllm:$stack-ci" "arcvllm:$stack-ci-user" >/dev/null 2>&1 || true
+	done
 	# Two clean builds of one commit give one digest (the router: apt, a venv, pip, a user;
 	# the CPU image, the same recipe at ~25 min, is `make reproducible` alone).
 	test_step make reproducible REPRO_IMAGES=router
-	test_step make smoke-emulated STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu
-	# MTP on the same image: speculative == plain token for token, the fused path emulated
-	test_step make smoke-emulated STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu-mtp \
-		EMULATED_REPORT=reports/smoke-cpu-mtp-emulated.json
-	echo "==> waiting for the test venvs"
-	if venvs_ok; then
-		test_step make test-images-xpu
-		# The preset x stack table from each release's own kernel selection (also in tests).
-		test_step .venv/bin/arcvllm presets --check
-	else
-		echo "<== make test-venvs: FAILED (the rehearsals' tests and presets --check not run)"
-		[[ $status != 0 ]] || status=1
-	fi
 	echo "$status" >"$images_status"
 }
 
@@ -118,8 +142,16 @@ if ! wait_for "$cpu_ready" "$images_pid"; then
 	tail -n 200 "$TMPDIR/images.log"
 	exit 1
 fi
+# (Never an early exit from here on: the images stream waits on $cpu_tests_done to prune.)
 test_step make test-images-cpu
-echo "==> waiting for the images stream (XPU rehearsals, their tests, emulated smoke, presets)"
+touch "$cpu_tests_done"
+test_step make smoke-emulated STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu
+# MTP on the same image: speculative == plain token for token, the fused path emulated
+test_step make smoke-emulated STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu-mtp \
+	EMULATED_REPORT=reports/smoke-cpu-mtp-emulated.json
+# The preset x stack table from each release's own kernel selection (also in tests).
+test_step .venv/bin/arcvllm presets --check
+echo "==> waiting for the images stream (release rehearsal, XPU rehearsals and their tests)"
 wait "$images_pid" || true
 trap - EXIT
 report_images
@@ -131,10 +163,8 @@ if [[ $(cat "$images_status") != 0 ]]; then
 	tail -n 200 "$TMPDIR/images.log"
 	[[ $status != 0 ]] || status=$(cat "$images_status")
 fi
-# Last, alone: make release into a local registry, then the build cache goes (the clean
-# engine's pull, verify and smoke are release-check.sh's, after this run).
-test_step make release-rehearsal
-step /usr/bin/docker builder prune -af || true
+# The build cache goes before release-check.sh's clean engine needs the disk.
+step /usr/bin/docker builder prune -af >/dev/null || true
 df -h "$PWD" | tail -n 1
 rm -rf "$TMPDIR"
 left=$(comm -13 <(echo "$before") <(ls -A /tmp))
