@@ -8,7 +8,7 @@
 #     build/venvs), the router built twice;
 #   tests (foreground): the unit tests while the test venvs are made, the tests of real
 #     vLLM releases, those of the CPU images (the deployments), the emulated smoke tests,
-#     `presets --check`.
+#     `presets --check`, a second clean build of the CPU image (one digest with the release's).
 # Every test step runs even after a failed one; the exit status is the first failure's.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -19,10 +19,11 @@ mkdir -p "$TMPDIR"
 before=$(ls -A /tmp)
 cpu_ready=$TMPDIR/cpu-images-ready
 cpu_tests_done=$TMPDIR/cpu-tests-done
+release_done=$TMPDIR/release-done
 main_pid=$$
 images_status=$TMPDIR/images-status
 venvs_status=$TMPDIR/venvs-status
-rm -f "$cpu_ready" "$cpu_tests_done" "$images_status" "$venvs_status"
+rm -f "$cpu_ready" "$cpu_tests_done" "$release_done" "$images_status" "$venvs_status"
 
 # (The status is taken explicitly: a function run left of || runs without set -e.)
 step() {
@@ -78,6 +79,7 @@ images() {
 	# make release into a local registry while the CPU layers are cached (the clean engine's
 	# pull, verify and smoke are release-check.sh's, after this run).
 	test_step make release-rehearsal
+	touch "$release_done"
 	# Each XPU stack's rehearsal, then its tests (they run real vLLM releases' Python from
 	# build/venvs), then its images go: three at once outgrow CI's disk (the containerd store
 	# holds an image twice, layer blobs and unpacked snapshots). The default stack's turn
@@ -151,6 +153,14 @@ test_step make smoke-emulated STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu-mtp \
 	EMULATED_REPORT=reports/smoke-cpu-mtp-emulated.json
 # The preset x stack table from each release's own kernel selection (also in tests).
 test_step .venv/bin/arcvllm presets --check
+# Two clean builds of the CPU image, one digest: the release rehearsal's (its layers from
+# this run's first build, on a new engine) and one more with --no-cache, both printed.
+if wait_for "$release_done" "$images_pid" && [[ -f build/reproducible/cpu-1.oci.tar ]]; then
+	test_step make reproducible REPRO_IMAGES=cpu REPRO_BUILDS=2
+else
+	echo "<== make reproducible REPRO_IMAGES=cpu: FAILED (no release rehearsal archive to compare with)"
+	[[ $status != 0 ]] || status=1
+fi
 echo "==> waiting for the images stream (release rehearsal, XPU rehearsals and their tests)"
 wait "$images_pid" || true
 trap - EXIT
