@@ -199,6 +199,13 @@ build-xpu-ci: standins ## CI: the XPU build of STACK stage for stage with named 
 	$(IMAGE_BUILD) $(XPU_STACK) --ci --target runtime-user --tag arcvllm:$(XPU_STACK)-ci-user
 XPU_STACK     ?= $(if $(filter xpu-%,$(STACK)),$(STACK),xpu-0.23)
 
+# make test rehearses the default XPU stack (XPU_CI_STACKS=all, or names, for more); the
+# hosted CI runs this for every XPU stack, one runner each (.github/workflows/ci.yml).
+.PHONY: rehearsal
+rehearsal: $(VENV)/.stamp ## CI: the XPU rehearsal of STACK and its tests, on the engine of scripts/ci/engine.sh
+	scripts/ci/engine.sh run $(MAKE) --no-print-directory test-venvs build-xpu-ci test-images-xpu \
+		STACK=$(XPU_STACK) XPU_TESTS=$(XPU_STACK)
+
 # ---- release: images to pull (docs/release.md) ----
 # `make release VERSION=1.2.0 REGISTRY=registry.example.org/arcvllm COSIGN_KEY=cosign.key`
 # (COSIGN_PASSWORD in the environment): every stack of configs/stacks.yaml (RELEASE_STACKS:

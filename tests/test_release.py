@@ -387,6 +387,19 @@ def test_the_release_workflow_runs_the_rehearsals_make_targets():
     assert any(".ci/run" in s.get("run", "") for s in ci_yml["jobs"]["ci"]["steps"])
 
 
+def test_every_xpu_stack_is_rehearsed_by_the_hosted_ci():
+    """.ci/run rehearses the default XPU stack; the hosted CI's matrix every other one, so a
+    stack added to stacks.yaml without a runner fails here."""
+    ci_yml = yaml.safe_load((ROOT / ".github/workflows/ci.yml").read_text())
+    job = ci_yml["jobs"]["rehearsal"]
+    assert any("make rehearsal STACK=${{ matrix.stack }}" in s.get("run", "") for s in job["steps"])
+    stacks, defaults = stack.load()
+    xpu = {name for name, s in stacks.items() if s.flavor == "xpu"}
+    default = defaults["xpu"]
+    assert sorted(job["strategy"]["matrix"]["stack"]) == sorted(xpu - {default})
+    assert "XPU_CI_STACKS:-$default" in (ROOT / "scripts/ci/pipeline.sh").read_text()
+
+
 # ---- the engine operators run (findings 3 and 5) ----------------------------------------
 
 

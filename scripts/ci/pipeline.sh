@@ -3,12 +3,12 @@
 # present): set-up, lint, every image, every test, each step timed. Two streams share the
 # machine:
 #   images (background): the stand-ins, the CPU image and the small images, the release
-#     rehearsal (make release into a local registry), then each XPU stack's rehearsal and
-#     its tests (once the test venvs are made: they run real vLLM releases' Python from
-#     build/venvs), the router built twice;
+#     rehearsal (make release into a local registry), the default XPU stack's rehearsal
+#     and its tests (once the test venvs are made: they run real vLLM releases' Python
+#     from build/venvs), two clean builds each of the router and the CPU image, the
+#     emulated smoke tests;
 #   tests (foreground): the unit tests while the test venvs are made, the tests of real
-#     vLLM releases, those of the CPU images (the deployments), the emulated smoke tests,
-#     `presets --check`, a second clean build of the CPU image (one digest with the release's).
+#     vLLM releases, those of the CPU images (the deployments), `presets --check`.
 # Every test step runs even after a failed one; the exit status is the first failure's.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -19,11 +19,10 @@ mkdir -p "$TMPDIR"
 before=$(ls -A /tmp)
 cpu_ready=$TMPDIR/cpu-images-ready
 cpu_tests_done=$TMPDIR/cpu-tests-done
-release_done=$TMPDIR/release-done
 main_pid=$$
 images_status=$TMPDIR/images-status
 venvs_status=$TMPDIR/venvs-status
-rm -f "$cpu_ready" "$cpu_tests_done" "$release_done" "$images_status" "$venvs_status"
+rm -f "$cpu_ready" "$cpu_tests_done" "$images_status" "$venvs_status"
 
 # (The status is taken explicitly: a function run left of || runs without set -e.)
 step() {
@@ -79,14 +78,18 @@ images() {
 	# make release into a local registry while the CPU layers are cached (the clean engine's
 	# pull, verify and smoke are release-check.sh's, after this run).
 	test_step make release-rehearsal
-	touch "$release_done"
-	# Each XPU stack's rehearsal, then its tests (they run real vLLM releases' Python from
-	# build/venvs), then its images go: three at once outgrow CI's disk (the containerd store
-	# holds an image twice, layer blobs and unpacked snapshots). The default stack's turn
-	# also runs the rehearsal tests that name no stack.
-	local stack default
+	# The XPU rehearsal of each stack in XPU_CI_STACKS (default: the default stack; `all`,
+	# or names; the hosted CI runs every XPU stack's, one runner each: `make rehearsal`), then
+	# its tests (they run real vLLM releases' Python from build/venvs), then its images go
+	# (the containerd store holds an image twice: layer blobs and unpacked snapshots). The
+	# default stack's turn also runs the rehearsal tests that name no stack.
+	local stack default stacks
 	default=$(.venv/bin/arcvllm stack default xpu)
-	for stack in "$default" $(.venv/bin/arcvllm stack list | awk '$2 == "xpu" && $1 != "'"$default"'" {print $1}'); do
+	stacks=${XPU_CI_STACKS:-$default}
+	if [[ $stacks == all ]]; then
+		stacks="$default $(.venv/bin/arcvllm stack list | awk '$2 == "xpu" && $1 != "'"$default"'" {print $1}')"
+	fi
+	for stack in ${stacks//,/ }; do
 		make_room
 		if step make build-xpu-ci STACK="$stack"; then
 			if venvs_ok; then
@@ -101,9 +104,20 @@ images() {
 		fi
 		/usr/bin/docker image rm -f "arcvllm:$stack-ci" "arcvllm:$stack-ci-user" >/dev/null 2>&1 || true
 	done
-	# Two clean builds of one commit give one digest (the router: apt, a venv, pip, a user;
-	# the CPU image, the same recipe at ~25 min, is `make reproducible` alone).
+	# Two clean builds of one commit give one digest: the router (apt, a venv, pip, a user)
+	# built twice, and the CPU image: the release rehearsal's archive (its layers from this
+	# run's first build, on a new engine) against one more build with --no-cache.
 	test_step make reproducible REPRO_IMAGES=router
+	if [[ -f build/reproducible/cpu-1.oci.tar ]]; then
+		test_step make reproducible REPRO_IMAGES=cpu REPRO_BUILDS=2
+	else
+		echo "<== make reproducible REPRO_IMAGES=cpu: FAILED (no release rehearsal archive to compare with)"
+		[[ $status != 0 ]] || status=1
+	fi
+	test_step make smoke-emulated STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu
+	# MTP on the same image: speculative == plain token for token, the fused path emulated
+	test_step make smoke-emulated STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu-mtp \
+		EMULATED_REPORT=reports/smoke-cpu-mtp-emulated.json
 	echo "$status" >"$images_status"
 }
 
@@ -147,21 +161,9 @@ fi
 # (Never an early exit from here on: the images stream waits on $cpu_tests_done to prune.)
 test_step make test-images-cpu
 touch "$cpu_tests_done"
-test_step make smoke-emulated STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu
-# MTP on the same image: speculative == plain token for token, the fused path emulated
-test_step make smoke-emulated STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu-mtp \
-	EMULATED_REPORT=reports/smoke-cpu-mtp-emulated.json
 # The preset x stack table from each release's own kernel selection (also in tests).
 test_step .venv/bin/arcvllm presets --check
-# Two clean builds of the CPU image, one digest: the release rehearsal's (its layers from
-# this run's first build, on a new engine) and one more with --no-cache, both printed.
-if wait_for "$release_done" "$images_pid" && [[ -f build/reproducible/cpu-1.oci.tar ]]; then
-	test_step make reproducible REPRO_IMAGES=cpu REPRO_BUILDS=2
-else
-	echo "<== make reproducible REPRO_IMAGES=cpu: FAILED (no release rehearsal archive to compare with)"
-	[[ $status != 0 ]] || status=1
-fi
-echo "==> waiting for the images stream (release rehearsal, XPU rehearsals and their tests)"
+echo "==> waiting for the images stream (release rehearsal, XPU rehearsal, reproducible, emulated smoke)"
 wait "$images_pid" || true
 trap - EXIT
 report_images
