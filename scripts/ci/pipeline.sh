@@ -5,10 +5,10 @@
 #   images (background): the stand-ins, the CPU image and the small images, the release
 #     rehearsal (make release into a local registry), the default XPU stack's rehearsal
 #     and its tests (once the test venvs are made: they run real vLLM releases' Python
-#     from build/venvs), two clean builds each of the router and the CPU image, the
-#     emulated smoke tests;
+#     from build/venvs), the CPU image's second clean build (one digest with the release's);
 #   tests (foreground): the unit tests while the test venvs are made, the tests of real
-#     vLLM releases, those of the CPU images (the deployments), `presets --check`.
+#     vLLM releases, those of the CPU images (the deployments), `presets --check`, the
+#     emulated smoke tests, the router's two clean builds.
 # Every test step runs even after a failed one; the exit status is the first failure's.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -104,20 +104,14 @@ images() {
 		fi
 		/usr/bin/docker image rm -f "arcvllm:$stack-ci" "arcvllm:$stack-ci-user" >/dev/null 2>&1 || true
 	done
-	# Two clean builds of one commit give one digest: the router (apt, a venv, pip, a user)
-	# built twice, and the CPU image: the release rehearsal's archive (its layers from this
-	# run's first build, on a new engine) against one more build with --no-cache.
-	test_step make reproducible REPRO_IMAGES=router
+	# Two clean builds of the CPU image give one digest: the release rehearsal's archive (its
+	# layers from this run's first build, on a new engine) against one more with --no-cache.
 	if [[ -f build/reproducible/cpu-1.oci.tar ]]; then
 		test_step make reproducible REPRO_IMAGES=cpu REPRO_BUILDS=2
 	else
 		echo "<== make reproducible REPRO_IMAGES=cpu: FAILED (no release rehearsal archive to compare with)"
 		[[ $status != 0 ]] || status=1
 	fi
-	test_step make smoke-emulated STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu
-	# MTP on the same image: speculative == plain token for token, the fused path emulated
-	test_step make smoke-emulated STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu-mtp \
-		EMULATED_REPORT=reports/smoke-cpu-mtp-emulated.json
 	echo "$status" >"$images_status"
 }
 
@@ -163,7 +157,13 @@ test_step make test-images-cpu
 touch "$cpu_tests_done"
 # The preset x stack table from each release's own kernel selection (also in tests).
 test_step .venv/bin/arcvllm presets --check
-echo "==> waiting for the images stream (release rehearsal, XPU rehearsal, reproducible, emulated smoke)"
+test_step make smoke-emulated STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu
+# MTP on the same image: speculative == plain token for token, the fused path emulated
+test_step make smoke-emulated STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu-mtp \
+	EMULATED_REPORT=reports/smoke-cpu-mtp-emulated.json
+# Two clean builds of the router (apt, a venv, pip, a user): one digest.
+test_step make reproducible REPRO_IMAGES=router
+echo "==> waiting for the images stream (release rehearsal, XPU rehearsal, the CPU image built again)"
 wait "$images_pid" || true
 trap - EXIT
 report_images
