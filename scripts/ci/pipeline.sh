@@ -59,13 +59,16 @@ test_step() {
 # ~17 GB of build cache after its images go. Short of room, the build cache goes too, once
 # the CPU image's tests (the only builds beside this stream, all cache hits) are done.
 XPU_ROOM_GB=40
+# (Its own function: a redirect on `step` would swallow the step's timing lines too.)
+# shellcheck disable=SC2329 # run through step
+prune_build_cache() { /usr/bin/docker builder prune -af >/dev/null; }
 make_room() {
 	local free
 	free=$(df --output=avail -BG "$(/usr/bin/docker info --format '{{.DockerRootDir}}')" | tail -n 1 | tr -dc 0-9)
 	((free >= XPU_ROOM_GB)) && return
 	echo "==> $free GB free, $XPU_ROOM_GB wanted: the build cache goes after the CPU image's tests"
 	wait_for "$cpu_tests_done" "$main_pid" || true
-	step /usr/bin/docker builder prune -af >/dev/null
+	step prune_build_cache
 }
 
 images() {
@@ -87,7 +90,8 @@ images() {
 	default=$(.venv/bin/arcvllm stack default xpu)
 	stacks=${XPU_CI_STACKS:-$default}
 	if [[ $stacks == all ]]; then
-		stacks="$default $(.venv/bin/arcvllm stack list | awk '$2 == "xpu" && $1 != "'"$default"'" {print $1}')"
+		stacks="$default $(.venv/bin/arcvllm stack list --json | .venv/bin/python -c 'import json, sys
+print(*(s["name"] for s in json.load(sys.stdin) if s["flavor"] == "xpu" and not s["default"]))')"
 	fi
 	for stack in ${stacks//,/ }; do
 		make_room
@@ -176,7 +180,7 @@ if [[ $(cat "$images_status") != 0 ]]; then
 	[[ $status != 0 ]] || status=$(cat "$images_status")
 fi
 # The build cache goes before release-check.sh's clean engine needs the disk.
-step /usr/bin/docker builder prune -af >/dev/null || true
+step prune_build_cache || true
 df -h "$PWD" | tail -n 1
 rm -rf "$TMPDIR"
 left=$(comm -13 <(echo "$before") <(ls -A /tmp))
