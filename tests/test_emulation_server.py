@@ -160,15 +160,6 @@ def serve_and_smoke(
     return Run(result, report, log.read_text(errors="replace"), extra)
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("model") / "tiny-hybrid"
-    env = vllm_env("0.32.0")
-    out = env.arcvllm("tinymodel", "build", str(path), env={"TMPDIR": str(path.parent)})
-    assert out.returncode == 0, out.stderr
-    return path
-
-
 def _wrong_model(url: str, log: Path) -> dict:
     out = subprocess.run(
         [sys.executable, "-m", "arcvllm", "smoke", "--base-url", url, "--model", "nope"],
@@ -181,29 +172,29 @@ def _wrong_model(url: str, log: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def stock(tmp_path_factory, model) -> Run:
+def stock(tmp_path_factory, tiny_model) -> Run:
     return serve_and_smoke(
-        tmp_path_factory.mktemp("stock"), model, emulate=False, also=_wrong_model
+        tmp_path_factory.mktemp("stock"), tiny_model, emulate=False, also=_wrong_model
     )
 
 
 @pytest.fixture(scope="module")
-def upstream(tmp_path_factory, model) -> Run:
-    return serve_and_smoke(tmp_path_factory.mktemp("upstream-emulated"), model, emulate=True)
+def upstream(tmp_path_factory, tiny_model) -> Run:
+    return serve_and_smoke(tmp_path_factory.mktemp("upstream-emulated"), tiny_model, emulate=True)
 
 
 @pytest.fixture(scope="module")
-def reverted(tmp_path_factory, model) -> Run:
+def reverted(tmp_path_factory, tiny_model) -> Run:
     return serve_and_smoke(
-        tmp_path_factory.mktemp("reverted-emulated"), model, emulate=True, patches=[REVERT]
+        tmp_path_factory.mktemp("reverted-emulated"), tiny_model, emulate=True, patches=[REVERT]
     )
 
 
 @pytest.fixture(scope="module")
-def patched(tmp_path_factory, model) -> Run:
+def patched(tmp_path_factory, tiny_model) -> Run:
     return serve_and_smoke(
         tmp_path_factory.mktemp("patched-emulated"),
-        model,
+        tiny_model,
         emulate=True,
         patches=[REVERT, SERIES_PATCH],
     )

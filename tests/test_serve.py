@@ -1,7 +1,9 @@
-"""`arcvllm serve`: the rendered command, dry run, refusals; and one real server from a preset."""
+"""`arcvllm serve`: the rendered command, dry run, refusals; and one real server from a preset,
+which `arcvllm bench` runs against too."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -12,6 +14,7 @@ import pytest
 from conftest import ROOT, free_port, stop_server, vllm_env, wait_healthy
 
 from arcvllm import cli, serve
+from arcvllm.bench import command
 from arcvllm.presets import SERVER_MODULE, get_preset, render
 
 SERVED = "tiny-hybrid"
@@ -229,16 +232,6 @@ def test_serve_execs_the_server_without_importing_vllm_first(tmp_path, preset):
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> Path:
-    env = vllm_env("0.32.0")
-    out = tmp_path_factory.mktemp("model") / "tiny-hybrid"
-    tmp = tmp_path_factory.mktemp("tmp")
-    done = env.arcvllm("tinymodel", "build", str(out), env={"TMPDIR": str(tmp)}, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return out
-
-
-@pytest.fixture(scope="module")
 def preset_server(tiny_model, tmp_path_factory):
     """`arcvllm serve --preset tiny-hybrid-cpu` on a free port; yields (url, model path)."""
     env = vllm_env("0.32.0")
@@ -298,3 +291,90 @@ def test_preset_server_runs_the_presets_flags_and_answers(preset_server):
         timeout=120,
     ).json()
     assert done["usage"]["completion_tokens"] == 4
+
+
+# ---- `arcvllm bench` against the same server: one real run ----
+
+
+def run_bench(url: str, model: str, out, tokenizer, *extra: str) -> subprocess.CompletedProcess:
+    env = vllm_env("0.32.0")
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "arcvllm",
+            "bench",
+            "--base-url",
+            url,
+            "--model",
+            model,
+            "--tokenizer",
+            str(tokenizer),
+            "--vllm-python",
+            str(env.python),
+            "--out",
+            str(out),
+            "--num-prompts",
+            "2",
+            "--input-len",
+            "128",
+            "--output-len",
+            "32",
+            "--runs",
+            "1",
+            "--crossings",
+            "2",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=1200,
+        env=env.env(TMPDIR=str(out.parent), VLLM_CACHE_ROOT=str(out.parent / "cache")),
+    )
+
+
+@pytest.mark.server
+@pytest.mark.vllm
+def test_bench_against_a_real_server_writes_json_and_plot(preset_server, tmp_path):
+    pytest.importorskip("matplotlib")
+    url, model_dir, _ = preset_server
+    out = tmp_path / "bench"
+    done = run_bench(url, SERVED, out, model_dir, "--preset", "tiny-hybrid-cpu")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((out / command.REPORT_JSON).read_text())
+    assert (out / command.REPORT_PNG).read_bytes()[:4] == b"\x89PNG"
+    assert report["block_size"] >= 16
+    assert report["vllm_bench"]["completed"] == 2 and report["vllm_bench"]["failed"] == 0
+    boundary = report["boundary"]
+    assert boundary["boundary_steps"] >= 2, boundary
+    assert all(p % report["block_size"] == 0 for p in boundary["boundary_positions"])
+    assert len(report["runs"]) == 1 and sum(s["crosses"] for s in report["runs"][0]) >= 2
+    assert [s["tokens"] for s in boundary["streams"]] == [boundary["decode_tokens"]]
+    prefix = report["prefix_cache"]
+    assert prefix["warm_hit_rate"] >= 0.9, prefix
+    summary = report["summary"]
+    for key in (
+        "decode_tok_s",
+        "prefill_tok_s",
+        "ttft_ms_p50",
+        "ttft_ms_p99",
+        "itl_ms_p50",
+        "itl_ms_p99",
+        "prefix_ttft_cold_ms",
+        "prefix_ttft_warm_ms",
+    ):
+        assert summary[key] and summary[key] > 0, key
+    assert {r["metric"] for r in report["reference"]["rows"]} >= {"decode_tok_s"}
+    assert "RATIO" in done.stdout
+
+
+@pytest.mark.server
+@pytest.mark.vllm
+def test_bench_names_a_wrong_model_in_one_line(preset_server, tmp_path):
+    url, model_dir, _ = preset_server
+    done = run_bench(url, "not-served", tmp_path / "bench", model_dir)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"arcvllm: the server does not serve 'not-served'; it serves: {SERVED}"
+    ]

@@ -114,39 +114,29 @@ def serve_and_smoke(tmp: Path, model: Path, env_extra: dict[str, str]) -> Run:
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("model") / "tiny-hybrid"
-    out = vllm_env("0.32.0").arcvllm(
-        "tinymodel", "build", str(path), env={"TMPDIR": str(path.parent)}, timeout=300
-    )
-    assert out.returncode == 0, out.stderr
-    return path
+def mtp(tmp_path_factory, tiny_model) -> Run:
+    return serve_and_smoke(tmp_path_factory.mktemp("mtp"), tiny_model, {})
 
 
 @pytest.fixture(scope="module")
-def mtp(tmp_path_factory, model) -> Run:
-    return serve_and_smoke(tmp_path_factory.mktemp("mtp"), model, {})
-
-
-@pytest.fixture(scope="module")
-def corrupt(tmp_path_factory, model) -> Run:
+def corrupt(tmp_path_factory, tiny_model) -> Run:
     tmp = tmp_path_factory.mktemp("corrupt")
     site = overlay(vllm_env("0.32.0").python, tmp / "overlay", [CORRUPT])
-    return serve_and_smoke(tmp, model, {"PYTHONPATH": str(site)})
+    return serve_and_smoke(tmp, tiny_model, {"PYTHONPATH": str(site)})
 
 
 @pytest.fixture(scope="module")
-def emulated(tmp_path_factory, model) -> Run:
+def emulated(tmp_path_factory, tiny_model) -> Run:
     env = {"ARCVLLM_EMULATE_HIGH_ADDRESSES": "1"}
-    return serve_and_smoke(tmp_path_factory.mktemp("emulated"), model, env)
+    return serve_and_smoke(tmp_path_factory.mktemp("emulated"), tiny_model, env)
 
 
 @pytest.fixture(scope="module")
-def reverted(tmp_path_factory, model) -> Run:
+def reverted(tmp_path_factory, tiny_model) -> Run:
     tmp = tmp_path_factory.mktemp("reverted")
     site = overlay(vllm_env("0.32.0").python, tmp / "overlay", [REVERT])
     env = {"ARCVLLM_EMULATE_HIGH_ADDRESSES": "1", "PYTHONPATH": str(site)}
-    return serve_and_smoke(tmp, model, env)
+    return serve_and_smoke(tmp, tiny_model, env)
 
 
 def _summary(run: Run) -> str:
