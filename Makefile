@@ -235,6 +235,7 @@ REPRO_BUILDS ?= 1 2
 reproducible: $(VENV)/.stamp wheelhouse ## build each of REPRO_IMAGES twice with no cache and compare the digests (names what differs)
 	@mkdir -p $(REPRO_OUT)
 	status=0; for name in $(subst $(comma), ,$(REPRO_IMAGES)); do \
+		$(if $(filter 1,$(REPRO_BUILDS)),,test -f $(REPRO_OUT)/$$name-1.oci.tar || { echo "make reproducible: no $(REPRO_OUT)/$$name-1.oci.tar for build 2 to be compared with" >&2; exit 2; };) \
 		what=$$name; $(ARCVLLM) stack get $$name STACK >/dev/null 2>&1 || what="--side $$name"; \
 		for n in $(REPRO_BUILDS); do ARCVLLM_LAYER_COMPRESSION=uncompressed $(IMAGE_BUILD) $$what \
 			--oci-archive $(REPRO_OUT)/$$name-$$n.oci.tar --docker-flags=--no-cache || exit 1; done; \
@@ -245,7 +246,7 @@ reproducible: $(VENV)/.stamp wheelhouse ## build each of REPRO_IMAGES twice with
 
 .PHONY: release-rehearsal
 release-rehearsal: $(VENV)/.stamp ## CI: make release of the CPU stack and side images into a local registry (pulled on a clean engine by release-check.sh)
-	scripts/ci/release-rehearsal.sh
+	REPRO_OUT=$(abspath $(REPRO_OUT)) scripts/ci/release-rehearsal.sh
 
 # The API key file compose hands to the gateway and vLLM (a relative path is read from docker/).
 KEY_FILE       = $(or $(VLLM_API_KEY_FILE),$(call setting,VLLM_API_KEY_FILE),../secrets/api-key)

@@ -23,7 +23,13 @@ from arcvllm import __version__
 from arcvllm.errors import ArcvllmError
 from arcvllm.stack import Stack
 
-SESSION_LOST = "no active session"
+# Engine failures that a second run of the same build (from its cache) gets past: what
+# each looks like in the build's output, and the line that says the build runs again.
+TRANSIENT = {
+    "no active session": "BuildKit lost the build's client session (moby/buildkit#2367)",
+    "failed to prepare extraction snapshot": "the image store lost a layer's parent snapshot "
+    "while unpacking the image (moby/buildkit#6521)",
+}
 SOURCE = "https://github.com/arcvllm/arcvllm"
 
 
@@ -144,24 +150,20 @@ def ca_bundle() -> str | None:
 
 
 def run(argv: Sequence[str], cwd: Path) -> None:
-    """Run a build, its output passed through; once more if BuildKit lost its session."""
+    """Run a build, its output passed through; once more after a known transient failure."""
     for attempt in (1, 2):
         proc = subprocess.Popen(
             argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
-        lost = False
+        seen = None
         assert proc.stdout is not None
         for line in proc.stdout:
             sys.stderr.write(line)
-            lost = lost or SESSION_LOST in line
+            seen = seen or next((why for sign, why in TRANSIENT.items() if sign in line), None)
         if proc.wait() == 0:
             return
-        if lost and attempt == 1:
-            print(
-                "arcvllm: BuildKit lost the build's client session (moby/buildkit#2367); "
-                "building once more from the cache",
-                file=sys.stderr,
-            )
+        if seen and attempt == 1:
+            print(f"arcvllm: {seen}; building once more from the cache", file=sys.stderr)
             continue
         raise ArcvllmError(f"docker build of target {argv[argv.index('--target') + 1]} failed")
 

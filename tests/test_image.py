@@ -294,6 +294,33 @@ def test_torch_compile_builds_and_runs_a_cpu_kernel_as_the_image_user(cpu_image)
     assert int(result.stdout.strip().splitlines()[-1]) >= 1
 
 
+def shadow(image: str) -> dict[str, list[str]]:
+    """IMAGE's /etc/shadow, by account."""
+    out = docker("run", "--rm", "--user", "0", "--entrypoint", "cat", image, "/etc/shadow").stdout
+    return {line.split(":")[0]: line.split(":") for line in out.splitlines() if line}
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("side", [None, "router", "prometheus", "alertmanager", "gateway"])
+def test_no_account_the_image_adds_carries_the_day_it_was_built(cpu_image, side):
+    """useradd writes the day it runs as the account's last password change (the third
+    field of /etc/shadow): the same commit built on another day would be another image.
+    The accounts each image adds have none (their base's own keep the base's)."""
+    from arcvllm import image, stack
+
+    if side is None:
+        name = cpu_image
+    else:
+        from test_scale import build_target
+
+        name = stack.side_images()[side].ref
+        build_target(side, name)
+    base = shadow(image.spec_for("cpu").args["DEBIAN_IMAGE"])
+    added = {user: fields for user, fields in shadow(name).items() if user not in base}
+    assert added, f"{name}: adds no account"
+    assert {user: fields[2] for user, fields in added.items()} == dict.fromkeys(added, ""), name
+
+
 @pytest.mark.docker
 def test_a_build_without_the_stacks_args_stops_at_once_in_one_line(engine, tmp_path):
     """No ARG has a default (configs/stacks.yaml is the one home of every pin): a plain

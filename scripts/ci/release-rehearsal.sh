@@ -24,9 +24,13 @@ ARCVLLM_LAYER_COMPRESSION=${ARCVLLM_LAYER_COMPRESSION:-uncompressed}
 export COSIGN_PASSWORD ARCVLLM_LAYER_COMPRESSION
 make --no-print-directory release VERSION=ci REGISTRY="$registry" RELEASE_STACKS=cpu \
 	COSIGN_KEY="$keys/cosign.key" RELEASE_OUT="$out"
-# The archives are in the registry now; the CPU image's is the first of the two clean
-# builds `make reproducible REPRO_BUILDS=2` compares (pipeline.sh).
-mkdir -p build/reproducible
-mv "$out/arcvllm-cpu-ci.oci.tar" build/reproducible/cpu-1.oci.tar
+# The archives are in the registry now; the CPU image's (the manifest names it) is the
+# first of the two clean builds `make reproducible REPRO_BUILDS=2` compares (pipeline.sh).
+repro=${REPRO_OUT:-$PWD/build/reproducible}
+archive=$(.venv/bin/python -c 'import json, sys
+print(next(i["archive"] for i in json.load(open(sys.argv[1]))["images"] if i["name"] == "cpu"))' \
+	"$out/manifest.json")
+mkdir -p "$repro"
+mv "$out/$archive" "$repro/cpu-1.oci.tar"
 rm -f "$out"/*.oci.tar
 echo "release-rehearsal: $(grep -c '"ref"' "$out/manifest.json") images pushed, signed and attested ($out/manifest.json)"
