@@ -56,18 +56,21 @@ test_step() {
 	if [[ $rc != 0 && $status == 0 ]]; then status=$rc; fi
 }
 
-# An XPU rehearsal needs ~25 GB while it builds (its lock alone unpacks to 13 GB) and leaves
-# ~17 GB of build cache after its images go. Short of room, the build cache goes too, once
-# the CPU image's tests (the only builds beside this stream, all cache hits) are done.
-XPU_ROOM_GB=40
+# Room on the engine's disk before the big builds (measured here): an XPU rehearsal peaks
+# at ~25 GB (its lock alone unpacks to 13 GB) and leaves ~17 GB of build cache after its
+# images go; the CPU image's --no-cache build makes its layers again and a 3.9 GB archive.
+# Short of room, the build cache goes, once the CPU image's tests (the only builds beside
+# this stream, all cache hits) are done.
+XPU_ROOM_GB=30
+REPRO_ROOM_GB=20
 # (Its own function: a redirect on `step` would swallow the step's timing lines too.)
 # shellcheck disable=SC2329 # run through step
 prune_build_cache() { /usr/bin/docker builder prune -af >/dev/null; }
 make_room() {
 	local free
 	free=$(df --output=avail -BG "$(/usr/bin/docker info --format '{{.DockerRootDir}}')" | tail -n 1 | tr -dc 0-9)
-	((free >= XPU_ROOM_GB)) && return
-	echo "==> $free GB free, $XPU_ROOM_GB wanted: the build cache goes after the CPU image's tests"
+	((free >= $1)) && return
+	echo "==> $free GB free, $1 wanted: the build cache goes after the CPU image's tests"
 	wait_for "$cpu_tests_done" "$main_pid" || true
 	step prune_build_cache
 }
@@ -99,7 +102,7 @@ print(*(s["name"] for s in json.load(sys.stdin) if s["flavor"] == "xpu" and not 
 	stacks=${XPU_CI_STACKS:-$default}
 	[[ $stacks != all ]] || stacks="$default $others"
 	for stack in ${stacks//,/ }; do
-		make_room
+		make_room "$XPU_ROOM_GB"
 		if step make build-xpu-ci STACK="$stack"; then
 			# (pytest -k: this stack's tests; the default's turn: those of no other stack too)
 			tests=$stack
@@ -117,6 +120,7 @@ print(*(s["name"] for s in json.load(sys.stdin) if s["flavor"] == "xpu" and not 
 	done
 	# Two clean builds of the CPU image give one digest: the release rehearsal's archive (its
 	# layers from this run's first build, on a new engine) against one more with --no-cache.
+	make_room "$REPRO_ROOM_GB"
 	test_step make reproducible REPRO_IMAGES=cpu REPRO_BUILDS=2
 	echo "$status" >"$images_status"
 }
