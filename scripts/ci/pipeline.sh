@@ -132,9 +132,11 @@ venvs() {
 	echo "$rc" >"$venvs_status"
 }
 
-# What the images stream did: its steps and pytest's verdicts (all of it if it failed).
+# What the images stream did: its steps, pytest's verdicts and the digests of the two clean
+# CPU builds (all of it if it failed).
 report_images() {
-	grep -E '^(==>|<==)|^=+ .*(passed|failed|error).* in [0-9.]+s' "$TMPDIR/images.log" || true
+	grep -E '^(==>|<==)|^=+ .*(passed|failed|error).* in [0-9.]+s|^reproducible |\.oci\.tar: sha256:|^the same image' \
+		"$TMPDIR/images.log" || true
 }
 
 step make venv
