@@ -324,6 +324,16 @@ def verify(manifest_file: Path, public_key: Path) -> list[dict]:
     return results
 
 
+def entry(manifest_file: Path, name: str) -> dict:
+    """The manifest's entry for the image NAME (a stack or a side image)."""
+    images = json.loads(manifest_file.read_text())["images"]
+    found = next((e for e in images if e["name"] == name), None)
+    if found is None:
+        names = ", ".join(e["name"] for e in images)
+        raise ArcvllmError(f"{manifest_file}: no image {name!r} (it has: {names})", 2)
+    return found
+
+
 def _names(raw: str | None) -> list[str] | None:
     """A comma-separated option: None when absent (all), [] when empty (none)."""
     return None if raw is None else [n for n in raw.split(",") if n]
@@ -344,6 +354,12 @@ def _cmd(args) -> int:
         if differ:
             raise ArcvllmError(f"the two builds differ in {len(differ)} files", 1)
         print("the same image: one digest")
+        return 0
+    if args.action == "entry":
+        found = entry(args.manifest, args.name)
+        if args.field not in found:
+            raise ArcvllmError(f"no field {args.field!r} (it has: {', '.join(found)})", 2)
+        print(json.dumps(found[args.field]) if args.json else found[args.field])
         return 0
     if args.action == "verify":
         results = verify(args.manifest, args.key)
@@ -395,5 +411,9 @@ def register(subparsers) -> None:
     c.add_argument("first", type=cli.existing_file)
     c.add_argument("second", type=cli.existing_file)
     c.add_argument("--limit", type=int, default=40, help="how many differing files to name")
-    for each in (b, v, c):
+    e = sub.add_parser("entry", help="one field of one image's manifest entry (ref, archive, ...)")
+    e.add_argument("manifest", type=cli.existing_file)
+    e.add_argument("name", help="a stack or side image (cpu, gateway, ...)")
+    e.add_argument("field", help="ref, digest, archive, repository, ...")
+    for each in (b, v, c, e):
         cli.add_json(each)

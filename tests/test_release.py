@@ -210,6 +210,22 @@ def test_the_release_digest_is_the_archives_one_manifest(tmp_path):
         release.archive_digest(two)
 
 
+def test_the_scripts_read_one_field_of_one_manifest_entry(tmp_path, capsys):
+    from arcvllm import cli
+
+    manifest = tmp_path / "manifest.json"
+    images = [{"name": "cpu", "ref": "r/arcvllm@sha256:1", "archive": "arcvllm-cpu-ci.oci.tar"}]
+    manifest.write_text(json.dumps({"images": images}))
+    assert cli.main(["release", "entry", str(manifest), "cpu", "archive"]) == 0
+    assert capsys.readouterr().out == "arcvllm-cpu-ci.oci.tar\n"
+    assert cli.main(["release", "entry", str(manifest), "gateway", "ref"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"arcvllm: {manifest}: no image 'gateway' (it has: cpu)"
+    ]
+    assert cli.main(["release", "entry", str(manifest), "cpu", "sbom"]) == 2
+    assert "no field 'sbom'" in capsys.readouterr().err
+
+
 def test_release_targets_are_every_stack_and_side_image_by_default():
     names = [(t.name, t.kind) for t in release.targets(None, None)]
     stacks, _ = stack.load()

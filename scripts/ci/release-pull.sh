@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=$1
-ref() { .venv/bin/python -c 'import json, sys; m = json.load(open(sys.argv[1])); print(next(e["ref"] for e in m["images"] if e["name"] == sys.argv[2]))' "$out/manifest.json" "$1"; }
+ref() { .venv/bin/arcvllm release entry "$out/manifest.json" "$1" ref; }
 images=$(/usr/bin/docker image ls -q | wc -l)
 echo "release-pull: a clean engine ($images images)"
 .venv/bin/arcvllm release verify "$out/manifest.json" --key "$out/cosign.pub"

@@ -27,9 +27,7 @@ make --no-print-directory release VERSION=ci REGISTRY="$registry" RELEASE_STACKS
 # The archives are in the registry now; the CPU image's (the manifest names it) is the
 # first of the two clean builds `make reproducible REPRO_BUILDS=2` compares (pipeline.sh).
 repro=${REPRO_OUT:-$PWD/build/reproducible}
-archive=$(.venv/bin/python -c 'import json, sys
-print(next(i["archive"] for i in json.load(open(sys.argv[1]))["images"] if i["name"] == "cpu"))' \
-	"$out/manifest.json")
+archive=$(.venv/bin/arcvllm release entry "$out/manifest.json" cpu archive)
 mkdir -p "$repro"
 mv "$out/$archive" "$repro/cpu-1.oci.tar"
 rm -f "$out"/*.oci.tar
