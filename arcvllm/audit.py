@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from arcvllm import cli, index, lock
+from arcvllm import index, lock, options
 from arcvllm.errors import ArcvllmError
 from arcvllm.paths import data_root
 from arcvllm.text import columns
@@ -887,16 +887,16 @@ def register(sub: argparse._SubParsersAction) -> None:
             "--cache-dir", type=Path, default=None, help="sdist folder (default: build/sdists)"
         )
         parser.add_argument(
-            "--sdist", type=cli.existing_file, default=None, help="this sdist file instead"
+            "--sdist", type=options.existing_file, default=None, help="this sdist file instead"
         )
         if action == "audit":
-            cli.add_json(parser, help="the facts as JSON")
+            options.add_json(parser, help="the facts as JSON")
             parser.add_argument(
                 "--dockerfile",
-                type=cli.existing_file,
+                type=options.existing_file,
                 default=None,
                 help="another Dockerfile of ours",
             )
         else:
-            cli.add_json(parser, help="the stack and the lock file written, as JSON")
+            options.add_json(parser, help="the stack and the lock file written, as JSON")
         parser.set_defaults(func=_cmd)

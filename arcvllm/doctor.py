@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from arcvllm import cli
+from arcvllm import options
 from arcvllm.presets import Preset, get_preset
 from arcvllm.settings import load as load_settings
 from arcvllm.settings import render_gid_mismatch
@@ -771,14 +771,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--root",
         default="/",
-        type=cli.existing_dir,
+        type=options.existing_dir,
         help="read every file (/dev, /sys, /proc, /lib, /etc) and find every tool under this root",
     )
     parser.add_argument(
         "--env-file",
-        type=cli.existing_file,
+        type=options.existing_file,
         help="the settings file (docker/arcvllm.env): its RENDER_GID is checked against the "
         "render nodes' group (default: $RENDER_GID, as compose hands it to the container)",
     )
-    cli.add_json(parser, help="the report as JSON")
+    options.add_json(parser, help="the report as JSON")
     parser.set_defaults(func=_cmd_doctor)

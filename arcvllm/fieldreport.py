@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from arcvllm import cli
+from arcvllm import options
 from arcvllm.errors import ArcvllmError
 
 SECRET_KEYS = ("VLLM_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
@@ -199,7 +199,7 @@ def key_file_secret(path: str) -> set[str]:
     if not file.is_absolute():
         file = Path(__file__).resolve().parent.parent / "docker" / file
     try:
-        return {cli.read_key(file)}
+        return {options.read_key(file)}
     except ValueError:
         return set()
 
@@ -383,7 +383,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     key.add_argument(
         "--api-key-file",
         dest="api_key",
-        type=cli.key_file,
+        type=options.key_file,
         metavar="FILE",
         help="the server's key, redacted from every file (default: $VLLM_API_KEY_FILE)",
     )
@@ -391,11 +391,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--preset", help="default: the container's $ARCVLLM_PRESET")
     p.add_argument(
         "--env-file",
-        type=cli.existing_file,
+        type=options.existing_file,
         help="the settings file: its secrets are redacted, its VLLM_API_KEY is the default key",
     )
     p.add_argument("--out", default="reports/field-report.tar.gz", help="the tarball (*.tar.gz)")
-    cli.add_json(p, help="print the tarball's path and each step's exit code as JSON")
+    options.add_json(p, help="print the tarball's path and each step's exit code as JSON")
     p.add_argument("--docker", default="docker", help="docker client")
     p.add_argument("--bench-args", default=SHORT_BENCH, help=f"default: {SHORT_BENCH}")
     p.add_argument("--no-smoke", action="store_true", help="skip the smoke test")

@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from arcvllm import cli, replicas
+from arcvllm import options, replicas
 from arcvllm.doctor import DEFAULT_PRESET, Host, default_preset, level_zero_devices
 from arcvllm.presets import get_preset
 from arcvllm.settings import load as load_settings
@@ -99,13 +99,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--preset", help=f"default: the settings' or $ARCVLLM_PRESET, else {DEFAULT_PRESET}"
     )
     parser.add_argument(
-        "--env-file", type=cli.existing_file, help="the settings file (its ARCVLLM_PRESET)"
+        "--env-file", type=options.existing_file, help="the settings file (its ARCVLLM_PRESET)"
     )
     parser.add_argument(
         "--root",
         default="/",
-        type=cli.existing_dir,
+        type=options.existing_dir,
         help="read /sys and /dev under this root (as doctor --root)",
     )
-    cli.add_json(parser, help="the table (and the file written) as JSON")
+    options.add_json(parser, help="the table (and the file written) as JSON")
     parser.set_defaults(func=_cmd)

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from arcvllm import __version__
+from arcvllm import __version__, options
 from arcvllm.errors import ArcvllmError
 from arcvllm.stack import Stack
 
@@ -266,8 +266,6 @@ def _cmd_sums(args) -> int:
 
 
 def register(subparsers) -> None:
-    from arcvllm import cli
-
     parser = subparsers.add_parser(
         "image",
         help="build an image of docker/Dockerfile (a stack's server, or a side image)",
@@ -285,7 +283,7 @@ def register(subparsers) -> None:
     b.add_argument("--flavor", choices=("cpu", "xpu"), help="fail unless the stack is this")
     b.add_argument("--ci", action="store_true", help="CI: an XPU stack with its stand-ins")
     b.add_argument("--oci-archive", type=Path, help="export an OCI archive (reproducible)")
-    b.add_argument("--stacks-file", type=cli.existing_file, default=None)
+    b.add_argument("--stacks-file", type=options.existing_file, default=None)
     b.add_argument("--dry-run", action="store_true", help="print the command, build nothing")
     b.add_argument(
         "--docker-flags", default="", help="more flags for docker build, one string (shell words)"
@@ -299,4 +297,4 @@ def register(subparsers) -> None:
     su.add_argument("stack")
     su.set_defaults(func=_cmd_sums)
     for each in (b, su):
-        cli.add_json(each)
+        options.add_json(each)

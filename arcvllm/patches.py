@@ -20,7 +20,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from arcvllm import __version__, cli, probe, series
+from arcvllm import __version__, options, probe, series
 from arcvllm.errors import ArcvllmError
 from arcvllm.paths import patches_dir
 from arcvllm.target import Target, find
@@ -374,7 +374,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=Path,
         help=f"where to write the JSON manifest (default: TARGET/{MANIFEST_NAME})",
     )
-    cli.add_json(p, help="print the manifest instead of the table")
+    options.add_json(p, help="print the manifest instead of the table")
     p.add_argument(
         "--expect",
         help="fail unless the result equals this summary line "
@@ -384,25 +384,25 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = actions.add_parser("status", help="show each patch's state on the target")
     common(p)
-    cli.add_json(p, help="print the manifest instead of the table")
+    options.add_json(p, help="print the manifest instead of the table")
     p.set_defaults(func=_cmd_status)
 
     p = actions.add_parser("verify", help="exit 1 unless every fix is in place")
     common(p)
-    cli.add_json(p, help="print the manifest and the verdict instead of the table")
+    options.add_json(p, help="print the manifest and the verdict instead of the table")
     p.set_defaults(func=_cmd_verify)
 
     p = actions.add_parser("plan", help="the summary the series expects for a vLLM version")
     p.add_argument("--vllm-version", required=True)
     add_series(p)
-    cli.add_json(p, help="print the version, the summary and each patch's state as JSON")
+    options.add_json(p, help="print the version, the summary and each patch's state as JSON")
     p.set_defaults(func=_cmd_plan)
 
 
 def add_series(p: argparse.ArgumentParser) -> None:
     which = p.add_mutually_exclusive_group()
     which.add_argument(
-        "--series-file", type=cli.existing_file, help="series file (default: the bundled one)"
+        "--series-file", type=options.existing_file, help="series file (default: the bundled one)"
     )
     which.add_argument(
         "--build",

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from arcvllm import cli
+from arcvllm import options
 from arcvllm.errors import ArcvllmError
 from arcvllm.paths import configs_dir
 from arcvllm.text import columns
@@ -837,14 +837,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "the test venvs (build/venvs, $ARCVLLM_TEST_VENVS)",
     )
     add_presets_dir(parser)
-    cli.add_json(parser)
+    options.add_json(parser)
     parser.set_defaults(func=_cmd_presets)
 
 
 def add_presets_dir(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--presets-dir",
-        type=cli.existing_dir,
+        type=options.existing_dir,
         default=os.environ.get("ARCVLLM_PRESETS_DIR") or None,
         help="read presets from this folder instead of the ones arcvllm ships "
         "(default: $ARCVLLM_PRESETS_DIR)",

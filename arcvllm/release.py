@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from arcvllm import image
+from arcvllm import image, options
 from arcvllm.errors import ArcvllmError
 
 SBOM_PATH = "/opt/arcvllm/sbom.cdx.json"
@@ -384,8 +384,6 @@ def _cmd(args) -> int:
 
 
 def register(subparsers) -> None:
-    from arcvllm import cli
-
     parser = subparsers.add_parser(
         "release",
         help="build, push, sign and attest every image; verify a release's signatures",
@@ -405,15 +403,15 @@ def register(subparsers) -> None:
     b.add_argument("--stacks", help="comma-separated stacks (default: all; '' for none)")
     b.add_argument("--sides", help="comma-separated side images (default: all; '' for none)")
     v = sub.add_parser("verify", help="verify every digest of a manifest")
-    v.add_argument("manifest", type=cli.existing_file)
-    v.add_argument("--key", type=cli.existing_file, required=True, help="cosign public key")
+    v.add_argument("manifest", type=options.existing_file)
+    v.add_argument("--key", type=options.existing_file, required=True, help="cosign public key")
     c = sub.add_parser("compare", help="two builds' OCI archives: one digest, or what differs")
-    c.add_argument("first", type=cli.existing_file)
-    c.add_argument("second", type=cli.existing_file)
+    c.add_argument("first", type=options.existing_file)
+    c.add_argument("second", type=options.existing_file)
     c.add_argument("--limit", type=int, default=40, help="how many differing files to name")
     e = sub.add_parser("entry", help="one field of one image's manifest entry (ref, archive, ...)")
-    e.add_argument("manifest", type=cli.existing_file)
+    e.add_argument("manifest", type=options.existing_file)
     e.add_argument("name", help="a stack or side image (cpu, gateway, ...)")
     e.add_argument("field", help="ref, digest, archive, repository, ...")
     for each in (b, v, c, e):
-        cli.add_json(each)
+        options.add_json(each)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from arcvllm import cli, replicas
+from arcvllm import options, replicas
 from arcvllm.client import Client, WaitTimeout, wait_until
 from arcvllm.doctor import Host
 from arcvllm.errors import ArcvllmError
@@ -422,7 +422,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     made.add_argument("--replicas", type=int, default=2, help="how many (2)")
     made.add_argument("--out", type=Path, required=True, help="the file to write")
     made.add_argument("--dev-root", default="/", help=argparse.SUPPRESS)
-    cli.add_json(made)
+    options.add_json(made)
     made.set_defaults(func=render)
     stop = sub.add_parser(
         "down",
@@ -441,7 +441,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     for each in (start, stop):
         each.add_argument(
             "--env-file",
-            type=cli.existing_file,
+            type=options.existing_file,
             default="docker/arcvllm.env",
             help="the settings file (docker/arcvllm.env)",
         )
@@ -450,6 +450,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             default=PROJECT,
             help=f"the compose project: a second deployment on this host needs its own ({PROJECT})",
         )
-        cli.add_json(each)
+        options.add_json(each)
     start.set_defaults(func=up)
     stop.set_defaults(func=down)

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from arcvllm import cli
+from arcvllm import options
 from arcvllm.errors import ArcvllmError
 from arcvllm.presets import (
     Command,
@@ -164,6 +164,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--dry-run", action="store_true", help="print the environment and command, run nothing"
     )
     add_presets_dir(parser)
-    cli.add_json(parser, help="with --dry-run: the environment and the argv as one JSON document")
+    options.add_json(
+        parser, help="with --dry-run: the environment and the argv as one JSON document"
+    )
     parser.add_argument("extra", nargs=argparse.REMAINDER, help="-- extra vLLM arguments")
     parser.set_defaults(func=_cmd_serve)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from arcvllm import cli
+from arcvllm import options
 from arcvllm.errors import ArcvllmError
 from arcvllm.presets import presets_dir
 
@@ -175,7 +175,7 @@ def api_key_file(env_file: Path, compose_dir: Path, environ: Mapping[str, str]) 
 def check_api_key_file(path: Path) -> None:
     """A key file compose can hand out: one line, exit 3, before anything starts (compose
     would fail on a missing file, and every server and the gateway refuse a key that breaks
-    the key rule, cli.KEY_RULE)."""
+    the key rule, options.KEY_RULE)."""
     hint = "make one, e.g. (umask 077; openssl rand -hex 32 > FILE), readable by UID 1000"
     try:
         data = path.read_bytes()
@@ -184,9 +184,9 @@ def check_api_key_file(path: Path) -> None:
             f"VLLM_API_KEY_FILE={path} is not a readable file ({exc.strerror}): {hint}", 3
         ) from None
     try:
-        cli.key_in(data)
+        options.key_in(data)
     except ValueError:
-        raise ArcvllmError(f"VLLM_API_KEY_FILE={path}: {cli.KEY_RULE}", 3) from None
+        raise ArcvllmError(f"VLLM_API_KEY_FILE={path}: {options.KEY_RULE}", 3) from None
 
 
 def render_node_gids(dri_dir: Path = DRI_DIR) -> dict[str, int]:
@@ -253,11 +253,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = parser.add_subparsers(dest="settings_command", required=True, metavar="ACTION")
     check_parser = sub.add_parser("check", help="refuse unknown keys and unportable lines")
     check_parser.add_argument(
-        "file", type=cli.existing_file, help="the settings file, e.g. docker/arcvllm.env"
+        "file", type=options.existing_file, help="the settings file, e.g. docker/arcvllm.env"
     )
     check_parser.add_argument(
         "--dri-dir",
-        type=cli.existing_dir,
+        type=options.existing_dir,
         help=f"where the render nodes are (default {DRI_DIR}; none there: nothing to compare)",
     )
     check_parser.add_argument(
@@ -265,5 +265,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=Path,
         help="also the API key file compose hands out: readable, and the one key rule",
     )
-    cli.add_json(check_parser, help="the verdict and the keys (never the values) as JSON")
+    options.add_json(check_parser, help="the verdict and the keys (never the values) as JSON")
     check_parser.set_defaults(func=_cmd_check)

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from arcvllm import cli
+from arcvllm import options
 from arcvllm.errors import ArcvllmError
 from arcvllm.paths import configs_dir
 from arcvllm.text import columns
@@ -298,7 +298,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--stacks-file",
-        type=cli.existing_file,
+        type=options.existing_file,
         default=None,
         help="another stacks file (default: the bundled configs/stacks.yaml)",
     )
@@ -328,7 +328,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     default = sub.add_parser("default", help="the default stack of a flavour")
     default.add_argument("name", metavar="FLAVOR", choices=FLAVORS)
     for each in (listing, show, build, get_, default):
-        cli.add_json(each)
-    from arcvllm import audit  # `stack audit` and `stack lock`: the release's own files
-
-    audit.register(sub)
+        options.add_json(each)
+    return sub  # `stack audit` and `stack lock` (arcvllm.audit) go under it: cli.NESTED

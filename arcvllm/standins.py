@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from arcvllm import cli
+from arcvllm import options
 from arcvllm.errors import ArcvllmError
 from arcvllm.paths import configs_dir
 
@@ -537,7 +537,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="List, make and check the stand-ins CI's XPU builds use.",
     )
     parser.add_argument(
-        "--standins-file", type=cli.existing_file, default=None, help="another ci-standins.yaml"
+        "--standins-file", type=options.existing_file, default=None, help="another ci-standins.yaml"
     )
     parser.add_argument(
         "--dir",
@@ -556,4 +556,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "check", help="the base image has ubuntu:24.04's shape and the debs install"
     )
     for each in (listing, make_, check):
-        cli.add_json(each)
+        options.add_json(each)

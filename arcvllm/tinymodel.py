@@ -32,7 +32,7 @@ import json
 import random
 from pathlib import Path
 
-from arcvllm import cli
+from arcvllm import options
 from arcvllm.errors import ArcvllmError
 
 SERVED_NAME = "tiny-hybrid"
@@ -278,5 +278,5 @@ def register(subparsers) -> None:
     b = sub.add_parser("build", help="write the model (random bf16 weights, local tokenizer)")
     b.add_argument("dir", help="output folder (created; must be empty)")
     b.add_argument("--seed", type=int, default=0, help="seed for tokenizer text and weights")
-    cli.add_json(b, help="print the folder, seed, served name and parameter count as JSON")
+    options.add_json(b, help="print the folder, seed, served name and parameter count as JSON")
     b.set_defaults(func=_cmd_build)

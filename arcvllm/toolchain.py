@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
-from arcvllm import cli
+from arcvllm import options
 from arcvllm.errors import ArcvllmError
 
 LAUNCHER = r"""
@@ -151,5 +151,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="check the compiler, headers and libraries Triton's XPU launcher needs",
         description=__doc__.splitlines()[0],
     )
-    cli.add_json(parser)
+    options.add_json(parser)
     parser.set_defaults(func=_cmd)

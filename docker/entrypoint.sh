@@ -38,7 +38,7 @@ if [[ -n ${VLLM_API_KEY_FILE-} ]]; then
 		echo "arcvllm-entrypoint: VLLM_API_KEY_FILE=$VLLM_API_KEY_FILE is not a readable file" >&2
 		exit 3
 	fi
-	# The key rule, the same in docker/gateway-entrypoint.sh and arcvllm (cli.KEY_RULE), with
+	# The key rule, the same in docker/gateway-entrypoint.sh and arcvllm (options.KEY_RULE), with
 	# the same words. `read -d ''` stops at a NUL byte (status 0) or at the end (status 1).
 	if IFS= read -r -d '' VLLM_API_KEY <"$VLLM_API_KEY_FILE"; then VLLM_API_KEY=$'\n\n'; fi
 	VLLM_API_KEY=${VLLM_API_KEY%$'\n'}

@@ -49,7 +49,7 @@ check GATEWAY_DIAGNOSTIC_ROUTES "$DIAGNOSTIC" '^[01]$' 0
 [[ -n ${VLLM_API_KEY_FILE-} ]] || die 3 "VLLM_API_KEY_FILE is not set: the file holding the API key (compose: the api-key secret)"
 [[ -f $VLLM_API_KEY_FILE && -r $VLLM_API_KEY_FILE ]] ||
 	die 3 "VLLM_API_KEY_FILE=$VLLM_API_KEY_FILE is not a readable file"
-# The key rule, the same in docker/entrypoint.sh and arcvllm (cli.read_key), with the same
+# The key rule, the same in docker/entrypoint.sh and arcvllm (options.read_key), with the same
 # words: one line (its newline optional) of 1 to 256 of RFC 6750's token characters, none
 # of which nginx's configuration syntax or a regular expression between \Q and \E reads
 # differently. `read -d ''` stops at a NUL byte (status 0) or at the end (status 1).

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from arcvllm import cli
+from arcvllm import cli, options
 from arcvllm.errors import ArcvllmError
 
 
@@ -44,7 +44,7 @@ def test_help_shows_the_exit_status_table(path, capsys):
         cli.main([*path, "--help"])
     assert done.value.code == 0
     out = capsys.readouterr().out
-    assert cli.EXIT_STATUS in out, out[-600:]
+    assert options.EXIT_STATUS in out, out[-600:]
 
 
 @pytest.mark.parametrize("path", LEAVES, ids=lambda p: " ".join(("arcvllm", *p)))
@@ -59,12 +59,12 @@ def test_every_command_accepts_json(path):
 )
 def test_url_refuses_what_is_not_http_with_a_host(value):
     with pytest.raises(argparse.ArgumentTypeError, match="not an http"):
-        cli.url(value)
+        options.url(value)
 
 
 def test_url_keeps_a_good_one_without_its_trailing_slash():
-    assert cli.url("http://127.0.0.1:8000/") == "http://127.0.0.1:8000"
-    assert cli.url("https://vllm.example/v1/") == "https://vllm.example/v1"
+    assert options.url("http://127.0.0.1:8000/") == "http://127.0.0.1:8000"
+    assert options.url("https://vllm.example/v1/") == "https://vllm.example/v1"
 
 
 def test_a_bad_url_is_one_line_and_exit_2():
@@ -84,15 +84,15 @@ def test_a_bad_url_is_one_line_and_exit_2():
 
 def test_add_server_takes_the_api_key_from_the_environment(monkeypatch):
     monkeypatch.setenv("VLLM_API_KEY", "sk-env")
-    parser = cli.Parser(prog="arcvllm x")
-    cli.add_server(parser)
+    parser = options.Parser(prog="arcvllm x")
+    options.add_server(parser)
     args = parser.parse_args(["--base-url", "http://127.0.0.1:1/"])
     assert (args.base_url, args.api_key) == ("http://127.0.0.1:1", "sk-env")
     assert parser.parse_args(["--base-url", "http://h", "--api-key", "k"]).api_key == "k"
     assert "sk-env" not in parser.format_help()
     monkeypatch.delenv("VLLM_API_KEY")
-    parser = cli.Parser(prog="arcvllm x")
-    cli.add_server(parser, required=False)
+    parser = options.Parser(prog="arcvllm x")
+    options.add_server(parser, required=False)
     assert parser.parse_args([]).api_key is None
 
 
@@ -103,8 +103,8 @@ def test_the_key_comes_from_a_file_named_on_the_command_line_or_in_the_environme
     key.write_text("sk-file\n")
     monkeypatch.delenv("VLLM_API_KEY_FILE", raising=False)
     monkeypatch.setenv("VLLM_API_KEY", "sk-env")
-    parser = cli.Parser(prog="arcvllm x")
-    cli.add_server(parser)
+    parser = options.Parser(prog="arcvllm x")
+    options.add_server(parser)
     given = parser.parse_args(["--base-url", "http://h", "--api-key-file", str(key)])
     assert given.api_key == "sk-file"
     monkeypatch.setenv("VLLM_API_KEY_FILE", str(key))
@@ -136,20 +136,20 @@ def test_a_key_or_certificate_file_that_is_not_there_is_one_line(args, env, code
 
 def test_a_missing_extra_names_it():
     with pytest.raises(ArcvllmError) as raised:
-        cli.require("arcvllm_no_such_module", "bench", "arcvllm bench")
+        options.require("arcvllm_no_such_module", "bench", "arcvllm bench")
     assert raised.value.exit_code == 3
     assert str(raised.value) == (
         "arcvllm bench needs the 'bench' extra: pip install 'arcvllm[bench]' "
         "(no module named arcvllm_no_such_module)"
     )
-    assert cli.require("json", "none").dumps([]) == "[]"
+    assert options.require("json", "none").dumps([]) == "[]"
 
 
 def test_a_missing_extra_is_one_line_and_exit_3(monkeypatch, capsys):
     """A command that needs an absent module: main prints one line, no traceback."""
-    from arcvllm import toolchain
+    from arcvllm import options, toolchain
 
-    monkeypatch.setattr(toolchain, "_cmd", lambda args: cli.require("arcvllm_no_such", "bench"))
+    monkeypatch.setattr(toolchain, "_cmd", lambda args: options.require("arcvllm_no_such", "bench"))
     assert cli.main(["toolchain"]) == 3
     captured = capsys.readouterr()
     assert captured.out == ""
@@ -166,12 +166,12 @@ def test_an_error_carries_its_exit_status():
 
 def test_a_missing_override_file_or_dir_is_a_usage_error(tmp_path):
     (tmp_path / "f").write_text("")
-    assert cli.existing_file(str(tmp_path / "f")) == tmp_path / "f"
-    assert cli.existing_dir(str(tmp_path)) == tmp_path
+    assert options.existing_file(str(tmp_path / "f")) == tmp_path / "f"
+    assert options.existing_dir(str(tmp_path)) == tmp_path
     with pytest.raises(argparse.ArgumentTypeError, match="no such file"):
-        cli.existing_file(str(tmp_path / "nope"))
+        options.existing_file(str(tmp_path / "nope"))
     with pytest.raises(argparse.ArgumentTypeError, match="no such directory"):
-        cli.existing_dir(str(tmp_path / "f"))
+        options.existing_dir(str(tmp_path / "f"))
 
 
 def test_serve_dry_run_json_is_the_environment_and_the_argv(capsys, monkeypatch):
@@ -227,7 +227,7 @@ def test_every_optional_module_belongs_to_its_extra_in_pyproject():
         )
     }
     assert extras["bench"] == {"matplotlib"}
-    for module, extra in cli.EXTRAS.items():
+    for module, extra in options.EXTRAS.items():
         assert module in extras[extra], (module, extra, extras)
 
 
@@ -293,7 +293,7 @@ def test_every_key_reader_refuses_the_same_files_with_the_same_words(tmp_path, c
     codes = {}
     for reader, done in key_readers(key, tmp_path).items():
         (line,) = done.stderr.splitlines()
-        assert f"{key}: {cli.KEY_RULE}" in line, (reader, line)
+        assert f"{key}: {options.KEY_RULE}" in line, (reader, line)
         codes[reader] = done.returncode
     # a file named on the command line is a usage error; the environment's is the host's
     assert codes == {
@@ -310,7 +310,7 @@ def test_every_key_reader_takes_the_same_key_from_a_good_file(tmp_path, content)
     key = tmp_path / "api-key"
     key.write_bytes(content)
     want = content.removesuffix(b"\n").decode()
-    assert cli.read_key(key) == want
+    assert options.read_key(key) == want
     from conftest import ROOT
 
     server = subprocess.run(
@@ -334,5 +334,5 @@ def test_the_key_rule_is_written_out_in_each_shell_reader():
     chars = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._~+/=-"
     for script in ("entrypoint.sh", "gateway-entrypoint.sh"):
         text = (ROOT / "docker" / script).read_text()
-        assert cli.KEY_RULE in text, script
+        assert options.KEY_RULE in text, script
         assert f"key_chars={chars}" in text and "{1,256}$" in text, script

@@ -492,9 +492,9 @@ def test_every_vllm_service_waits_longer_than_any_presets_drain(compose_files, p
 
 
 def test_make_up_refuses_a_key_file_that_breaks_the_key_rule(tmp_path):
-    """One key rule (cli.KEY_RULE) before compose runs: a two-line key stops `make up` in
+    """One key rule (options.KEY_RULE) before compose runs: a two-line key stops `make up` in
     one line, not in the containers."""
-    from arcvllm.cli import KEY_RULE
+    from arcvllm.options import KEY_RULE
 
     key = tmp_path / "key"
     key.write_text("first\nsecond\n")

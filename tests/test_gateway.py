@@ -29,7 +29,7 @@ from test_compose import compose_binary
 from test_image import cpu_image, docker, docker_client, engine  # noqa: F401 (fixtures)
 from test_scale import build_target
 
-from arcvllm import cli
+from arcvllm import options
 from arcvllm.client import Client, WaitTimeout, wait_until
 
 ENTRYPOINT = ROOT / "docker" / "gateway-entrypoint.sh"
@@ -80,7 +80,7 @@ def test_without_a_key_file_the_gateway_refuses_to_start_in_one_line(tmp_path):
     one_line_error(entrypoint(tmp_path, VLLM_API_KEY_FILE=missing), 3, missing)
     (tmp_path / "empty").write_text("")
     empty = entrypoint(tmp_path, VLLM_API_KEY_FILE=str(tmp_path / "empty"))
-    one_line_error(empty, 3, cli.KEY_RULE)
+    one_line_error(empty, 3, options.KEY_RULE)
     assert not (tmp_path / "run").exists()
 
 

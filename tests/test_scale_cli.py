@@ -19,7 +19,7 @@ from test_image import cpu_image, docker, engine  # noqa: F401 (fixtures)
 from test_replicas import B70, FOUR, IGPU, SCALE, fake_host
 from test_scale import ROUTER_IMAGE, build_target
 
-from arcvllm import cli, replicas, scale
+from arcvllm import options, replicas, scale
 from arcvllm.errors import ArcvllmError
 
 
@@ -65,7 +65,7 @@ def test_a_key_file_that_is_missing_or_empty_is_one_line_and_starts_nothing(
     assert result.returncode == 3, result.stderr
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith(f"arcvllm: VLLM_API_KEY_FILE={key_file}")
-    assert ("is not a readable file" if problem == "missing" else cli.KEY_RULE) in line
+    assert ("is not a readable file" if problem == "missing" else options.KEY_RULE) in line
     assert not called.exists()
 
 

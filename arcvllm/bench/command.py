@@ -24,9 +24,9 @@ from arcvllm.bench.measurements import (
 from arcvllm.bench.plot import plot_report
 from arcvllm.bench.reference import load_reference, ratio_rows, summary_metrics
 from arcvllm.bench.runner import VLLM_BENCH_KEYS, run_vllm_bench, vllm_bench_args
-from arcvllm.cli import add_json, add_server, url
 from arcvllm.client import Client
 from arcvllm.errors import ArcvllmError
+from arcvllm.options import add_json, add_server, url
 
 REPORT_JSON = "bench.json"
 REPORT_PNG = "bench.png"

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from arcvllm.bench.measurements import TokenStep
-from arcvllm.cli import require
+from arcvllm.options import require
 from arcvllm.stats import percentile
 
 

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from arcvllm.cli import add_json, add_server, url
+from arcvllm.options import add_json, add_server, url
 from arcvllm.smoke.checks import SmokeOptions, run
 from arcvllm.smoke.report import render
 from arcvllm.smoke.serverlog import LogSource
