@@ -31,6 +31,7 @@ from pathlib import Path
 
 from arcvllm import options
 from arcvllm.errors import ArcvllmError
+from arcvllm.paths import checkout_root
 
 SECRET_KEYS = ("VLLM_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 REDACTED = "<redacted>"
@@ -197,7 +198,7 @@ def key_file_secret(path: str) -> set[str]:
         return set()
     file = Path(path)
     if not file.is_absolute():
-        file = Path(__file__).resolve().parent.parent / "docker" / file
+        file = checkout_root() / "docker" / file
     try:
         return {options.read_key(file)}
     except ValueError:

@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from arcvllm import __version__, options
+from arcvllm.engine import docker_binary
 from arcvllm.errors import ArcvllmError
+from arcvllm.paths import checkout_root
 from arcvllm.stack import Stack
 
 # Engine failures that a second run of the same build (from its cache) gets past: what
@@ -31,18 +33,6 @@ TRANSIENT = {
     "while unpacking the image (moby/buildkit#6521)",
 }
 SOURCE = "https://github.com/arcvllm/arcvllm"
-
-
-def checkout_root() -> Path:
-    """The source checkout the Dockerfile and build context live in."""
-    return Path(__file__).resolve().parent.parent
-
-
-def docker_binary() -> str:
-    """$DOCKER, else Debian's client (buildx and compose plugins), else `docker` on PATH."""
-    if env := os.environ.get("DOCKER"):
-        return env
-    return "/usr/bin/docker" if Path("/usr/bin/docker").exists() else "docker"
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from arcvllm.errors import ArcvllmError
+from arcvllm.paths import checkout_root
 
 # Kernel families that exist only as CUDA (or ROCm) extensions: a selection that names
 # one of them cannot run on an Arc GPU, whatever else the release does.
@@ -152,7 +153,7 @@ class ReleasePython:
     note: str = ""
 
     def env(self) -> dict[str, str]:
-        root = str(Path(__file__).resolve().parent.parent)
+        root = str(checkout_root())
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([*([str(self.site)] if self.site else []), root])
         env.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -162,7 +163,7 @@ class ReleasePython:
 
 def venvs_dir() -> Path:
     """The test venvs `make test-venvs` builds (scripts/test-venvs.sh)."""
-    default = Path(__file__).resolve().parent.parent / "build" / "venvs"
+    default = checkout_root() / "build" / "venvs"
     return Path(os.environ.get("ARCVLLM_TEST_VENVS") or default)
 
 

@@ -19,6 +19,12 @@ def data_root() -> Path:
     return _PACKAGE.parent
 
 
+def checkout_root() -> Path:
+    """The folder arcvllm is imported from: the source checkout (the Dockerfile, docker/,
+    the build context) in a checkout or editable install."""
+    return _PACKAGE.parent
+
+
 def patches_dir() -> Path:
     return data_root() / "patches" / "vllm"
 

@@ -28,7 +28,9 @@ import yaml
 from arcvllm import options, replicas
 from arcvllm.client import Client, WaitTimeout, wait_until
 from arcvllm.doctor import Host
+from arcvllm.engine import docker_binary
 from arcvllm.errors import ArcvllmError
+from arcvllm.paths import checkout_root
 from arcvllm.settings import api_key_file, check_api_key_file, effective
 from arcvllm.settings import load as load_settings
 
@@ -45,7 +47,7 @@ class BadScale(ArcvllmError):
 
 def docker_dir() -> Path:
     """The checkout's docker/ (compose files are not part of the wheel)."""
-    here = Path(__file__).resolve().parent.parent / "docker"
+    here = checkout_root() / "docker"
     if not (here / "compose.scale.yaml").is_file():
         raise ArcvllmError(
             f"no {here / 'compose.scale.yaml'}: run arcvllm scale from a checkout", 3
@@ -101,8 +103,7 @@ def compose_command() -> list[str]:
     """Compose v2, the docker CLI's plugin (`docker compose`); $COMPOSE overrides it."""
     if override := os.environ.get("COMPOSE"):
         return shlex.split(override)
-    docker = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else "docker"
-    return [docker, "compose"]
+    return [docker_binary(), "compose"]
 
 
 @dataclass
@@ -170,7 +171,7 @@ class Deployment:
         if not cid:
             return {}
         out = subprocess.run(
-            ["docker", "inspect", "--format", "{{json .State}}", cid],
+            [docker_binary(), "inspect", "--format", "{{json .State}}", cid],
             capture_output=True,
             text=True,
             timeout=60,

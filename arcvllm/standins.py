@@ -15,7 +15,6 @@ import glob
 import hashlib
 import io
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -28,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from arcvllm import options
+from arcvllm.engine import docker_binary
 from arcvllm.errors import ArcvllmError
 from arcvllm.paths import configs_dir
 
@@ -39,7 +39,6 @@ PARTS = ("debs", "wheels", "oneccl", "base")
 
 # Every ZIP entry gets this time: the same wheel bytes on every run.
 ZIP_TIME = (1980, 1, 1, 0, 0, 0)
-DOCKER = os.environ.get("DOCKER", "/usr/bin/docker")
 
 
 def scratch_dir(root: Path) -> Path:
@@ -423,8 +422,9 @@ def base_fingerprint(config: Config, python: Path) -> str:
 
 
 def image_label(image: str, label: str) -> str | None:
+    template = f'{{{{index .Config.Labels "{label}"}}}}'
     proc = subprocess.run(
-        [DOCKER, "image", "inspect", "-f", f'{{{{index .Config.Labels "{label}"}}}}', image],
+        [docker_binary(), "image", "inspect", "-f", template, image],
         capture_output=True,
         text=True,
     )
@@ -432,11 +432,10 @@ def image_label(image: str, label: str) -> str | None:
 
 
 def require_docker() -> None:
-    if subprocess.run([DOCKER, "version"], capture_output=True).returncode != 0:
-        raise ArcvllmError(
-            f"standins: no Docker engine answers ({DOCKER}; DOCKER_HOST: scripts/ci/engine.sh env)",
-            3,
-        )
+    docker = docker_binary()
+    if subprocess.run([docker, "version"], capture_output=True).returncode != 0:
+        where = "DOCKER_HOST: scripts/ci/engine.sh env"
+        raise ArcvllmError(f"standins: no Docker engine answers ({docker}; {where})", 3)
 
 
 def make_base(config: Config, root: Path) -> str:
@@ -448,7 +447,8 @@ def make_base(config: Config, root: Path) -> str:
     fingerprint = base_fingerprint(config, python)
     if image_label(entry["image"], standin_base.LABEL) == fingerprint:
         return "current"
-    standin_base.build(entry, python, apt_mirror(), fingerprint, scratch_dir(root), DOCKER)
+    docker = docker_binary()
+    standin_base.build(entry, python, apt_mirror(), fingerprint, scratch_dir(root), docker)
     return "made"
 
 
@@ -471,7 +471,7 @@ def check_base(config: Config, root: Path) -> list[str]:
 
     require_docker()
     debs = (root / config.entry("gpu-debs")["dir"]).resolve()
-    return standin_base.check(config.entry("base-image"), debs, DOCKER)
+    return standin_base.check(config.entry("base-image"), debs, docker_binary())
 
 
 # ---- the command -------------------------------------------------------------------------

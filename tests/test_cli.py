@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
 from arcvllm import cli, options
 from arcvllm.errors import ArcvllmError
@@ -217,7 +218,7 @@ def test_a_stacks_file_that_does_not_exist_is_2(capsys):
 
 
 def test_every_optional_module_belongs_to_its_extra_in_pyproject():
-    text = (Path(__file__).parent.parent / "pyproject.toml").read_text()
+    text = (ROOT / "pyproject.toml").read_text()
     section = text.split("[project.optional-dependencies]")[1].split("\n[")[0]
     extras = {
         name: {re.split(r"[<>=!~\[ ;]", req)[0].replace("-", "_") for req in reqs}

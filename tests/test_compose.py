@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = ROOT / "docker" / "compose.yaml"
 ENV_FILE = ROOT / "docker" / "arcvllm.env"
 SCALE_FILE = ROOT / "docker" / "compose.scale.yaml"

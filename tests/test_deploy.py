@@ -17,13 +17,12 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-from conftest import free_port
+from conftest import ROOT, free_port
 from test_image import cpu_image, docker, engine  # noqa: F401  (fixtures)
 from test_scale import build_target
 
 from arcvllm.client import wait_until
 
-ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = ROOT / "docker" / "arcvllm.env"
 KEY = "k-7f3e9a1c2b"
 MODEL = "tiny-hybrid"

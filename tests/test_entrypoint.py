@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 ENTRYPOINT = ROOT / "docker" / "entrypoint.sh"
 UID = 1000  # the image's user (docker/Dockerfile, runtime stage)
 RENDER_GID = 4242  # a group the test user is not in unless it is given

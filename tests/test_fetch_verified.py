@@ -6,7 +6,8 @@ import hashlib
 import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import ROOT
+
 SCRIPT = ROOT / "docker" / "fetch-verified.sh"
 
 

@@ -9,9 +9,9 @@ import os
 import re
 import subprocess
 import tarfile
-from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
 from arcvllm import fieldreport as F
 
@@ -224,6 +224,6 @@ def test_field_report_takes_no_option_it_never_reads():
         with pytest.raises(SystemExit) as exit_:
             main([*argv, unused, "x"])
         assert exit_.value.code == 2, unused
-    root = Path(__file__).resolve().parent.parent
+    root = ROOT
     dry = subprocess.run(["make", "-n", "field-report"], cwd=root, capture_output=True, text=True)
     assert "--base-url" not in dry.stdout and "--scratch" not in dry.stdout

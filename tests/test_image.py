@@ -16,11 +16,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import free_port
+from conftest import ROOT, free_port
 
 from arcvllm.client import WaitTimeout, wait_until
+from arcvllm.engine import docker_binary
 
-ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
 ENTRYPOINT = ROOT / "docker" / "entrypoint.sh"
 VENV_BIN = ROOT / ".venv" / "bin"
@@ -185,7 +185,7 @@ def docker(*args: str, timeout: float = 120, check: bool = True) -> subprocess.C
 
 
 def docker_client() -> str:
-    return "/usr/bin/docker" if Path("/usr/bin/docker").exists() else "docker"
+    return docker_binary()
 
 
 @pytest.fixture(scope="session")

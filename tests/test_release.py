@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import ROOT
 
 from arcvllm import image, release, sbom, stack
+from arcvllm.engine import docker_binary
 from arcvllm.errors import ArcvllmError
 
-ROOT = Path(__file__).resolve().parent.parent
 RELEASE_DIR = Path(os.environ.get("ARCVLLM_RELEASE_DIR", ROOT / "build" / "release" / "ci"))
 
 
@@ -283,7 +284,7 @@ def test_a_digest_signed_by_another_key_is_refused(released, tmp_path):
 def test_an_unsigned_digest_in_the_same_repository_is_refused(released, tmp_path):
     """An image pushed to the release's repository without a signature (what an attacker with
     push rights, or a tampered tag, gives): cosign refuses its digest."""
-    docker = image.docker_binary()
+    docker = docker_binary()
     gateway = next(e for e in released["images"] if e["name"] == "gateway")
     pulled = subprocess.run([docker, "pull", gateway["ref"]], capture_output=True, text=True)
     assert pulled.returncode == 0, pulled.stderr
@@ -432,7 +433,7 @@ def test_every_xpu_stack_is_rehearsed_by_the_hosted_ci():
 def test_the_engine_is_current_with_buildkit_buildx_and_the_containerd_store(engine):
     """Not bookworm's 20.10 (end of life, its BuildKit drops sessions under load): trixie's
     26.1 or newer, buildx, and the containerd image store (image ID = manifest digest)."""
-    docker = image.docker_binary()
+    docker = docker_binary()
 
     def out(*args: str) -> str:
         done = subprocess.run([docker, *args], capture_output=True, text=True, timeout=60)

@@ -7,7 +7,6 @@ import os
 import shlex
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from conftest import ROOT, vllm_env
@@ -43,7 +42,7 @@ def test_the_operators_environment_wins_over_the_presets(capsys, monkeypatch):
 
 
 TWO_GPUS = "qwen3.6-35b-a3b-w4a16-2xb70"
-SETTINGS_FILE = Path(__file__).resolve().parent.parent / "docker" / "arcvllm.env"
+SETTINGS_FILE = ROOT / "docker" / "arcvllm.env"
 
 
 def dry_run_with_settings(extra: dict[str, str]) -> list[str]:
@@ -212,7 +211,7 @@ def test_serve_execs_the_server_without_importing_vllm_first(tmp_path, preset):
     env = vllm_env("0.32.0")
     model = tmp_path / "model"
     model.mkdir()
-    root = Path(__file__).resolve().parent.parent
+    root = ROOT
     done = subprocess.run(
         [str(env.python), "-c", PROBE, preset, str(model)],
         capture_output=True,

@@ -9,12 +9,12 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 from test_image import fake_image  # noqa: F401  (fixture: the entrypoint with stand-ins)
 
 from arcvllm import cli, settings
 from arcvllm.errors import ArcvllmError
 
-ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = ROOT / "docker" / "arcvllm.env"
 COMPOSE_FILE = ROOT / "docker" / "compose.yaml"
 

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import shlex
 import subprocess
-from pathlib import Path
 
 import pytest
 import yaml
+from conftest import ROOT
 
 from arcvllm import stack
 from arcvllm.cli import main
 from arcvllm.errors import ArcvllmError
 
-ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
 
 

@@ -12,12 +12,13 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
 from arcvllm import stack, standin_base, standins
 from arcvllm.cli import main
+from arcvllm.engine import docker_binary
 from arcvllm.errors import ArcvllmError
 
-ROOT = Path(__file__).resolve().parent.parent
 ENGINE_SOCKET = "/run/arcvllm-docker/docker.sock"
 # The docker tests here read what `make build-xpu-ci` makes (scripts/ci/standins.sh).
 pytestmark = pytest.mark.xpu_ci
@@ -378,7 +379,7 @@ def test_the_shape_check_fails_on_each_difference(config, key, value, says):
 def engine() -> None:
     if "DOCKER_HOST" not in os.environ and Path(ENGINE_SOCKET).exists():
         os.environ["DOCKER_HOST"] = f"unix://{ENGINE_SOCKET}"
-    if subprocess.run([standins.DOCKER, "version"], capture_output=True).returncode != 0:
+    if subprocess.run([docker_binary(), "version"], capture_output=True).returncode != 0:
         pytest.fail("no Docker engine answers: run scripts/ci/engine.sh up (or make test)")
 
 
@@ -395,13 +396,13 @@ def standins_made(engine) -> Path:
 @pytest.mark.docker
 def test_base_standin_has_ubuntu_2404s_shape_and_the_gpu_debs_install(config, standins_made):
     debs = standins_made / config.entry("gpu-debs")["dir"]
-    assert standin_base.check(config.entry("base-image"), debs, standins.DOCKER) == []
+    assert standin_base.check(config.entry("base-image"), debs, docker_binary()) == []
 
 
 @pytest.mark.docker
 def test_the_shape_check_fails_on_plain_debian(config, engine):
     entry = {**config.entry("base-image"), "image": "debian:bookworm-slim"}
-    found = standin_base.check(entry, None, standins.DOCKER)
+    found = standin_base.check(entry, None, docker_binary())
     assert any("UID 1000" in p for p in found)
     assert any("python3.12" in p for p in found)
 
@@ -433,7 +434,7 @@ def test_pip_24_resolves_the_standin_index_with_the_real_oneapi_wheels(standins_
     ca = "/etc/ssl/certs/ca-certificates.crt"
     result = subprocess.run(
         [
-            standins.DOCKER, "run", "--rm", "-v", f"{standins_made}:/wheelhouse/standins:ro",
+            docker_binary(), "run", "--rm", "-v", f"{standins_made}:/wheelhouse/standins:ro",
             "-v", f"{ca}:/ca.crt:ro", "-e", "PIP_CERT=/ca.crt",
             "-e", "PIP_DISABLE_PIP_VERSION_CHECK=1",
             "arcvllm-standin/ubuntu:24.04", "bash", "-c", PIP_SCRIPT,

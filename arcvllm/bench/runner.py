@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from arcvllm.errors import ArcvllmError
+from arcvllm.paths import checkout_root
 
 VLLM_BENCH_JSON = "vllm-bench-serve.json"
 VLLM_BENCH_LOG = "vllm-bench-serve.log"
@@ -88,7 +89,7 @@ def run_vllm_bench(
 ) -> dict[str, Any]:
     """Run vLLM's benchmark in PYTHON (which carries vLLM) and read its result file."""
     log = out_dir / VLLM_BENCH_LOG
-    here = str(Path(__file__).resolve().parents[2])
+    here = str(checkout_root())
     env = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [here, env.get("PYTHONPATH")]))}
     with log.open("w") as fh:
         done = subprocess.run(
