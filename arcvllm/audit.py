@@ -706,20 +706,13 @@ class Audit:
 
 def _stack_entry(name: str, file: Path | None) -> tuple[object, Mapping[str, str]]:
     """The XPU stack NAME and its `differences:` mapping (missing = empty)."""
-    import yaml
-
     from arcvllm import stack as stacks
 
-    path = file or stacks.stacks_file()
     try:
-        found = stacks.get(name, path, flavor="xpu")
+        found = stacks.get(name, file, flavor="xpu")
     except ArcvllmError as exc:
         raise UsageError(str(exc)) from None
-    raw = (yaml.safe_load(path.read_text()).get("stacks") or {}).get(name) or {}
-    listed = raw.get("differences") or {}
-    if not isinstance(listed, Mapping):
-        raise UsageError(f"{path}: stack {name}: `differences:` must map a fact to a reason")
-    return found, {str(k): " ".join(str(v).split()) for k, v in listed.items()}
+    return found, found.differences
 
 
 def release_of(stack, cache: Path, sdist: Path | None = None) -> Release:

@@ -534,25 +534,9 @@ def mtp_layer_bytes(text: Mapping[str, Any]) -> float:
 
 def stack_vllm_versions(path: Path | None = None) -> dict[str, str]:
     """Stack name -> vLLM version, from the stacks file (configs/stacks.yaml)."""
-    import yaml
+    from arcvllm import stack
 
-    path = path or configs_dir() / "stacks.yaml"
-    if not path.exists():
-        raise ArcvllmError(f"no stacks file at {path}")
-    data = yaml.safe_load(path.read_text()) or {}
-    stacks = data.get("stacks", data)
-    versions: dict[str, str] = {}
-    for name, stack in stacks.items():
-        if not isinstance(stack, Mapping):
-            continue
-        vllm = stack.get("vllm")
-        if isinstance(vllm, Mapping):
-            vllm = vllm.get("version")
-        if vllm is None:
-            vllm = stack.get("vllm_version")
-        if vllm is not None:
-            versions[str(name)] = str(vllm)
-    return versions
+    return {name: s.vllm_version for name, s in stack.load(path)[0].items()}
 
 
 def covers(preset: Preset, version: str, stack_versions: Mapping[str, str]) -> bool:

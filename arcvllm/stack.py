@@ -11,7 +11,7 @@ import argparse
 import json
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from arcvllm import options
@@ -37,6 +37,9 @@ class Stack:
     description: str
     vllm_version: str
     args: Mapping[str, Pin]
+    # XPU stacks: where the stack departs from its release's own files on purpose (a fact
+    # `stack audit` reports -> the reason), so the audit passes on it.
+    differences: Mapping[str, str] = field(default_factory=dict)
 
     def build_args(self) -> dict[str, str]:
         """Every Docker build arg this stack sets, stack identity first."""
@@ -84,12 +87,18 @@ def parse(data: object, source: str = "stacks.yaml") -> tuple[dict[str, Stack], 
         if not isinstance(vllm, Mapping) or "version" not in vllm:
             raise ArcvllmError(f"{source}: stack {name}: needs `vllm: {{version: ...}}`")
         args = raw.get("args") or {}
+        differences = raw.get("differences") or {}
+        if not isinstance(differences, Mapping):
+            raise ArcvllmError(
+                f"{source}: stack {name}: `differences:` must map a fact to a reason"
+            )
         stacks[str(name)] = Stack(
             name=str(name),
             flavor=flavor,
             description=" ".join(str(raw.get("description", "")).split()),
             vllm_version=str(vllm["version"]),
             args={str(k): _pin(str(name), str(k), v) for k, v in args.items()},
+            differences={str(k): " ".join(str(v).split()) for k, v in differences.items()},
         )
     defaults = {str(k): str(v) for k, v in (data.get("defaults") or {}).items()}
     for flavor, name in defaults.items():
@@ -98,13 +107,20 @@ def parse(data: object, source: str = "stacks.yaml") -> tuple[dict[str, Stack], 
     return stacks, defaults
 
 
-def load(path: Path | None = None) -> tuple[dict[str, Stack], dict[str, str]]:
+def read(path: Path | None = None) -> tuple[dict, Path]:
+    """The stacks file as YAML (configs/stacks.yaml unless PATH), and its path: the one
+    reader of that file."""
     import yaml
 
     path = path or stacks_file()
     if not path.exists():
         raise ArcvllmError(f"no stacks file at {path}")
-    return parse(yaml.safe_load(path.read_text()), str(path))
+    return yaml.safe_load(path.read_text()) or {}, path
+
+
+def load(path: Path | None = None) -> tuple[dict[str, Stack], dict[str, str]]:
+    data, path = read(path)
+    return parse(data, str(path))
 
 
 @dataclass(frozen=True)
@@ -123,10 +139,8 @@ class SideImage:
 
 def side_images(path: Path | None = None) -> dict[str, SideImage]:
     """The side images of the stacks file (`side_images:`), by Dockerfile target."""
-    import yaml
-
-    path = path or stacks_file()
-    raw = (yaml.safe_load(path.read_text()) or {}).get("side_images") or {}
+    data, path = read(path)
+    raw = data.get("side_images") or {}
     out = {}
     for name, entry in raw.items():
         if not isinstance(entry, Mapping) or not {"image", "tag", "from"} <= set(entry):

@@ -64,6 +64,25 @@ def test_pin_without_provenance_is_refused():
         stack.parse(data)
 
 
+def test_differences_are_read_with_the_stack_and_must_be_a_mapping():
+    entry = {"flavor": "xpu", "vllm": {"version": "1"}, "differences": {"a fact": "  why\n"}}
+    stacks, _ = stack.parse({"stacks": {"x": entry}})
+    assert stacks["x"].differences == {"a fact": "why"}
+    entry["differences"] = ["a fact"]
+    with pytest.raises(ArcvllmError, match="`differences:` must map a fact to a reason"):
+        stack.parse({"stacks": {"x": entry}})
+
+
+def test_every_reader_of_the_stacks_file_goes_through_stack_read():
+    """One loader: no other module of the package opens configs/stacks.yaml itself."""
+    readers = [
+        path.relative_to(ROOT).as_posix()
+        for path in (ROOT / "arcvllm").rglob("*.py")
+        if 'stacks.yaml"' in path.read_text() and path.name != "stack.py"
+    ]
+    assert readers == []
+
+
 def test_default_of_the_wrong_flavour_is_refused():
     data = {
         "defaults": {"xpu": "x"},
