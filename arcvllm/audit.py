@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from arcvllm import index, lock, options
+from arcvllm import dockerfile, index, lock, options
 from arcvllm.errors import ArcvllmError
 from arcvllm.paths import data_root
 from arcvllm.text import columns
@@ -185,21 +185,9 @@ class Stage:
 
 def parse_stages(text: str, build_args: Mapping[str, str]) -> list[Stage]:
     """The stages of a Dockerfile (dockerfile-parse), FROM lines resolved with global ARGs."""
-    try:
-        from dockerfile_parse import DockerfileParser
-    except ImportError:
-        raise SourceUnavailable(
-            "dockerfile-parse is not installed: pip install -e '.[dev]'"
-        ) from None
-    import io
-
-    parser = DockerfileParser(fileobj=io.BytesIO(text.encode()), env_replace=False)
     stages: list[Stage] = []
     global_args: dict[str, str] = {}
-    for item in parser.structure:
-        instruction, value = item["instruction"], item["value"]
-        if instruction == "COMMENT":
-            continue
+    for instruction, value in dockerfile.instructions(text):
         if instruction == "FROM":
             words = [w for w in value.split() if not w.startswith("--platform")]
             parent = substitute(words[0], global_args)
@@ -208,19 +196,12 @@ def parse_stages(text: str, build_args: Mapping[str, str]) -> list[Stage]:
         elif not stages:
             if instruction == "ARG":
                 key, _, default = value.partition("=")
-                global_args[key.strip()] = build_args.get(key.strip(), _unquote(default))
+                global_args[key.strip()] = build_args.get(key.strip(), dockerfile.unquote(default))
         else:
             stages[-1].instructions.append((instruction, value))
     for stage in stages:
         stage.instructions.insert(0, ("GLOBALS", json.dumps(global_args)))
     return stages
-
-
-def _unquote(value: str) -> str:
-    value = value.strip()
-    if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
-        return value[1:-1]
-    return value
 
 
 def _by_name(stages: Sequence[Stage]) -> dict[str, Stage]:
@@ -410,16 +391,14 @@ def dockerfile_facts(
                 if key in build_args:
                     args[key] = build_args[key]
                 elif eq:
-                    args[key] = substitute(_unquote(default), {**args, **stage_env})
+                    args[key] = substitute(dockerfile.unquote(default), {**args, **stage_env})
                 else:
                     args.setdefault(key, "")
                 values = {**args, **stage_env}
                 if key == "PYTHON_VERSION" and stage.name in in_chain:
                     facts.values["python"] = args[key]
             elif instruction == "ENV" and stage.name in in_chain:
-                from dockerfile_parse.util import get_key_val_dictionary
-
-                for key, raw in get_key_val_dictionary(value).items():
+                for key, raw in dockerfile.env_pairs(value).items():
                     env[key] = substitute(raw, {**args, **env})
                 values = {**args, **env}
             elif instruction == "RUN":
@@ -463,7 +442,7 @@ def script_commands(
         if all(re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", w) for w in words):
             for word in words:
                 key, _, raw = word.partition("=")
-                known[key] = _unquote(substitute(raw, known))
+                known[key] = dockerfile.unquote(substitute(raw, known))
             continue
         yield from commands(substitute(line, known))
 

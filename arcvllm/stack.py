@@ -206,18 +206,9 @@ def lookup(stack: Stack, key: str) -> str:
 
 def dockerfile_args(text: str) -> list[tuple[str, str, str | None]]:
     """(stage, name, default) for every ARG of a Dockerfile; stage "" is the global scope."""
-    import re
+    from arcvllm import dockerfile
 
-    stage, found = "", []
-    for line in text.splitlines():
-        if m := re.match(r"\s*FROM\s+\S+(?:\s+AS\s+(\S+))?", line, re.IGNORECASE):
-            stage = m.group(1) or "?"
-        elif m := re.match(r"\s*ARG\s+([A-Za-z_][A-Za-z0-9_]*)(?:=(.*))?$", line):
-            default = m.group(2)
-            if default is not None and len(default) >= 2 and default[0] == default[-1] == '"':
-                default = default[1:-1]
-            found.append((stage, m.group(1), default))
-    return found
+    return dockerfile.args(text)
 
 
 def dockerfile_mismatches(

@@ -17,6 +17,7 @@ import yaml
 from conftest import ROOT, QuietHandler, free_port, stop_server
 from test_prometheus import PROM, RULES, tool
 
+from arcvllm import dockerfile
 from arcvllm.client import WaitTimeout, wait_until
 
 ALERTMANAGER = ROOT / "deploy" / "alertmanager"
@@ -100,16 +101,21 @@ def test_the_entrypoint_writes_the_url_as_given_and_private(tmp_path):
 
 
 def test_the_alertmanager_stage_follows_prometheus_and_runs_the_entrypoint():
-    stages = re.findall(r"^FROM \S+ AS (\S+)$", DOCKERFILE.read_text(), flags=re.M)
+    stages = dict(dockerfile.stages(DOCKERFILE.read_text()))
+    names = list(stages)
     # (each side image's stage is `<name>-content`; `<name>` adds its SBOM and labels)
-    assert stages[stages.index("prometheus-content") + 1] == "alertmanager-content"
+    assert names[names.index("prometheus-content") + 1] == "alertmanager-content"
     assert "alertmanager" in stages
-    text = DOCKERFILE.read_text()
-    stage = text[text.index(" AS alertmanager-content\n") :]
-    stage = stage[: stage.index("\nFROM ")] if "\nFROM " in stage else stage
-    assert "apt-get install -y --no-install-recommends prometheus-alertmanager" in stage
-    assert "COPY docker/alertmanager-entrypoint.sh /usr/local/bin/arcvllm-alertmanager" in stage
-    assert 'ENTRYPOINT ["/usr/local/bin/arcvllm-alertmanager"]' in stage
+    steps = stages["alertmanager-content"]
+    assert any(
+        i == "RUN" and "apt-get install -y --no-install-recommends prometheus-alertmanager" in v
+        for i, v in steps
+    )
+    assert (
+        "COPY",
+        "docker/alertmanager-entrypoint.sh /usr/local/bin/arcvllm-alertmanager",
+    ) in steps
+    assert ("ENTRYPOINT", '["/usr/local/bin/arcvllm-alertmanager"]') in steps
 
 
 @pytest.mark.compose
