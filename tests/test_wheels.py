@@ -6,8 +6,9 @@ import dataclasses
 
 import pytest
 from conftest import ROOT
+from support import wheels
 
-from arcvllm import stack, wheels
+from arcvllm import stack
 
 CACHE = ROOT / "build" / "wheels"
 
