@@ -150,7 +150,7 @@ ARCVLLM_COMPOSE = ENV_FILE=$(ENV_PATH) IMAGE=$(IMAGE) PORT=$(PORT) GATEWAY_IMAGE
 BUILD_FLAGS   ?=
 # FLAVOR given by the operator must match the stack's; the default follows the stack.
 FLAVOR_CHECK   = $(if $(filter command line environment,$(origin FLAVOR)),--flavor $(FLAVOR))
-# One build command (arcvllm/image.py): the stack's pins, the commit's revision and time,
+# One build command (arcvllm/builder/image.py): the stack's pins, the commit's revision and time,
 # the CA bundle as a secret; ALLOW_UNVERIFIED=1 takes downloads that have no pinned sha256.
 IMAGE_BUILD    = $(ARCVLLM) image build
 BUILD_EXTRA    = $(strip $(BUILD_FLAGS) $(if $(ALLOW_UNVERIFIED),--build-arg ALLOW_UNVERIFIED=$(ALLOW_UNVERIFIED)))

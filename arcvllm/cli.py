@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import sys
 from collections.abc import Sequence
 
@@ -19,27 +20,30 @@ from arcvllm.errors import ArcvllmError
 
 # Module names, in the order `arcvllm --help` lists them.
 COMMANDS = (
-    "patches",
-    "stack",
-    "image",
-    "release",
-    "standins",
-    "toolchain",
+    "patching.patches",
+    "builder.stack",
+    "builder.image",
+    "builder.release",
+    "ci.standins",
+    "builder.toolchain",
     "presets",
-    "settings",
-    "serve",
+    "operate.settings",
+    "serving.serve",
     "smoke",
     "bench",
-    "doctor",
-    "gpus",
-    "fieldreport",
-    "scale",
-    "tinymodel",
+    "operate.doctor",
+    "operate.gpus",
+    "operate.fieldreport",
+    "operate.scale",
+    "builder.tinymodel",
 )
+
+# Commands of a checkout only (the wheel leaves arcvllm/ci out: pyproject.toml).
+CHECKOUT_ONLY = ("ci.standins",)
 
 # Sub-commands registered under a command from a module of their own: the command's
 # register() returns its sub-parsers.
-NESTED = {"stack": ("audit",)}
+NESTED = {"builder.stack": ("builder.audit",)}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"arcvllm {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
+        if name in CHECKOUT_ONLY and importlib.util.find_spec(f"arcvllm.{name}") is None:
+            continue
         nested = importlib.import_module(f"arcvllm.{name}").register(sub)
         for inner in NESTED.get(name, ()):
             importlib.import_module(f"arcvllm.{inner}").register(nested)

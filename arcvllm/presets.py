@@ -56,7 +56,7 @@ class Preset:
     disk_gib: float = 0.0
     reference: str | None = None
     # The exact weights served (Hugging Face repo id, format) and the excerpt of their
-    # config.json that kernel selection and the memory fit read (arcvllm/kernels.py).
+    # config.json that kernel selection and the memory fit read (arcvllm/builder/kernels.py).
     checkpoint: Mapping[str, Any] = field(default_factory=dict)
     model_config: Mapping[str, Any] = field(default_factory=dict)
     # Seconds the server drains in-flight requests after SIGTERM (None: vLLM's 0, abort).
@@ -408,7 +408,7 @@ def parameter_counts(model_config: Mapping[str, Any]) -> tuple[int, int]:
 
     The vision tower is not counted: the VLM presets serve the language model only.
     """
-    from arcvllm.kernels import moe_shape, text_config
+    from arcvllm.builder.kernels import moe_shape, text_config
 
     text = text_config(model_config)
     hidden = int(text["hidden_size"])
@@ -461,7 +461,7 @@ def weight_bytes(model_config: Mapping[str, Any]) -> float:
 
 def memory_fit(preset: Preset) -> Fit | None:
     """The preset's memory per GPU, or None when it carries no model config (CPU presets)."""
-    from arcvllm.kernels import text_config
+    from arcvllm.builder.kernels import text_config
 
     if not preset.model_config:
         return None
@@ -512,7 +512,7 @@ def mtp_layer_bytes(text: Mapping[str, Any]) -> float:
     and three norms (vllm/model_executor/models/qwen3_next_mtp.py). Its experts are taken
     unquantized: W4A16 checkpoints keep the MTP layer out of the quantized set or drop it,
     so the estimate errs on the large side; embedding and lm_head are the model's own."""
-    from arcvllm.kernels import moe_shape
+    from arcvllm.builder.kernels import moe_shape
 
     hidden = int(text["hidden_size"])
     heads, kv_heads, head_dim = _attention_dims(text)
@@ -534,7 +534,7 @@ def mtp_layer_bytes(text: Mapping[str, Any]) -> float:
 
 def stack_vllm_versions(path: Path | None = None) -> dict[str, str]:
     """Stack name -> vLLM version, from the stacks file (configs/stacks.yaml)."""
-    from arcvllm import stack
+    from arcvllm.builder import stack
 
     return {name: s.vllm_version for name, s in stack.load(path)[0].items()}
 
@@ -632,7 +632,7 @@ def check_all(
 
 def xpu_stacks() -> dict[str, str]:
     """XPU stack name -> its vLLM version, from configs/stacks.yaml."""
-    from arcvllm import stack
+    from arcvllm.builder import stack
 
     stacks, _ = stack.load()
     return {name: s.vllm_version for name, s in stacks.items() if s.flavor == "xpu"}
@@ -646,7 +646,7 @@ def kernel_rows(
     RELEASES maps a vLLM version to the kernels.ReleasePython that runs it. A stack a preset
     does not list is still checked and shown, so the table says what would break.
     """
-    from arcvllm import kernels
+    from arcvllm.builder import kernels
 
     checked = [p for p in presets if p.device == "xpu" and p.model_config]
     requests = [
@@ -720,7 +720,7 @@ def _check_arguments(presets: Mapping[str, Preset], doc: dict[str, Any]) -> int 
 
 
 def _check_kernels(presets: Mapping[str, Preset], given: Sequence[str], doc: dict) -> int:
-    from arcvllm import kernels
+    from arcvllm.builder import kernels
 
     stacks = xpu_stacks()
     try:

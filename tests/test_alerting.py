@@ -17,8 +17,8 @@ import yaml
 from conftest import ROOT, QuietHandler, free_port, stop_server
 from test_prometheus import PROM, RULES, tool
 
-from arcvllm import dockerfile
-from arcvllm.client import WaitTimeout, wait_until
+from arcvllm.builder import dockerfile
+from arcvllm.server.client import WaitTimeout, wait_until
 
 ALERTMANAGER = ROOT / "deploy" / "alertmanager"
 TEMPLATE = ALERTMANAGER / "alertmanager.yml"

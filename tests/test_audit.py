@@ -10,7 +10,7 @@ import pytest
 import yaml
 from conftest import ROOT, free_port
 
-from arcvllm import audit, lock, stack
+from arcvllm.builder import audit, lock, stack
 from arcvllm.cli import main
 
 # vllm-0.23.0.tar.gz as PyPI's simple index lists it (36624042 bytes).

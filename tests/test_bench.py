@@ -13,8 +13,8 @@ from conftest import ROOT, vllm_env
 
 from arcvllm.bench import command, measurements, plot, reference, runner
 from arcvllm.bench.measurements import TokenStep, token_steps
-from arcvllm.client import Chunk, Stream
 from arcvllm.errors import ArcvllmError
+from arcvllm.server.client import Chunk, Stream
 
 
 def stream(prompt_len: int, sizes: list[int], gap: float = 0.01) -> Stream:
@@ -185,7 +185,7 @@ def test_measurements_against_a_fake_server_find_the_boundaries_and_the_hits(htt
 
     from test_smoke import BLOCK, MAX_LEN, Fake, handler
 
-    from arcvllm.client import Client
+    from arcvllm.server.client import Client
 
     client = Client(http_server(handler(Fake())))
     rng = random.Random(0)
@@ -207,7 +207,7 @@ def test_a_server_that_counts_no_hits_shows_a_zero_hit_rate(http_server):
 
     from test_smoke import BLOCK, MAX_LEN, Fake, handler
 
-    from arcvllm.client import Client
+    from arcvllm.server.client import Client
 
     client = Client(http_server(handler(Fake({"no_hits"}))))
     prefix = measurements.measure_prefix(client, "tiny-hybrid", BLOCK, MAX_LEN, 1, random.Random(0))
@@ -225,7 +225,7 @@ def test_decode_summary_gives_tokens_per_second_and_itl_percentiles():
 
 
 def test_speculation_summary_is_the_servers_counters_or_nothing():
-    from arcvllm.metrics import SpecDecode
+    from arcvllm.server.metrics import SpecDecode
 
     run = measurements.speculation_summary(SpecDecode(100, 200, 50))
     assert run == {

@@ -148,7 +148,8 @@ def test_a_missing_extra_names_it():
 
 def test_a_missing_extra_is_one_line_and_exit_3(monkeypatch, capsys):
     """A command that needs an absent module: main prints one line, no traceback."""
-    from arcvllm import options, toolchain
+    from arcvllm import options
+    from arcvllm.builder import toolchain
 
     monkeypatch.setattr(toolchain, "_cmd", lambda args: options.require("arcvllm_no_such", "bench"))
     assert cli.main(["toolchain"]) == 3

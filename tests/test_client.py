@@ -1,4 +1,4 @@
-"""arcvllm.client against a real HTTP server in this process, speaking vLLM's shapes.
+"""arcvllm.server.client against a real HTTP server in this process, speaking vLLM's shapes.
 
 The server answers what vLLM 0.32 answers (health, models with max_model_len, tokenize,
 metrics, streamed completions with continuous usage and token ids) and refuses a request
@@ -15,9 +15,9 @@ import httpx
 import pytest
 from conftest import QuietHandler, free_port
 
-from arcvllm import metrics as m
-from arcvllm.client import Chunk, Client, Stream, WaitTimeout, root_url, wait_until
 from arcvllm.errors import ArcvllmError
+from arcvllm.server import metrics as m
+from arcvllm.server.client import Chunk, Client, Stream, WaitTimeout, root_url, wait_until
 
 KEY = "s3cret"
 METRICS = """\
@@ -218,9 +218,10 @@ def test_a_stream_counts_every_token_of_a_held_back_chunk(serve, continuous_usag
     gaps = out.token_gaps()
     assert len(gaps) == 7
     # The three tokens of one chunk share its gap (20 ms after the 2nd chunk: ~7 ms each);
-    # the chunk after them came 60 ms later, one token.
-    assert gaps[1] == gaps[2] == gaps[3] and 0.004 < gaps[1] < 0.02
-    assert 0.05 < gaps[4] < 0.2
+    # the chunk after them came 60 ms later, one token. (Only the fake server's sleeps are
+    # bounds: a loaded machine adds to every gap.)
+    assert gaps[1] == gaps[2] == gaps[3] and 0.004 < gaps[1] < gaps[4]
+    assert gaps[4] > 0.05
     body = fake.bodies[-1]
     assert body["ignore_eos"] is True and body["temperature"] == 0.0
     assert body["cache_salt"] == "abc" and body["return_token_ids"] is True

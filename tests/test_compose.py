@@ -22,9 +22,9 @@ DOCS = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), COMPOSE_FILE,
 
 
 def compose_binary() -> list[str]:
-    """The compose the project uses (arcvllm.scale: the v2 plugin); a failure when it does
+    """The compose the project uses (arcvllm.operate.scale: the v2 plugin); a failure when it does
     not answer (scripts/ci/engine.sh up installs it)."""
-    from arcvllm.scale import compose_command
+    from arcvllm.operate.scale import compose_command
 
     command = compose_command()
     if subprocess.run([*command, "version"], capture_output=True).returncode != 0:
@@ -234,7 +234,7 @@ def test_without_env_file_the_container_gets_the_shipped_file_not_the_other_one(
 
 def stack_defaults() -> dict[str, str]:
     """Flavour -> default stack (configs/stacks.yaml `defaults:`), checked by the loader."""
-    from arcvllm.stack import load
+    from arcvllm.builder.stack import load
 
     return load(STACKS_FILE)[1]
 
@@ -244,7 +244,8 @@ def server_images(compose_file: Path) -> dict[str, tuple[str, str]]:
     COMPOSE_FILE: the services that read the settings file (env_file); xpu if /dev/dri is
     passed in. Read as plain YAML, so the anchors' merge keys apply."""
     doc = yaml.safe_load(compose_file.read_text())
-    # compose.scale.yaml's XPU replicas are made from its x-xpu-replica (arcvllm/replicas.py)
+    # compose.scale.yaml's XPU replicas are made from its x-xpu-replica
+    # (arcvllm/operate/replicas.py)
     services = {
         **doc["services"],
         **({"x-xpu-replica": doc["x-xpu-replica"]} if "x-xpu-replica" in doc else {}),

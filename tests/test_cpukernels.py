@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from arcvllm import cpukernels as K
+from arcvllm.serving import cpukernels as K
 
 BLOCKS, CONV_WIDTH, CONV_DIM, TEMPORAL = 8, 3, 4, 6
 

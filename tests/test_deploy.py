@@ -21,7 +21,7 @@ from conftest import ROOT, free_port
 from test_image import cpu_image, docker, engine  # noqa: F401  (fixtures)
 from test_scale import build_target
 
-from arcvllm.client import wait_until
+from arcvllm.server.client import wait_until
 
 TEMPLATE = ROOT / "docker" / "arcvllm.env"
 KEY = "k-7f3e9a1c2b"
@@ -96,7 +96,7 @@ def keyed_service(cpu_image, tmp_path_factory):  # noqa: F811
 
 
 def wait_healthy(url: str, cid: str, ca_cert: Path, timeout: float = 600) -> None:
-    from arcvllm.client import Client, WaitTimeout
+    from arcvllm.server.client import Client, WaitTimeout
 
     def running() -> None:
         if not json.loads(docker("inspect", cid).stdout)[0]["State"]["Running"]:

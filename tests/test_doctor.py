@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from arcvllm import doctor as D
+from arcvllm.operate import doctor as D
 from arcvllm.presets import get_preset
 
 XPU1 = get_preset("qwen3.6-35b-a3b-w4a16-1xb70")

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from conftest import ROOT, vllm_env
 
-from arcvllm import emulation as E
+from arcvllm.serving import emulation as E
 
 REVERT = ROOT / "tests" / "patches" / "vllm-0.32.0-revert-mamba-copy-uint64.patch"
 
@@ -31,7 +31,7 @@ def test_register_is_a_no_op_when_off():
     """In a fresh interpreter: no hook, no banner, nothing of vLLM imported."""
     code = (
         "import sys, logging; logging.basicConfig();"
-        "from arcvllm import emulation as E; before = list(sys.meta_path); E.register();"
+        "from arcvllm.serving import emulation as E; before = list(sys.meta_path); E.register();"
         "assert sys.meta_path == before; assert 'vllm' not in sys.modules; print('ok')"
     )
     out = subprocess.run(
@@ -44,7 +44,7 @@ def test_register_is_a_no_op_when_off():
 def test_register_when_on_says_so_and_hooks_the_import():
     code = (
         "import sys, logging; logging.basicConfig();"
-        "from arcvllm import emulation as E; E.register(); E.register();"
+        "from arcvllm.serving import emulation as E; E.register(); E.register();"
         "print(sum(isinstance(f, E._Hook) for f in sys.meta_path))"
     )
     out = subprocess.run(
@@ -110,7 +110,7 @@ from vllm.model_executor.layers.mamba import mamba_utils as layer_utils
 from vllm.v1.kv_cache_interface import MambaSpec
 from vllm.v1.utils import CpuGpuBuffer
 from vllm.v1.worker import mamba_utils
-from arcvllm import emulation
+from arcvllm.serving import emulation
 
 emulation.install(mamba_utils)
 current_platform.register_triton_kernel_overrides()

@@ -13,7 +13,7 @@ import tarfile
 import pytest
 from conftest import ROOT
 
-from arcvllm import fieldreport as F
+from arcvllm.operate import fieldreport as F
 
 KEY = "k-5e1f0c3b9d7a"
 
@@ -199,7 +199,7 @@ def test_the_restart_step_times_the_service_to_healthy_and_the_summary_says_it(t
 
 
 def test_the_summary_carries_decode_and_the_speculative_acceptance_of_the_bench():
-    from arcvllm.fieldreport import bench_line
+    from arcvllm.operate.fieldreport import bench_line
 
     spec = {
         "summary": {"decode_tok_s": 61.26},

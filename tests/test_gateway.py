@@ -30,7 +30,7 @@ from test_image import cpu_image, docker, docker_client, engine  # noqa: F401 (f
 from test_scale import build_target
 
 from arcvllm import options
-from arcvllm.client import Client, WaitTimeout, wait_until
+from arcvllm.server.client import Client, WaitTimeout, wait_until
 
 ENTRYPOINT = ROOT / "docker" / "gateway-entrypoint.sh"
 TEMPLATE = ROOT / "deploy" / "gateway" / "nginx.conf.template"

@@ -1,4 +1,4 @@
-"""arcvllm/gpus.py: the single server gets the host's Arc Pro B70s and nothing else, and
+"""arcvllm/operate/gpus.py: the single server gets the host's Arc Pro B70s and nothing else, and
 each GPU's Level Zero index is named.
 
 The fake hosts are test_replicas.py's (sysfs, /dev/dri and its by-path links); the file is
@@ -17,7 +17,7 @@ from conftest import ROOT
 from test_compose import compose_binary
 from test_replicas import B70, IGPU, fake_host
 
-from arcvllm import gpus, replicas
+from arcvllm.operate import gpus, replicas
 
 COMPOSE = ROOT / "docker" / "compose.yaml"
 IGPU_FIRST = [

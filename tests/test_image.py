@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, free_port
 
-from arcvllm.client import WaitTimeout, wait_until
 from arcvllm.engine import docker_binary
+from arcvllm.server.client import WaitTimeout, wait_until
 
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
 ENTRYPOINT = ROOT / "docker" / "entrypoint.sh"
@@ -306,7 +306,7 @@ def test_no_account_the_image_adds_carries_the_day_it_was_built(cpu_image, side)
     """useradd writes the day it runs as the account's last password change (the third
     field of /etc/shadow): the same commit built on another day would be another image.
     The accounts each image adds have none (their base's own keep the base's)."""
-    from arcvllm import image, stack
+    from arcvllm.builder import image, stack
 
     if side is None:
         name = cpu_image

@@ -1,4 +1,4 @@
-"""arcvllm.index.fetch: a download checked by sha256, asked for again when the connection
+"""arcvllm.builder.index.fetch: a download checked by sha256, asked for again when the connection
 breaks mid-body (a real HTTP server on 127.0.0.1 that cuts its first answers short)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from arcvllm import index
+from arcvllm.builder import index
 from arcvllm.errors import ArcvllmError
 
 BODY = b"wheel bytes " * 4096

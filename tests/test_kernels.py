@@ -9,8 +9,8 @@ import pytest
 import yaml
 from conftest import ROOT, vllm_env
 
-from arcvllm import kernels as K
 from arcvllm import presets as P
+from arcvllm.builder import kernels as K
 
 QWEN = "qwen3.6-35b-a3b-w4a16-1xb70"
 

@@ -1,12 +1,19 @@
-"""The package's import graph has no cycle: every import between arcvllm's modules (at the
-top of a module or inside a function), plus the commands arcvllm.cli imports by name."""
+"""The package's layout: its import graph has no cycle (every import between arcvllm's
+modules, at the top of a module or inside a function, plus the commands arcvllm.cli imports
+by name), each subpackage says where its code runs, and the product wheel (built as the
+image builds it) holds no CI stand-in."""
 
 from __future__ import annotations
 
 import ast
 import graphlib
+import re
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
+import pytest
 from conftest import ROOT
 
 from arcvllm import cli
@@ -70,3 +77,41 @@ def test_the_commands_cli_names_exist():
     known = modules(ROOT / "arcvllm")
     named = [*cli.COMMANDS, *(m for inner in cli.NESTED.values() for m in inner)]
     assert {f"arcvllm.{m}" for m in named} <= set(known)
+
+
+def test_each_subpackage_says_where_its_code_runs():
+    for init in sorted((ROOT / "arcvllm").glob("*/__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text()))
+        assert doc and len(doc.split()) >= 12, init
+
+
+@pytest.fixture(scope="module")
+def product_wheel(tmp_path_factory) -> zipfile.ZipFile:
+    """The arcvllm wheel as the image's arcvllm-wheel stage builds it (the same lock)."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "venv", str(tmp / "venv")], check=True)
+    pip = [str(tmp / "venv" / "bin" / "pip"), "-q"]
+    lock = ROOT / "configs" / "locks" / "arcvllm-build.txt"
+    subprocess.run([*pip, "install", "--require-hashes", "--no-deps", "-r", str(lock)], check=True)
+    subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(tmp), str(ROOT)],
+        check=True,
+        cwd=tmp,
+    )
+    (wheel,) = tmp.glob("arcvllm-*.whl")
+    return zipfile.ZipFile(wheel)
+
+
+def test_the_product_wheel_holds_no_ci_stand_in_and_every_module_it_names(product_wheel):
+    names = product_wheel.namelist()
+    assert not [n for n in names if n.startswith("arcvllm/ci/")]
+    assert "arcvllm/builder/stack.py" in names and "arcvllm/_data/configs/stacks.yaml" in names
+    (points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    modules = re.findall(r"= *([\w.]+):", product_wheel.read(points).decode())
+    assert modules and all(f"{m.replace('.', '/')}.py" in names for m in modules), modules
+    commands = [m for m in cli.COMMANDS if m not in cli.CHECKOUT_ONLY]
+    assert all(
+        f"arcvllm/{m.replace('.', '/')}.py" in names
+        or f"arcvllm/{m.replace('.', '/')}/__init__.py" in names
+        for m in commands
+    ), commands

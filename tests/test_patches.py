@@ -26,9 +26,10 @@ from conftest import (
 )
 from packaging.version import Version
 
-from arcvllm import cli, series
-from arcvllm import patches as patches_module
-from arcvllm.target import Target
+from arcvllm import cli
+from arcvllm.patching import patches as patches_module
+from arcvllm.patching import series
+from arcvllm.patching.target import Target
 
 pytestmark = pytest.mark.vllm
 
@@ -48,7 +49,7 @@ def tree_digest(root: Path) -> dict[str, str]:
 
 def probe(env: VllmEnv, *names: str) -> dict[str, dict]:
     """Run probes the way `patches` does: a fresh process importing ENV's vllm."""
-    proc = env.run("-m", "arcvllm.probe", *names, cwd=env.site)
+    proc = env.run("-m", "arcvllm.patching.probe", *names, cwd=env.site)
     return {
         r["probe"]: r
         for r in (

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from conftest import ROOT, free_port, stop_server
 
-from arcvllm.client import WaitTimeout, wait_until
+from arcvllm.server.client import WaitTimeout, wait_until
 
 PROM = ROOT / "deploy" / "prometheus"
 RULES = PROM / "rules" / "arcvllm.yml"

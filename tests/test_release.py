@@ -20,7 +20,7 @@ import pytest
 import yaml
 from conftest import ROOT
 
-from arcvllm import image, release, sbom, stack
+from arcvllm.builder import image, release, sbom, stack
 from arcvllm.engine import docker_binary
 from arcvllm.errors import ArcvllmError
 
@@ -352,7 +352,7 @@ def test_the_default_stack_builds_without_a_flag_its_unpinned_downloads_trusted_
 ):
     """xpu-0.23 has downloads with no published sum: the first build records them (one
     line), later builds check the recorded sums and fetch nothing to decide."""
-    from arcvllm import sums
+    from arcvllm.builder import sums
 
     _, defaults = stack.load()
     args = stack.get(defaults["xpu"]).build_args()
@@ -375,7 +375,7 @@ def test_the_default_stack_builds_without_a_flag_its_unpinned_downloads_trusted_
 
 
 def test_a_pinned_stack_fetches_nothing(tmp_path):
-    from arcvllm import sums
+    from arcvllm.builder import sums
 
     args = stack.get("xpu-0.33").build_args()
     assert sums.unpinned(args) == []

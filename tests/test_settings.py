@@ -12,8 +12,9 @@ import pytest
 from conftest import ROOT
 from test_image import fake_image  # noqa: F401  (fixture: the entrypoint with stand-ins)
 
-from arcvllm import cli, settings
+from arcvllm import cli
 from arcvllm.errors import ArcvllmError
+from arcvllm.operate import settings
 
 TEMPLATE = ROOT / "docker" / "arcvllm.env"
 COMPOSE_FILE = ROOT / "docker" / "compose.yaml"
@@ -177,7 +178,7 @@ def test_no_render_gid_is_built_into_the_template_or_compose(name):
 def test_the_published_port_is_the_settings_files_unless_the_shell_sets_one(tmp_path):
     """`scale up` printed the gateway's port from the shell only: a settings file with
     PORT=9443 printed 8443 (compose publishes the file's)."""
-    from arcvllm.settings import effective
+    from arcvllm.operate.settings import effective
 
     mine = tmp_path / "mine.env"
     mine.write_text("PORT=9443\n")

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from conftest import ROOT
 
-from arcvllm import stack
+from arcvllm.builder import stack
 from arcvllm.cli import main
 from arcvllm.errors import ArcvllmError
 
@@ -24,7 +24,7 @@ def stacks():
 def test_the_default_xpu_stack_needs_the_pointer_patches(stacks):
     """The flagship is a release the series patches (both pointer fixes), not one that
     already carries upstream's fixes: that is what the image exists for."""
-    from arcvllm import series
+    from arcvllm.patching import series
 
     by_name, defaults = stacks
     flagship = by_name[defaults["xpu"]]
@@ -46,7 +46,7 @@ def test_no_download_host_in_the_stacks_file():
 
 
 def test_sdist_url_is_asked_of_the_configured_index(stacks, monkeypatch):
-    from arcvllm import index
+    from arcvllm.builder import index
 
     asked = []
     monkeypatch.setattr(
@@ -166,7 +166,8 @@ def test_make_build_with_an_unknown_stack_lists_stacks_and_fails():
 def test_ci_build_args_are_the_xpu_stacks_own_with_flavor_xpu(stacks, monkeypatch, tmp_path):
     """CI builds the operator's XPU build: same flavour, stages and locks (the stand-ins of
     configs/ci-standins.yaml replace only unreachable inputs: tests/test_standins.py)."""
-    from arcvllm import index, standins
+    from arcvllm.builder import index
+    from arcvllm.ci import standins
 
     monkeypatch.setattr(index, "file_url", lambda *a: "https://mirror.invalid/vllm.tar.gz")
     config = standins.load()

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from arcvllm import stack, standin_base, standins
+from arcvllm.builder import stack
+from arcvllm.ci import standin_base, standins
 from arcvllm.cli import main
 from arcvllm.engine import docker_binary
 from arcvllm.errors import ArcvllmError
@@ -90,7 +91,7 @@ def test_a_standin_for_a_pin_the_stack_lacks_is_refused():
 
 @pytest.fixture
 def no_index(monkeypatch):
-    from arcvllm import index
+    from arcvllm.builder import index
 
     monkeypatch.setattr(index, "file_url", lambda *a: "https://mirror.invalid/vllm.tar.gz")
 

@@ -9,7 +9,7 @@ import pytest
 from conftest import vllm_env
 
 from arcvllm import cli
-from arcvllm import tinymodel as T
+from arcvllm.builder import tinymodel as T
 
 
 def test_corpus_is_deterministic_per_seed():

@@ -22,7 +22,8 @@ import yaml
 from conftest import ROOT
 from test_image import docker, engine, xpu_ci_image  # noqa: F401 (fixtures)
 
-from arcvllm import audit, index, stack, standins
+from arcvllm.builder import audit, index, stack
+from arcvllm.ci import standins
 
 XPU_STACKS = ["xpu-0.20", "xpu-0.23", "xpu-0.33"]
 INSTALLER_STACKS = ["xpu-0.20", "xpu-0.23"]  # ONECCL: installer

@@ -24,9 +24,9 @@ from arcvllm.bench.measurements import (
 from arcvllm.bench.plot import plot_report
 from arcvllm.bench.reference import load_reference, ratio_rows, summary_metrics
 from arcvllm.bench.runner import VLLM_BENCH_KEYS, run_vllm_bench, vllm_bench_args
-from arcvllm.client import Client
 from arcvllm.errors import ArcvllmError
 from arcvllm.options import add_json, add_server, url
+from arcvllm.server.client import Client
 
 REPORT_JSON = "bench.json"
 REPORT_PNG = "bench.png"
@@ -82,7 +82,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         raise ArcvllmError(f"cannot reach {root}/v1/models: {exc}", 3) from exc
     block = args.block_size
     if block is None:
-        from arcvllm.metrics import block_size
+        from arcvllm.server.metrics import block_size
 
         block = block_size(client.metrics())
     if not block:
@@ -92,7 +92,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             3,
         )
     tokenizer = resolve_tokenizer(args.tokenizer, preset.model if preset else None, model)
-    from arcvllm import metrics as m
+    from arcvllm.server import metrics as m
 
     spec_before = m.spec_decode(client.metrics(), model)
     rng = random.Random(args.seed if args.seed is not None else time.time_ns())

@@ -12,7 +12,7 @@ from typing import Any
 
 from arcvllm.bench.measurements import TokenStep
 from arcvllm.options import require
-from arcvllm.stats import percentile
+from arcvllm.server.stats import percentile
 
 
 def plot(runs: Sequence[Sequence[TokenStep]], block: int, title: str, path: Path) -> None:

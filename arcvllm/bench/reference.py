@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from arcvllm.paths import configs_dir
-from arcvllm.stats import percentile
+from arcvllm.server.stats import percentile
 
 
 def summary_metrics(report: Mapping[str, Any]) -> dict[str, float | None]:

@@ -10,7 +10,7 @@ and stops the server itself (`--start-cmd` / `--stop-cmd`), e.g. a container.
 
 checks: the plan of token positions and the checks; serverlog: what the server's log
 says (block size, crash); report: the Check rows, the screen and the JSON; command: the
-`arcvllm smoke` sub-command. Talking to the server is arcvllm.client's.
+`arcvllm smoke` sub-command. Talking to the server is arcvllm.server.client's.
 """
 
 from arcvllm.smoke.command import register

@@ -1,6 +1,6 @@
 """The smoke test's checks, and the plan of token positions they are made of.
 
-Planning and judging are pure functions; the server is reached through arcvllm.client,
+Planning and judging are pure functions; the server is reached through arcvllm.server.client,
 subprocesses and the log stay at the edges.
 """
 
@@ -14,12 +14,12 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-from arcvllm import metrics as m
-from arcvllm.client import Client, Stream, WaitTimeout
 from arcvllm.errors import ArcvllmError
+from arcvllm.server import metrics as m
+from arcvllm.server.client import Client, Stream, WaitTimeout
+from arcvllm.server.stats import percentile
 from arcvllm.smoke.report import Check, SmokeReport
 from arcvllm.smoke.serverlog import LOG_TAIL_LINES, LogSource, block_size_from_log, find_crash
-from arcvllm.stats import percentile
 
 CONCURRENT_STREAMS = 8
 PREFIX_HIT_FRACTION = 0.9

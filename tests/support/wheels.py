@@ -18,9 +18,9 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
-from arcvllm import index, lock
+from arcvllm.builder import index, lock
+from arcvllm.builder.stack import Stack
 from arcvllm.errors import ArcvllmError
-from arcvllm.stack import Stack
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """A release: every image built reproducibly, pushed, signed, its SBOM attached, one manifest.
 
 Runs on the build host. For each stack of configs/stacks.yaml (and each side image):
-build to an OCI archive with timestamps rewritten to the commit's time (arcvllm.image),
+build to an OCI archive with timestamps rewritten to the commit's time (arcvllm.builder.image),
 load it, tag `arcvllm:<stack>-<version>` and `arcvllm:<stack>`, push both to the registry,
 check the registry holds the archive's digest, sign that digest with cosign (a key pair from
 a file; the hosted workflow signs keyless), attach the image's own SBOM
@@ -22,7 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from arcvllm import image, options
+from arcvllm import options
+from arcvllm.builder import image
 from arcvllm.errors import ArcvllmError
 
 SBOM_PATH = "/opt/arcvllm/sbom.cdx.json"
@@ -39,14 +40,14 @@ class Target:
     def repository(self) -> str:
         if self.kind == "server":
             return "arcvllm"
-        from arcvllm import stack
+        from arcvllm.builder import stack
 
         return stack.side_images()[self.name].image
 
     def tags(self, version: str) -> list[str]:
         if self.kind == "server":
             return [f"{self.name}-{version}", self.name]
-        from arcvllm import stack
+        from arcvllm.builder import stack
 
         tag = stack.side_images()[self.name].tag
         return [f"{tag}-{version}", tag]
@@ -54,7 +55,7 @@ class Target:
 
 def targets(stacks: Sequence[str] | None, sides: Sequence[str] | None) -> list[Target]:
     """The release's images: the named stacks (default all) and side images (default all)."""
-    from arcvllm import stack
+    from arcvllm.builder import stack
 
     all_stacks, _ = stack.load()
     all_sides = stack.side_images()

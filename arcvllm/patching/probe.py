@@ -9,7 +9,7 @@ Device pointers >= 2**63 are EMULATED here: no CPU hands them out, so the state 
 are stand-ins whose data_ptr() reports addresses in the upper half of the address
 space, as Intel XPU allocations have. Nothing is ever read from or written to them.
 
-Run as `python -m arcvllm.probe NAME...` in the environment that carries the target:
+Run as `python -m arcvllm.patching.probe NAME...` in the environment that carries the target:
 prints one JSON object per probe.
 """
 

@@ -1,7 +1,7 @@
 """N replicas behind vLLM's router, started so that a failure is one line and stops what started.
 
 `arcvllm scale up` runs docker/compose.scale.yaml's profiles with one XPU replica per Arc
-Pro B70 the host has (any N; each container gets only its own GPU: arcvllm/replicas.py),
+Pro B70 the host has (any N; each container gets only its own GPU: arcvllm/operate/replicas.py),
 refuses more replicas than B70s before anything starts, waits for every replica's own
 healthcheck and then for the router's /readiness. A replica that never gets healthy while
 another does is stopped alone and named: the router serves the healthy ones (degraded,
@@ -25,14 +25,15 @@ from pathlib import Path
 
 import yaml
 
-from arcvllm import options, replicas
-from arcvllm.client import Client, WaitTimeout, wait_until
-from arcvllm.doctor import Host
+from arcvllm import options
 from arcvllm.engine import docker_binary
 from arcvllm.errors import ArcvllmError
+from arcvllm.operate import replicas
+from arcvllm.operate.doctor import Host
+from arcvllm.operate.settings import api_key_file, check_api_key_file, effective
+from arcvllm.operate.settings import load as load_settings
 from arcvllm.paths import checkout_root
-from arcvllm.settings import api_key_file, check_api_key_file, effective
-from arcvllm.settings import load as load_settings
+from arcvllm.server.client import Client, WaitTimeout, wait_until
 
 PROJECT = "arcvllm-scale"
 DEGRADED = 4  # exit status: serving, with fewer replicas than asked

@@ -153,7 +153,7 @@ def document(name: str, version: str, packages: Iterable[Package], when: datetim
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m arcvllm.sbom",
+        prog="python -m arcvllm.builder.sbom",
         description="Write the CycloneDX SBOM of an image root (dpkg and the venv's Python).",
     )
     parser.add_argument("root", type=Path, help="the image's root file system, mounted")

@@ -55,7 +55,7 @@ class Stack:
         """build_args plus VLLM_SDIST_URL, asked of the package index pip is configured with."""
         values = self.build_args()
         if sha256 := values.get("VLLM_SDIST_SHA256"):
-            from arcvllm import index
+            from arcvllm.builder import index
 
             values["VLLM_SDIST_URL"] = index.file_url("vllm", self.sdist, sha256)
         return values
@@ -166,8 +166,11 @@ def get(name: str, path: Path | None = None, flavor: str | None = None) -> Stack
 def ci_build_args(stack: Stack, standins_dir: Path | None = None) -> dict[str, str]:
     """CI's build args of an XPU stack: its own (FLAVOR=xpu), where only the inputs CI cannot
     reach point at their stand-ins (configs/ci-standins.yaml, made by scripts/ci/standins.sh)."""
-    from arcvllm import standins
-
+    try:
+        from arcvllm.ci import standins
+    except ImportError:
+        where = "CI's stand-ins come with a checkout of arcvllm, not with its wheel"
+        raise ArcvllmError(where, 3) from None
     if stack.flavor != "xpu":
         raise ArcvllmError(f"stack {stack.name} is {stack.flavor}: CI stand-ins are for xpu", 2)
     # The stand-ins first: a missing one fails before the index is asked for the sdist.
@@ -206,7 +209,7 @@ def lookup(stack: Stack, key: str) -> str:
 
 def dockerfile_args(text: str) -> list[tuple[str, str, str | None]]:
     """(stage, name, default) for every ARG of a Dockerfile; stage "" is the global scope."""
-    from arcvllm import dockerfile
+    from arcvllm.builder import dockerfile
 
     return dockerfile.args(text)
 
@@ -334,4 +337,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     default.add_argument("name", metavar="FLAVOR", choices=FLAVORS)
     for each in (listing, show, build, get_, default):
         options.add_json(each)
-    return sub  # `stack audit` and `stack lock` (arcvllm.audit) go under it: cli.NESTED
+    return sub  # `stack audit` and `stack lock` (arcvllm.builder.audit) go under it: cli.NESTED

@@ -20,10 +20,11 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from arcvllm import __version__, options, probe, series
+from arcvllm import __version__, options
 from arcvllm.errors import ArcvllmError
+from arcvllm.patching import probe, series
+from arcvllm.patching.target import Target, find
 from arcvllm.paths import patches_dir
-from arcvllm.target import Target, find
 from arcvllm.text import columns
 
 # States a patch can be in on a target.

@@ -159,7 +159,7 @@ class Collector:
 
 def host_versions() -> str:
     """Kernel, xe driver, GPU firmware and GPUs of the host, read from /proc, /sys, /lib."""
-    from arcvllm import doctor
+    from arcvllm.operate import doctor
 
     host = doctor.Host()
     lines = [
@@ -349,7 +349,7 @@ def write(path: Path, c: Collector, text_summary: str) -> list[str]:
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    from arcvllm.settings import load
+    from arcvllm.operate.settings import load
 
     settings = load(args.env_file) if args.env_file else {}
     out = Path(args.out)

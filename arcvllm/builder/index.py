@@ -155,7 +155,7 @@ def sha256_of(path: Path) -> str:
 
 
 def _main(argv: list[str]) -> int:
-    """`python -m arcvllm.index PROJECT FILENAME SHA256 [DEST]`: print the URL, or fetch."""
+    """`python -m arcvllm.builder.index PROJECT FILENAME SHA256 [DEST]`: print the URL, or fetch."""
     project, filename, sha256, *dest = argv
     if dest:
         print(fetch_file(project, filename, sha256, Path(dest[0])))
@@ -171,5 +171,7 @@ if __name__ == "__main__":
         print(f"arcvllm: {exc}", file=sys.stderr)
         sys.exit(getattr(exc, "exit_code", 1))
     except ValueError:
-        print("usage: python -m arcvllm.index PROJECT FILENAME SHA256 [DEST]", file=sys.stderr)
+        print(
+            "usage: python -m arcvllm.builder.index PROJECT FILENAME SHA256 [DEST]", file=sys.stderr
+        )
         sys.exit(2)

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from arcvllm import __version__, options
+from arcvllm.builder.stack import Stack
 from arcvllm.engine import docker_binary
 from arcvllm.errors import ArcvllmError
 from arcvllm.paths import checkout_root
-from arcvllm.stack import Stack
 
 # Engine failures that a second run of the same build (from its cache) gets past: what
 # each looks like in the build's output, and the line that says the build runs again.
@@ -188,7 +188,8 @@ def spec_for(
 ) -> Build:
     """The build of a stack's server image (target runtime), or of a side image (its own
     target on the default CPU stack); CI's stand-ins for an XPU stack with CI."""
-    from arcvllm import patches, stack
+    from arcvllm.builder import stack
+    from arcvllm.patching import patches
 
     stacks, defaults = stack.load(stacks_file)
     if side is not None:
@@ -210,8 +211,8 @@ def spec_for(
         raise ArcvllmError(str(exc), 2) from None
     if ci:
         args = stack.ci_build_args(the_stack)
-    else:  # every download pinned: by stacks.yaml, else trusted on first use (arcvllm.sums)
-        from arcvllm import sums
+    else:  # every download pinned: by stacks.yaml, else trusted on first use (arcvllm.builder.sums)
+        from arcvllm.builder import sums
 
         args = sums.apply(the_stack.name, the_stack.resolved_build_args())
     plan = patches.plan_summary(the_stack.vllm_version)
@@ -240,7 +241,7 @@ def _cmd(args) -> int:
 
 def _cmd_sums(args) -> int:
     """Every download of the stack pinned (fetching and recording the unpinned ones)."""
-    from arcvllm import stack, sums
+    from arcvllm.builder import stack, sums
 
     the_stack = stack.get(args.stack)
     values = sums.apply(the_stack.name, the_stack.build_args())

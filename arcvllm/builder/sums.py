@@ -119,7 +119,7 @@ def apply(
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a") as out:
             if path.stat().st_size == 0:
-                out.write("# sha256  url: downloads trusted on first use (arcvllm.sums)\n")
+                out.write("# sha256  url: downloads trusted on first use (arcvllm.builder.sums)\n")
             for d in new:
                 out.write(f"{trusted[d.url]}  {d.url}\n")
         names = ", ".join(d.name for d in new)

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import yaml
 
-from arcvllm.doctor import Host, intel_gpus, render_node
 from arcvllm.errors import ArcvllmError
+from arcvllm.operate.doctor import Host, intel_gpus, render_node
 
 TEMPLATE_KEY = "x-xpu-replica"
 # The variable vLLM's XPU platform reads to pick its GPUs (vllm/platforms/xpu.py,

@@ -22,9 +22,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from arcvllm import options
+from arcvllm.operate.settings import load as load_settings
+from arcvllm.operate.settings import render_gid_mismatch
 from arcvllm.presets import Preset, get_preset
-from arcvllm.settings import load as load_settings
-from arcvllm.settings import render_gid_mismatch
 
 INTEL = 0x8086
 # Battlemage PCI device IDs as the Linux kernel lists them for the xe driver

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, TypeVar
 
-from arcvllm import metrics as m
 from arcvllm.errors import ArcvllmError
+from arcvllm.server import metrics as m
 
 T = TypeVar("T")
 

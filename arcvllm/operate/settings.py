@@ -50,7 +50,7 @@ CONTAINER_KEYS = (
     "VLLM_LOGGING_LEVEL",
     "CCL_TOPO_P2P_ACCESS",
     "CCL_ZE_IPC_EXCHANGE",
-    "ARCVLLM_EMULATE_HIGH_ADDRESSES",  # diagnostics only (arcvllm/emulation.py)
+    "ARCVLLM_EMULATE_HIGH_ADDRESSES",  # diagnostics only (arcvllm/serving/emulation.py)
 )
 
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -23,7 +23,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from arcvllm import dockerfile, index, lock, options
+from arcvllm import options
+from arcvllm.builder import dockerfile, index, lock
 from arcvllm.errors import ArcvllmError
 from arcvllm.paths import data_root
 from arcvllm.text import columns
@@ -685,7 +686,7 @@ class Audit:
 
 def _stack_entry(name: str, file: Path | None) -> tuple[object, Mapping[str, str]]:
     """The XPU stack NAME and its `differences:` mapping (missing = empty)."""
-    from arcvllm import stack as stacks
+    from arcvllm.builder import stack as stacks
 
     try:
         found = stacks.get(name, file, flavor="xpu")
@@ -792,7 +793,7 @@ def resolved_lock(
     release: Release, args: Mapping[str, str], text: str, missing: Sequence[str]
 ) -> str:
     """The lock's `# Resolved here` part: MISSING, what the release's lock TEXT lacks of
-    vLLM's own requirements, compiled once here (see arcvllm.lock); torchaudio, which only
+    vLLM's own requirements, compiled once here (see arcvllm.builder.lock); torchaudio, which only
     the XPU index serves, at the torch version (PyTorch releases the two together)."""
     entries = lock.parse_lock(text)
     where = index.index_url()

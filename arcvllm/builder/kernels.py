@@ -241,7 +241,7 @@ def select(
     )
     if not release.python.exists():
         raise EnvironmentMissing(f"no Python at {release.python} for vLLM {release.version}")
-    code = "from arcvllm.kernels import _probe_main; _probe_main()"
+    code = "from arcvllm.builder.kernels import _probe_main; _probe_main()"
     try:
         done = subprocess.run(
             [str(release.python), "-c", code],
