@@ -20,6 +20,10 @@ from typing import Any
 import httpx
 import pytest
 
+# Fixtures shared by several test modules, from tests/support/ (never imported from another
+# test module): the Docker engine and the CPU image of this tree; the entrypoint on the host.
+pytest_plugins = ["support.engine", "support.entrypoint"]
+
 ROOT = Path(__file__).resolve().parent.parent
 VENVS = Path(os.environ.get("ARCVLLM_TEST_VENVS", ROOT / "build" / "venvs"))
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import ROOT, QuietHandler, free_port, stop_server
-from test_prometheus import PROM, RULES, tool
+from support.prometheus import PROM, RULES, tool
 
 from arcvllm.builder import dockerfile
 from arcvllm.server.client import WaitTimeout, wait_until
@@ -122,7 +122,7 @@ def test_the_alertmanager_stage_follows_prometheus_and_runs_the_entrypoint():
 def test_compose_runs_alertmanager_with_monitoring_and_publishes_no_port():
     """Its API adds silences without authentication: no host port (tests/test_gateway.py:
     only the gateway is published)."""
-    from test_scale import ports, services
+    from support.scale import ports, services
 
     am = services("monitoring")["alertmanager"]
     assert am["build"]["target"] == "alertmanager"
@@ -295,7 +295,7 @@ def test_the_single_server_config_is_valid_and_has_no_router_job():
 
 @pytest.mark.compose
 def test_compose_runs_the_single_servers_prometheus_as_the_image_does_with_its_config():
-    from test_compose import COMPOSE_FILE, config
+    from support.compose import COMPOSE_FILE, config
 
     result = config(COMPOSE_FILE, "--profile", "monitoring")
     assert result.returncode == 0, result.stderr

@@ -183,7 +183,7 @@ def test_vllm_bench_args_parse_with_vllms_own_bench_parser(tmp_path):
 def test_measurements_against_a_fake_server_find_the_boundaries_and_the_hits(http_server):
     import random
 
-    from test_smoke import BLOCK, MAX_LEN, Fake, handler
+    from support.fakeserver import BLOCK, MAX_LEN, Fake, handler
 
     from arcvllm.server.client import Client
 
@@ -205,7 +205,7 @@ def test_measurements_against_a_fake_server_find_the_boundaries_and_the_hits(htt
 def test_a_server_that_counts_no_hits_shows_a_zero_hit_rate(http_server):
     import random
 
-    from test_smoke import BLOCK, MAX_LEN, Fake, handler
+    from support.fakeserver import BLOCK, MAX_LEN, Fake, handler
 
     from arcvllm.server.client import Client
 

@@ -18,8 +18,8 @@ from typing import NamedTuple
 
 import pytest
 from conftest import ROOT, free_port
-from test_image import cpu_image, docker, engine  # noqa: F401  (fixtures)
-from test_scale import build_target
+from support.engine import docker
+from support.scale import build_target
 
 from arcvllm.server.client import wait_until
 
@@ -50,7 +50,7 @@ class Service(NamedTuple):
 
 
 @pytest.fixture(scope="module")
-def keyed_service(cpu_image, tmp_path_factory):  # noqa: F811
+def keyed_service(cpu_image, tmp_path_factory):
     """`make up FLAVOR=cpu ENV_FILE=mine.env` with a key in mine.env, under its own project."""
     build_target("gateway", GATEWAY_IMAGE)
     port = free_port()

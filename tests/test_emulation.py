@@ -143,7 +143,7 @@ def _run(tmp_path, patches=()):
     env = vllm_env("0.32.0")
     extra = {"TMPDIR": str(tmp_path)}
     if patches:
-        from test_emulation_server import make_overlay
+        from support.overlay import make_overlay
 
         extra["PYTHONPATH"] = str(make_overlay(env.python, tmp_path / "overlay", list(patches)))
     out = env.run("-c", SCRIPT, env=extra, timeout=300)

@@ -25,9 +25,9 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import ROOT, assert_drained, drain_stream, free_port
-from test_compose import compose_binary
-from test_image import cpu_image, docker, docker_client, engine  # noqa: F401 (fixtures)
-from test_scale import build_target
+from support.compose import compose_binary
+from support.engine import docker, docker_client
+from support.scale import build_target
 
 from arcvllm import options
 from arcvllm.server.client import Client, WaitTimeout, wait_until
@@ -227,7 +227,7 @@ def test_the_operators_certificate_is_used_and_half_of_one_is_refused(tmp_path):
 def test_in_every_profile_only_the_gateway_publishes_a_port(bind):
     """Issue 20, item 7: the monitoring profile published Prometheus and the alertmanager
     (whose API adds silences) without authentication. The router and vLLM never did."""
-    from test_scale import ports, services
+    from support.scale import ports, services
 
     profiles = ("cpu", "monitoring", "scale", "cpu-scale")
     published = {
@@ -304,7 +304,7 @@ class Gateway:
 
 
 @pytest.fixture(scope="module")
-def gateway(cpu_image, tmp_path_factory):  # noqa: F811
+def gateway(cpu_image, tmp_path_factory):
     start = time.monotonic()
     build_target("gateway", GATEWAY_IMAGE)
     MEASURED["gateway_build_s"] = round(time.monotonic() - start, 1)
@@ -663,7 +663,7 @@ class Attacked:
 
 
 @pytest.fixture(scope="module")
-def attacked(engine, tmp_path_factory):  # noqa: F811
+def attacked(engine, tmp_path_factory):
     build_target("gateway", GATEWAY_IMAGE)
     folder = tmp_path_factory.mktemp("attacked")
     key_file = folder / "api-key"

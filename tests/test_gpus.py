@@ -14,8 +14,8 @@ import sys
 import pytest
 import yaml
 from conftest import ROOT
-from test_compose import compose_binary
-from test_replicas import B70, IGPU, fake_host
+from support.compose import compose_binary
+from support.hosts import B70, IGPU, fake_host
 
 from arcvllm.operate import gpus, replicas
 

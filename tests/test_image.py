@@ -17,15 +17,13 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, free_port
+from support.engine import docker, docker_client, xpu_ci_image
+from support.entrypoint import ENTRYPOINT
 
-from arcvllm.engine import docker_binary
 from arcvllm.server.client import WaitTimeout, wait_until
 
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
-ENTRYPOINT = ROOT / "docker" / "entrypoint.sh"
 VENV_BIN = ROOT / ".venv" / "bin"
-IMAGE = os.environ.get("ARCVLLM_TEST_IMAGE", "arcvllm:cpu")
-ENGINE_SOCKET = "/run/arcvllm-docker/docker.sock"
 
 
 def tool(name: str) -> str:
@@ -76,42 +74,6 @@ def test_shellcheck_catches_a_bad_script(tmp_path):
 
 
 # ---- entrypoint: run on the host with stand-ins for python3 and arcvllm -------------------
-
-
-@pytest.fixture
-def fake_image(tmp_path):
-    """A PATH where python3 and arcvllm only print how they were called."""
-    bin_dir, presets = tmp_path / "bin", tmp_path / "presets"
-    bin_dir.mkdir()
-    presets.mkdir()
-    (presets / "tiny-hybrid-cpu.yaml").write_text("name: tiny-hybrid-cpu\n")
-    (bin_dir / "python3").write_text(
-        f'#!/bin/sh\nif [ "$1" = -c ]; then echo {presets}; else echo "python3 $*"; fi\n'
-    )
-    (bin_dir / "arcvllm").write_text('#!/bin/sh\necho "arcvllm $*"\n')
-    for f in bin_dir.iterdir():
-        f.chmod(0o755)
-
-    def run(*args: str, **env: str) -> str:
-        result = subprocess.run(
-            ["bash", str(ENTRYPOINT), *args],
-            capture_output=True,
-            text=True,
-            env={
-                "PATH": f"{bin_dir}:/usr/bin:/bin",
-                "HOME": str(tmp_path),
-                "TMPDIR": str(tmp_path / "tmp"),
-                "HF_HOME": str(tmp_path / "hf"),
-                "VLLM_CACHE_ROOT": str(tmp_path / "vllm"),
-                "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
-                "TRITON_CACHE_DIR": str(tmp_path / "triton"),
-                **env,
-            },
-        )
-        assert result.returncode == 0, result.stderr
-        return result.stdout.strip()
-
-    return run
 
 
 def test_entrypoint_options_go_to_the_openai_server(fake_image):
@@ -173,44 +135,6 @@ def test_entrypoint_unknown_word_is_a_command_not_a_preset(fake_image, tmp_path)
 
 
 # ---- the built CPU image -----------------------------------------------------------------
-
-
-def docker(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run(
-        [docker_client(), *args], capture_output=True, text=True, timeout=timeout
-    )
-    if check and result.returncode != 0:
-        raise AssertionError(f"docker {' '.join(args)}: {result.stderr.strip()}")
-    return result
-
-
-def docker_client() -> str:
-    return docker_binary()
-
-
-@pytest.fixture(scope="session")
-def engine() -> None:
-    if "DOCKER_HOST" not in os.environ and Path(ENGINE_SOCKET).exists():
-        os.environ["DOCKER_HOST"] = f"unix://{ENGINE_SOCKET}"
-    result = subprocess.run([docker_client(), "version"], capture_output=True, timeout=30)
-    if result.returncode != 0:
-        pytest.fail("no Docker engine answers: run scripts/ci/engine.sh up (or make test)")
-
-
-@pytest.fixture(scope="session")
-def cpu_image(engine) -> str:
-    """The CPU image of this tree (make build: a cache hit when nothing changed)."""
-    if os.environ.get("ARCVLLM_TEST_IMAGE"):
-        return IMAGE
-    result = subprocess.run(
-        ["make", "-s", "build", "STACK=cpu", f"IMAGE={IMAGE}"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=3600,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    return IMAGE
 
 
 def inspect(image: str) -> dict:
@@ -311,7 +235,7 @@ def test_no_account_the_image_adds_carries_the_day_it_was_built(cpu_image, side)
     if side is None:
         name = cpu_image
     else:
-        from test_scale import build_target
+        from support.scale import build_target
 
         name = stack.side_images()[side].ref
         build_target(side, name)
@@ -407,15 +331,6 @@ XPU_CI_STACKS = [("xpu-0.20", "0.20.2"), ("xpu-0.23", "0.23.0"), ("xpu-0.33", "0
 # import closure (a test venv), standing in for torch +xpu (configs/ci-standins.yaml).
 PROBE_VERSION = {"0.20.2": "0.20.2", "0.23.0": "0.23.0", "0.33.0": "0.32.0"}
 SITE = "/opt/venv/lib/python3.12/site-packages"
-
-
-def xpu_ci_image(stack: str, part: str = "") -> str:
-    """CI's rehearsal of the XPU build of STACK (make build-xpu-ci, run by .ci/run):
-    arcvllm:STACK-ci is its `vllm` stage, arcvllm:STACK-ci-user its runtime's user."""
-    image = f"arcvllm:{stack}-ci{part}"
-    if docker("image", "inspect", image, check=False).returncode != 0:
-        pytest.fail(f"{image} not built: make build-xpu-ci STACK={stack} (.ci/run does)")
-    return image
 
 
 def stack_args(stack: str) -> dict[str, str]:

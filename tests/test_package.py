@@ -115,3 +115,19 @@ def test_the_product_wheel_holds_no_ci_stand_in_and_every_module_it_names(produc
         or f"arcvllm/{m.replace('.', '/')}/__init__.py" in names
         for m in commands
     ), commands
+
+
+def test_no_test_module_imports_another():
+    """What tests share lives in tests/support/ (or conftest.py), never in a test module."""
+    found = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            found += [f"{path.name}: {n}" for n in names if n.split(".")[0].startswith("test_")]
+    assert found == []

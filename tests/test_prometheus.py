@@ -13,14 +13,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, free_port, stop_server
+from conftest import free_port, stop_server
+from support.prometheus import DASHBOARD, PROM, RULES, console_exprs, dashboard_exprs, rules, tool
 
 from arcvllm.server.client import WaitTimeout, wait_until
 
-PROM = ROOT / "deploy" / "prometheus"
-RULES = PROM / "rules" / "arcvllm.yml"
-CONSOLE = PROM / "consoles" / "arcvllm.html"
-DASHBOARD = ROOT / "docs" / "grafana-arcvllm.json"
 ALERTS = {
     "ArcvllmReplicaDown",
     "ArcvllmRouterWorkerUnhealthy",
@@ -41,38 +38,10 @@ RULE_TESTS = PROM / "tests" / "rules.test.yml"
 COLD_START = "a cold start and a rolling restart fire nothing"
 
 
-def tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        pytest.fail(f"no {name}: install Debian's prometheus package (`make tools` as root)")
-    return path
-
-
 def promtool(*args: str, cwd: Path = PROM) -> subprocess.CompletedProcess:
     return subprocess.run(
         [tool("promtool"), *args], capture_output=True, text=True, timeout=120, cwd=cwd
     )
-
-
-def rules() -> list[dict]:
-    return [
-        rule for group in yaml.safe_load(RULES.read_text())["groups"] for rule in group["rules"]
-    ]
-
-
-def console_exprs() -> list[str]:
-    """Every PromQL expression the console evaluates or graphs."""
-    text = CONSOLE.read_text()
-    exprs = re.findall(r'query "([^"]+)"', text)
-    exprs += re.findall(r'\(args "(arcvllm:[a-z0-9_:]+)"', text)
-    for graph in re.findall(r"expr: (\[[^\]]*\]|\"[^\"]*\")", text):
-        exprs += json.loads(graph) if graph.startswith("[") else [json.loads(graph)]
-    return [e.replace("'", '"') for e in exprs]
-
-
-def dashboard_exprs() -> list[str]:
-    panels = json.loads(DASHBOARD.read_text())["panels"]
-    return [t["expr"] for p in panels for t in p["targets"]]
 
 
 # ---- static checks ----------------------------------------------------------------------

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ast
 import os
-import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -15,41 +14,13 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import ROOT, release_root
-from test_compose import compose_binary
+from support.compose import compose_binary
+from support.hosts import B70, B580, FOUR, IGPU, fake_host
 
 from arcvllm.builder import stack
 from arcvllm.operate import replicas
-from arcvllm.operate.doctor import Host
 
 SCALE = ROOT / "docker" / "compose.scale.yaml"
-B70, IGPU, B580 = 0xE223, 0x7D67, 0xE20B
-
-
-def fake_host(tmp_path: Path, gpus: list[tuple[str, int, str]], gid: int = 992) -> Host:
-    """GPUS: (PCI slot, device ID, render node); an Intel display device each, its drm/
-    folder, /dev/dri/NODE and the by-path links udev makes (render and card)."""
-    root = tmp_path / "host"
-    pci, dri = root / "sys/bus/pci/devices", root / "dev/dri"
-    (dri / "by-path").mkdir(parents=True)
-    for card, (slot, device, node) in enumerate(gpus):
-        dev = pci / slot
-        (dev / "drm" / node).mkdir(parents=True)
-        (dev / "drm" / f"card{card}").mkdir()
-        (dev / "vendor").write_text("0x8086\n")
-        (dev / "device").write_text(f"0x{device:04x}\n")
-        (dev / "class").write_text("0x030000\n")
-        (dri / node).write_text("")
-        (dri / f"card{card}").write_text("")
-        (dri / "by-path" / f"pci-{slot}-render").symlink_to(f"../{node}")
-        (dri / "by-path" / f"pci-{slot}-card").symlink_to(f"../card{card}")
-
-    def fake_stat(path: Path) -> os.stat_result:
-        return os.stat_result((stat.S_IFCHR | 0o660, 0, 0, 1, 0, gid, 0, 0, 0, 0))
-
-    return Host(root=root, stat=fake_stat)
-
-
-FOUR = [(f"0000:0{i + 3}:00.0", B70, f"renderD{128 + i}") for i in range(4)]
 
 
 def test_every_b70_is_a_card_with_its_own_node_gid_and_by_path_entry(tmp_path):

@@ -20,55 +20,21 @@ import httpx
 import pytest
 import yaml
 from conftest import ROOT, assert_drained, drain_stream, free_port
-from test_compose import compose_binary
-from test_image import cpu_image, docker, docker_client, engine  # noqa: F401 (fixtures)
+from support.compose import compose_binary
+from support.engine import docker
+from support.scale import (
+    BASE,
+    ENV_FILE,
+    ROUTER_IMAGE,
+    SCALE,
+    build_target,
+    compose_config,
+    ports,
+    services,
+)
 
 from arcvllm.server.client import WaitTimeout, wait_until
 from arcvllm.server.metrics import Metrics, PrefixCache, block_size, prefix_cache
-
-BASE = ROOT / "docker" / "compose.yaml"
-SCALE = ROOT / "docker" / "compose.scale.yaml"
-ENV_FILE = ROOT / "docker" / "arcvllm.env"
-
-
-def compose_config(
-    *profiles: str,
-    env: dict[str, str] | None = None,
-    scale: Path = SCALE,
-    extra: tuple[Path, ...] = (),
-) -> subprocess.CompletedProcess:
-    args = [*compose_binary(), "--env-file", str(ENV_FILE), "-f", str(BASE), "-f", str(scale)]
-    for path in extra:
-        args += ["-f", str(path)]
-    for profile in profiles:
-        args += ["--profile", profile]
-    return subprocess.run(
-        [*args, "config"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={"PATH": "/usr/local/bin:/usr/bin:/bin", **(env or {})},
-    )
-
-
-def services(
-    *profiles: str, env: dict[str, str] | None = None, extra: tuple[Path, ...] = ()
-) -> dict[str, dict]:
-    result = compose_config(*profiles, env=env, extra=extra)
-    assert result.returncode == 0, result.stderr
-    return yaml.safe_load(result.stdout)["services"]
-
-
-def ports(service: dict) -> list[tuple[str, int, int]]:
-    """(host address, published, target) whether compose printed the short or long form."""
-    out = []
-    for p in service.get("ports", []):
-        if isinstance(p, str):
-            host, published, target = p.split("/")[0].rsplit(":", 2)
-            out.append((host, int(published), int(target)))
-        else:
-            out.append((p.get("host_ip", ""), int(p["published"]), int(p["target"])))
-    return out
 
 
 def bind_mounts(service: dict) -> dict[str, str]:
@@ -87,7 +53,7 @@ def bind_mounts(service: dict) -> dict[str, str]:
 @pytest.fixture
 def four(tmp_path) -> Path:
     """The replicas' file `arcvllm scale up` writes on a host with four B70s."""
-    from test_replicas import FOUR, fake_host
+    from support.hosts import FOUR, fake_host
 
     from arcvllm.operate import replicas
 
@@ -190,7 +156,6 @@ def test_prometheus_mounts_the_targets_of_its_n(four):
 
 PROJECT = "arcvllm-scale-ci"
 HEALTH_TIMEOUT = 600
-ROUTER_IMAGE = "arcvllm-router:0.1.17"
 PROMETHEUS_IMAGE = "arcvllm-prometheus:2.42"
 CHECK_INTERVAL, FAILURE_THRESHOLD = 2, 2  # the router's health checking in this test
 API_KEY = "scale-test-key"  # the replicas' key (the clients' Bearer passes the router)
@@ -231,17 +196,6 @@ class Deployment:
             timeout=60,
             env=self.env,
         ).stdout[-6000:]
-
-
-def build_target(target: str, tag: str) -> None:
-    """Build the side image TARGET of docker/Dockerfile as `make` does (arcvllm.builder.image:
-    the CPU stack's build args from configs/stacks.yaml, the image's SIDE_TAG, the commit's
-    SOURCE_DATE_EPOCH for its SBOM), tagged TAG."""
-    from arcvllm.builder import image
-
-    spec = image.spec_for(None, side=target)
-    spec.tags = [tag]
-    image.build(spec, root=ROOT)
 
 
 def router_ready(url: str, workers: int) -> bool:
@@ -440,7 +394,7 @@ def prom_query(dep: Deployment, expr: str) -> list[dict]:
 @pytest.mark.docker
 @pytest.mark.server
 def test_prometheus_scrapes_all_and_agrees_with_direct_scrapes(deployment):
-    from test_prometheus import console_exprs, dashboard_exprs, rules
+    from support.prometheus import console_exprs, dashboard_exprs, rules
 
     def targets_up() -> bool:
         r = httpx.get(f"{deployment.prometheus}/api/v1/targets", timeout=10).json()

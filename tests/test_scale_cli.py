@@ -15,9 +15,9 @@ import httpx
 import pytest
 import yaml
 from conftest import ROOT, free_port
-from test_image import cpu_image, docker, engine  # noqa: F401 (fixtures)
-from test_replicas import B70, FOUR, IGPU, SCALE, fake_host
-from test_scale import ROUTER_IMAGE, build_target
+from support.engine import docker
+from support.hosts import B70, FOUR, IGPU, fake_host
+from support.scale import ROUTER_IMAGE, SCALE, build_target
 
 from arcvllm import options
 from arcvllm.errors import ArcvllmError
@@ -413,7 +413,7 @@ def test_a_replica_that_never_becomes_healthy_is_named_and_nothing_is_left():
 @pytest.mark.docker
 @pytest.mark.compose
 def test_a_replica_that_dies_at_start_is_stopped_alone_the_other_serves_volumes_kept(
-    cpu_image,  # noqa: F811 (the fixture)
+    cpu_image,
     key_file,
 ):
     """The operator's degraded start, for real: vllm-cpu-1 is killed as soon as it exists

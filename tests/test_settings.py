@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
-from test_image import fake_image  # noqa: F401  (fixture: the entrypoint with stand-ins)
 
 from arcvllm import cli
 from arcvllm.errors import ArcvllmError
@@ -115,7 +114,7 @@ def test_load_returns_the_values_the_container_gets(tmp_path):
         settings.load(path)
 
 
-def test_the_entrypoint_drops_an_empty_gpu_mask_and_keeps_a_chosen_one(fake_image):  # noqa: F811
+def test_the_entrypoint_drops_an_empty_gpu_mask_and_keeps_a_chosen_one(fake_image):
     show = ["bash", "-c", "echo ${ZE_AFFINITY_MASK-unset}"]
     assert fake_image(*show, ZE_AFFINITY_MASK="") == "unset"
     assert fake_image(*show, ZE_AFFINITY_MASK="2,3") == "2,3"

@@ -20,7 +20,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 import yaml
 from conftest import ROOT
-from test_image import docker, engine, xpu_ci_image  # noqa: F401 (fixtures)
+from support.engine import docker, xpu_ci_image
 
 from arcvllm.builder import audit, index, stack
 from arcvllm.ci import standins

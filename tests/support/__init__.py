@@ -1,2 +1,4 @@
-"""What the tests share beyond conftest's fixtures: CI-side checks that are not part of the
-product (`wheels`: what a pinned kernels wheel says about its stack)."""
+"""What the test modules share, so that no test module imports another: the Docker engine
+and the CPU image (`engine`, registered as fixtures by conftest.py), the entrypoint on the
+host, compose and the scale-out files, a fake GPU host, a fake vLLM server, Prometheus's
+files, a patched vLLM overlay, and CI-side checks that are not the product's (`wheels`)."""
