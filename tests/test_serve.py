@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT, vllm_env
 
 from arcvllm import cli
-from arcvllm.presets import SERVER_MODULE, get_preset, render
+from arcvllm.presets import SERVER_MODULE, get_preset, server_command
 from arcvllm.serving import serve
 
 
@@ -35,7 +35,7 @@ def test_the_operators_environment_wins_over_the_presets(capsys, monkeypatch):
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")
     assert cli.main(["serve", "--preset", "tiny-hybrid-cpu", "--dry-run"]) == 0
     assert "VLLM_CPU_KVCACHE_SPACE=4  # preset says 1" in capsys.readouterr().out
-    command = render(get_preset("tiny-hybrid-cpu"))
+    command = server_command(get_preset("tiny-hybrid-cpu"))
     assert (
         serve.effective_env(command, {"VLLM_CPU_KVCACHE_SPACE": "4"})["VLLM_CPU_KVCACHE_SPACE"]
         == "4"
@@ -73,7 +73,7 @@ def test_a_gpu_choice_set_on_purpose_still_wins():
 
 
 def test_an_empty_value_leaves_the_presets_and_other_keys_pass_through():
-    command = render(get_preset(TWO_GPUS))
+    command = server_command(get_preset(TWO_GPUS))
     env = serve.effective_env(command, {"ZE_AFFINITY_MASK": "", "VLLM_API_KEY": ""})
     assert env["ZE_AFFINITY_MASK"] == "0,1"
     assert env["VLLM_API_KEY"] == ""
@@ -162,7 +162,9 @@ def test_installed_vllm_reads_package_metadata():
 
 
 def test_hub_model_ids_are_not_checked_as_paths():
-    command = render(get_preset("tiny-hybrid-cpu"), ["--model", "ibm-granite/granite-4.0-h-tiny"])
+    command = server_command(
+        get_preset("tiny-hybrid-cpu"), ["--model", "ibm-granite/granite-4.0-h-tiny"]
+    )
     assert serve.model_path_problem(command) is None
 
 

@@ -56,7 +56,7 @@ ONEAPI_WHEEL = re.compile(
 )
 # ENV our side sets that the audit compares even where the release sets none: the device
 # runtime's own variables (oneCCL, MPI/libfabric, Level Zero, SYCL, the loader path).
-DEVICE_ENV = re.compile(r"^(CCL_|I_MPI_|FI_|ZE_|SYCL_|ONEAPI_|UR_|NEO_|IGC_|LD_)")
+DEVICE_ENV_PREFIXES = re.compile(r"^(CCL_|I_MPI_|FI_|ZE_|SYCL_|ONEAPI_|UR_|NEO_|IGC_|LD_)")
 
 
 # ---- the release's files -------------------------------------------------------------------
@@ -91,7 +91,7 @@ class Release:
         """Our lock file's text: the runtime closure of the release's resolved XPU lock."""
         entries = lock.parse_lock(self.files["lock"])
         roots = self.roots()
-        return lock.render(self.lock_source(), stack, lock.closure(entries, roots), roots)
+        return lock.lock_text(self.lock_source(), stack, lock.closure(entries, roots), roots)
 
 
 def default_cache() -> Path:
@@ -604,7 +604,7 @@ def compare(
     rows = []
     for key in sorted(keys, key=_order):
         theirs, mine = release.values.get(key), ours.values.get(key)
-        if key.startswith("env:") and theirs is None and not DEVICE_ENV.match(key[4:]):
+        if key.startswith("env:") and theirs is None and not DEVICE_ENV_PREFIXES.match(key[4:]):
             mine = None  # our own settings (cache paths, presets): not the release's business
         if key in removals:
             name = key.split(":", 1)[1]
@@ -656,7 +656,7 @@ def problems(stack: str, rows: Sequence[AuditedFact]) -> list[str]:
     return out
 
 
-def render(rows: Sequence[AuditedFact]) -> str:
+def table(rows: Sequence[AuditedFact]) -> str:
     table = [("FACT", "RELEASE", "OURS", "STATUS")]
     table += [(r.key, r.release or "-", r.ours or "-", r.status) for r in rows]
     return columns(table)
@@ -842,7 +842,7 @@ def _cmd(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.as_json(), indent=2))
     else:
-        print(render(result.rows))
+        print(table(result.rows))
     for line in result.problems():
         print(f"arcvllm: {line}", file=sys.stderr)
     return 1 if result.problems() else 0

@@ -120,7 +120,9 @@ class Source:
     member_sha256: str
 
 
-def render(source: Source, stack: str, entries: Mapping[str, Entry], roots: Iterable[str]) -> str:
+def lock_text(
+    source: Source, stack: str, entries: Mapping[str, Entry], roots: Iterable[str]
+) -> str:
     """The release part of the lock file: a header that says where every line came from,
     then `name==version`."""
     missing = sorted({normalize(r) for r in roots} - set(entries))

@@ -5,7 +5,7 @@ another Intel GPU never counts. Each replica's container gets only its own rende
 its own /dev/dri/by-path entry (compute-runtime finds devices through by-path) and the
 node's own GID, so it cannot open another GPU whatever ZE_AFFINITY_MASK says.
 
-`render` turns the cards into the compose file of replicas vllm-0 .. vllm-(N-1), made
+`compose_services` turns the cards into the compose file of replicas vllm-0 .. vllm-(N-1), made
 from docker/compose.scale.yaml's `x-xpu-replica` (its one definition), with the router
 told the N workers and Prometheus its N targets. `arcvllm scale up` writes it under the
 deployment's state folder; `arcvllm scale render` prints it for compose by hand.
@@ -26,7 +26,7 @@ from arcvllm.operate.doctor import Host, intel_gpus, render_node
 TEMPLATE_KEY = "x-xpu-replica"
 # The variable vLLM's XPU platform reads to pick its GPUs (vllm/platforms/xpu.py,
 # XPUPlatform.device_control_env_var, in each XPU stack's release: tests/test_replicas.py).
-DEVICE_ENV = "ZE_AFFINITY_MASK"
+AFFINITY_ENV = "ZE_AFFINITY_MASK"
 TARGETS_IN_CONTAINER = "/etc/arcvllm/prometheus/targets/replicas.yml"
 
 
@@ -39,7 +39,7 @@ class Card:
     """One B70 as a replica gets it: PCI slot, render node, its GID, its by-path names."""
 
     slot: str
-    render: str  # /dev/dri/renderD129
+    render_node: str  # /dev/dri/renderD129
     gid: int
     by_path: tuple[str, ...]  # e.g. ("pci-0000:04:00.0-render",)
 
@@ -71,7 +71,7 @@ def pick(host: Host, replicas: int) -> list[Card]:
         raise ArcvllmError(f"--replicas must be 1 or more, not {replicas}", 2)
     cards = b70s(host)
     if replicas > len(cards):
-        seen = ", ".join(f"{c.slot} {c.render}" for c in cards) or "none"
+        seen = ", ".join(f"{c.slot} {c.render_node}" for c in cards) or "none"
         raise NotEnoughB70s(
             f"{replicas} replicas need {replicas} Arc Pro B70s; this host has {len(cards)} "
             f"with a render node ({seen}; `arcvllm doctor` says more)"
@@ -103,7 +103,7 @@ def by_path_folder(cards: list[Card], folder: Path) -> Path:
         link.unlink()
     for card in cards:
         for entry in card.by_path:
-            (folder / entry).symlink_to(f"../{Path(card.render).name}")
+            (folder / entry).symlink_to(f"../{Path(card.render_node).name}")
     return folder
 
 
@@ -120,11 +120,11 @@ def server(cards: list[Card], state: Path) -> str:
     else (no iGPU: Level Zero's device 0 is then the first B70), as YAML text."""
     folder = by_path_folder(cards, state / "by-path" / SERVER)
     service = {
-        "devices": [f"{c.render}:{c.render}" for c in cards],
+        "devices": [f"{c.render_node}:{c.render_node}" for c in cards],
         "volumes": [f"{folder}:/dev/dri/by-path:ro"],
         "labels": {
             "org.arcvllm.gpu.slots": " ".join(c.slot for c in cards),
-            "org.arcvllm.gpu.render": " ".join(c.render for c in cards),
+            "org.arcvllm.gpu.render": " ".join(c.render_node for c in cards),
         },
     }
     text = yaml.safe_dump({"services": {SERVER: service}}, sort_keys=False)
@@ -143,21 +143,21 @@ def write_server(cards: list[Card], out: Path) -> Path:
     return out
 
 
-def render(cards: list[Card], base: dict, state: Path) -> dict:
+def compose_services(cards: list[Card], base: dict, state: Path) -> dict:
     """The compose file of the replicas (absolute paths only: compose reads relative ones
     from the first file's folder). Writes each replica's by-path folder under STATE."""
     services: dict[str, dict] = {}
     for i, card in enumerate(cards):
         by_path = by_path_folder([card], state / "by-path" / name(i))
         service = copy.deepcopy(base)
-        service["devices"] = [f"{card.render}:{card.render}"]
+        service["devices"] = [f"{card.render_node}:{card.render_node}"]
         service["group_add"] = [str(card.gid)]
         service["volumes"] = [*service.get("volumes", []), f"{by_path}:/dev/dri/by-path:ro"]
         # The one GPU the container sees is device 0 (over the settings file's value).
-        service["environment"] = {**service.get("environment", {}), DEVICE_ENV: "0"}
+        service["environment"] = {**service.get("environment", {}), AFFINITY_ENV: "0"}
         service["labels"] = {
             "org.arcvllm.gpu.slot": card.slot,
-            "org.arcvllm.gpu.render": card.render,
+            "org.arcvllm.gpu.render": card.render_node,
         }
         services[name(i)] = service
     workers = " ".join(f"http://{name(i)}:8000" for i in range(len(cards)))
@@ -172,7 +172,7 @@ def render(cards: list[Card], base: dict, state: Path) -> dict:
 def write(cards: list[Card], scale_file: Path, state: Path) -> Path:
     """STATE/replicas.yaml for CARDS; its path."""
     state.mkdir(parents=True, exist_ok=True)
-    doc = render(cards, template(scale_file), state)
+    doc = compose_services(cards, template(scale_file), state)
     out = state / "replicas.yaml"
     head = (
         "# The XPU replicas of this scale-out, one Arc Pro B70 each: written by `arcvllm scale`\n"

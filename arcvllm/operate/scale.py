@@ -345,7 +345,7 @@ def compose_up(dep: Deployment, profiles: tuple[str, ...], *services: str) -> No
         raise ArcvllmError(f"compose up failed: {lines[-1]}", 3)
 
 
-def render(args: argparse.Namespace) -> int:
+def write_replicas_file(args: argparse.Namespace) -> int:
     """`scale render`: the replicas' file and its by-path folders beside it (OUT's folder)."""
     cards = replicas.pick(Host(root=Path(args.dev_root)), args.replicas)
     out = args.out.resolve()
@@ -354,13 +354,13 @@ def render(args: argparse.Namespace) -> int:
         made.replace(out)
     if args.json:
         rows = [
-            {"replica": replicas.name(i), "slot": c.slot, "render": c.render, "gid": c.gid}
+            {"replica": replicas.name(i), "slot": c.slot, "render": c.render_node, "gid": c.gid}
             for i, c in enumerate(cards)
         ]
         print(json.dumps({"file": str(out), "replicas": rows}, indent=2))
         return 0
     for i, card in enumerate(cards):
-        print(f"{replicas.name(i)}: {card.slot} {card.render} (GID {card.gid})")
+        print(f"{replicas.name(i)}: {card.slot} {card.render_node} (GID {card.gid})")
     print(f"wrote {out}")
     return 0
 
@@ -425,7 +425,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     made.add_argument("--out", type=Path, required=True, help="the file to write")
     made.add_argument("--dev-root", default="/", help=argparse.SUPPRESS)
     options.add_json(made)
-    made.set_defaults(func=render)
+    made.set_defaults(func=write_replicas_file)
     stop = sub.add_parser(
         "down",
         help="stop and remove the scale-out project (volumes kept unless --purge)",

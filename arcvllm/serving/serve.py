@@ -23,7 +23,7 @@ from arcvllm.presets import (
     covers,
     flag_values,
     get_preset,
-    render,
+    server_command,
     shutdown_timeout_problem,
     stack_vllm_versions,
 )
@@ -123,7 +123,7 @@ def split_extra(extra: Sequence[str]) -> list[str]:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     preset = get_preset(args.preset, args.presets_dir)
-    command = render(preset, split_extra(args.extra))
+    command = server_command(preset, split_extra(args.extra))
     problem = model_path_problem(command)
     installed = installed_vllm()
     mismatch = stack_problem(preset, installed, stack_vllm_versions())

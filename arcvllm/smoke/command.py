@@ -8,7 +8,7 @@ from pathlib import Path
 
 from arcvllm.options import add_json, add_server, url
 from arcvllm.smoke.checks import SmokeOptions, run
-from arcvllm.smoke.report import render
+from arcvllm.smoke.report import table
 from arcvllm.smoke.serverlog import LogSource
 
 DESCRIPTION = """\
@@ -37,7 +37,7 @@ def _cmd(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(report.to_json())
     else:
-        print(render(report))
+        print(table(report))
     if args.out:
         path = Path(args.out)
         report.write(path)

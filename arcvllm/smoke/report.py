@@ -52,7 +52,7 @@ def render_checks(checks: list[Check], width: int | None = None) -> str:
     return columns(rows, width=width, rule=True)
 
 
-def render(report: SmokeReport) -> str:
+def table(report: SmokeReport) -> str:
     """The one screen an operator reads."""
     out = [render_checks(report.checks), ""]
     meas = ", ".join(f"{k}={v}" for k, v in report.measurements.items())
