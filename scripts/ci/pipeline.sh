@@ -5,11 +5,11 @@
 #   images (background): the stand-ins, the CPU image and the small images, the release
 #     rehearsal (make release into a local registry), the default XPU stack's rehearsal
 #     and its tests (once the test venvs are made: they run real vLLM releases' Python
-#     from build/venvs), the CPU image's second clean build (one digest with the release's),
-#     the router's two clean builds;
+#     from build/venvs), the CPU image's second clean build (one digest with the release's);
 #   tests (foreground): the unit tests while the test venvs are made, the tests of real
 #     vLLM releases (`presets --check` among them), those of the CPU images (the
-#     deployments), the CPU image's smoke tests (emulated; the MTP preset).
+#     deployments), the CPU image's smoke tests (emulated; the MTP preset), the router's two
+#     clean builds.
 # Every test step runs even after a failed one; the exit status is the first failure's.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -117,8 +117,6 @@ print(*(s["name"] for s in json.load(sys.stdin) if s["flavor"] == "xpu" and not 
 	# layers from this run's first build, on a new engine) against one more with --no-cache.
 	make_room "$REPRO_ROOM_GB"
 	test_step make reproducible REPRO_IMAGES=cpu REPRO_BUILDS=2
-	# Two clean builds of the router (apt, a venv, pip, a user): one digest.
-	test_step make reproducible REPRO_IMAGES=router
 	echo "$status" >"$images_status"
 }
 
@@ -169,7 +167,9 @@ touch "$cpu_tests_done"
 test_step make smoke-emulated STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu
 test_step make smoke-check STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu-mtp \
 	SMOKE_REPORT=reports/smoke-cpu-mtp.json
-echo "==> waiting for the images stream (release rehearsal, XPU rehearsal, the CPU image and the router built again)"
+# Two clean builds of the router (apt, a venv, pip, a user): one digest.
+test_step make reproducible REPRO_IMAGES=router
+echo "==> waiting for the images stream (release rehearsal, XPU rehearsal, the CPU image built again)"
 wait "$images_pid" || true
 trap - EXIT
 report_images
