@@ -46,12 +46,20 @@ CHECKOUT_ONLY = ("ci.standins",)
 NESTED = {"builder.stack": ("builder.audit",)}
 
 
+def _installed(module: str) -> bool:
+    """Whether MODULE is part of this install (find_spec raises when its package is not)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = options.Parser(prog="arcvllm", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"arcvllm {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
-        if name in CHECKOUT_ONLY and importlib.util.find_spec(f"arcvllm.{name}") is None:
+        if name in CHECKOUT_ONLY and not _installed(f"arcvllm.{name}"):
             continue
         nested = importlib.import_module(f"arcvllm.{name}").register(sub)
         for inner in NESTED.get(name, ()):
