@@ -223,25 +223,25 @@ release: $(VENV)/.stamp wheelhouse ## build, push, sign and attest every image: 
 		--out $(RELEASE_OUT) $(if $(RELEASE_STACKS),--stacks $(RELEASE_STACKS))
 	$(if $(filter keyless,$(COSIGN_KEY)),,cp $(COSIGN_KEY:.key=.pub) $(RELEASE_OUT)/cosign.pub)
 
-# Two builds of the CPU image with no cache, as OCI archives: one digest, or the files that
+# Two builds of the CPU image with no cache, as OCI layouts: one digest, or the files that
 # differ named (arcvllm release compare). The CPU image: ~25 min and ~15 GB here.
 REPRO_OUT ?= $(BUILD)/reproducible
 # Stacks (cpu, ...) and side images (router, prometheus, alertmanager, gateway).
 REPRO_IMAGES ?= cpu
-# Which of the two builds to make: REPRO_BUILDS=2 compares with a NAME-1.oci.tar already in
-# REPRO_OUT (CI: the release rehearsal's archive, built on a new engine).
+# Which of the two builds to make: REPRO_BUILDS=2 compares with a NAME-1 layout already in
+# REPRO_OUT (CI: the release rehearsal's, built on a new engine).
 REPRO_BUILDS ?= 1 2
 .PHONY: reproducible
 reproducible: $(VENV)/.stamp wheelhouse ## build each of REPRO_IMAGES twice with no cache and compare the digests (names what differs)
 	@mkdir -p $(REPRO_OUT)
 	status=0; for name in $(subst $(comma), ,$(REPRO_IMAGES)); do \
-		$(if $(filter 1,$(REPRO_BUILDS)),,test -f $(REPRO_OUT)/$$name-1.oci.tar || { echo "make reproducible: no $(REPRO_OUT)/$$name-1.oci.tar for build 2 to be compared with" >&2; exit 2; };) \
+		$(if $(filter 1,$(REPRO_BUILDS)),,test -f $(REPRO_OUT)/$$name-1/index.json || { echo "make reproducible: no $(REPRO_OUT)/$$name-1 layout for build 2 to be compared with" >&2; exit 2; };) \
 		what=$$name; $(ARCVLLM) stack get $$name STACK >/dev/null 2>&1 || what="--side $$name"; \
 		for n in $(REPRO_BUILDS); do ARCVLLM_LAYER_COMPRESSION=uncompressed $(IMAGE_BUILD) $$what \
-			--oci-archive $(REPRO_OUT)/$$name-$$n.oci.tar --docker-flags=--no-cache || exit 1; done; \
+			--oci-layout $(REPRO_OUT)/$$name-$$n --docker-flags=--no-cache || exit 1; done; \
 		echo "reproducible $$name:"; \
-		$(ARCVLLM) release compare $(REPRO_OUT)/$$name-1.oci.tar $(REPRO_OUT)/$$name-2.oci.tar || status=1; \
-		rm -f $(REPRO_OUT)/$$name-*.oci.tar; \
+		$(ARCVLLM) release compare $(REPRO_OUT)/$$name-1 $(REPRO_OUT)/$$name-2 || status=1; \
+		rm -rf $(REPRO_OUT)/$$name-1 $(REPRO_OUT)/$$name-2; \
 	done; exit $$status
 
 .PHONY: release-rehearsal

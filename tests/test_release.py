@@ -8,6 +8,8 @@ refused, the SBOM names what the image runs."""
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import io
 import json
 import os
@@ -45,13 +47,14 @@ def test_a_build_is_dated_by_its_commit_not_the_clock(monkeypatch):
     assert "mamba-copy-uint64=upstream" in plan
 
 
-def test_a_release_build_exports_a_reproducible_oci_archive(tmp_path):
+def test_a_release_build_exports_a_reproducible_oci_layout(tmp_path):
     spec = image.spec_for("cpu")
     spec.tags = ["arcvllm:cpu-1"]
-    spec.oci_archive = tmp_path / "a.tar"
+    spec.oci_layout = tmp_path / "a"
     argv = spec.argv(image.Source("abc", 1700000000), docker="docker")
     out = argv[argv.index("--output") + 1]
-    assert out.startswith("type=oci,") and "rewrite-timestamp=true" in out
+    assert out.startswith(f"type=oci,dest={tmp_path / 'a'},tar=false,")
+    assert "rewrite-timestamp=true" in out
     assert "--provenance=false" in argv
 
 
@@ -194,31 +197,78 @@ def test_the_sbom_refuses_to_date_itself_by_the_clock(monkeypatch, tmp_path):
 # ---- the manifest -----------------------------------------------------------------------
 
 
-def oci_archive(path: Path, manifests: list[dict]) -> Path:
-    data = json.dumps({"schemaVersion": 2, "manifests": manifests}).encode()
-    with tarfile.open(path, "w") as tar:
-        info = tarfile.TarInfo("index.json")
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
+def blob(layout: Path, data: bytes) -> dict:
+    """Store DATA as a blob of LAYOUT; its descriptor."""
+    digest = hashlib.sha256(data).hexdigest()
+    (layout / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
+    (layout / "blobs" / "sha256" / digest).write_bytes(data)
+    return {"digest": f"sha256:{digest}", "size": len(data)}
+
+
+def layer(files: dict[str, bytes], mtime: int = 0, gzipped: bool = False) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for name, body in files.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(body), mtime
+            tar.addfile(info, io.BytesIO(body))
+    return gzip.compress(out.getvalue(), mtime=0) if gzipped else out.getvalue()
+
+
+def oci_layout(path: Path, layers: list[bytes], config: bytes = b"{}") -> Path:
+    """A real OCI image layout directory: index.json -> manifest -> config and layers."""
+    manifest = {
+        "schemaVersion": 2,
+        "config": blob(path, config),
+        "layers": [blob(path, data) for data in layers],
+    }
+    index = {"schemaVersion": 2, "manifests": [blob(path, json.dumps(manifest).encode())]}
+    (path / "index.json").write_text(json.dumps(index))
     return path
 
 
-def test_the_release_digest_is_the_archives_one_manifest(tmp_path):
-    one = oci_archive(tmp_path / "a.tar", [{"digest": "sha256:" + "a" * 64}])
-    assert release.archive_digest(one) == "sha256:" + "a" * 64
-    two = oci_archive(tmp_path / "b.tar", [{"digest": "sha256:1"}, {"digest": "sha256:2"}])
+def test_the_release_digest_is_the_layouts_one_manifest(tmp_path):
+    one = oci_layout(tmp_path / "a", [layer({"a": b"1"})])
+    manifests = json.loads((one / "index.json").read_text())["manifests"]
+    assert release.layout_digest(one) == manifests[0]["digest"]
+    two = tmp_path / "b"
+    two.mkdir()
+    (two / "index.json").write_text(json.dumps({"manifests": manifests * 2}))
     with pytest.raises(ArcvllmError, match="one manifest"):
-        release.archive_digest(two)
+        release.layout_digest(two)
+    with pytest.raises(ArcvllmError, match="not an OCI layout"):
+        release.layout_digest(tmp_path)
+
+
+def test_the_sbom_is_read_from_the_last_small_layer_that_holds_it(tmp_path):
+    sbom_path = "opt/arcvllm/sbom.cdx.json"
+    layout = oci_layout(
+        tmp_path / "a",
+        [layer({sbom_path: b"old"}), layer({"x": b"1"}), layer({sbom_path: b"new"}, gzipped=True)],
+    )
+    assert release.layout_file(layout, "/" + sbom_path) == b"new"
+    with pytest.raises(ArcvllmError, match="no /etc/absent in its layers"):
+        release.layout_file(layout, "/etc/absent")
+
+
+def test_two_layouts_compare_equal_or_name_the_file_that_differs(tmp_path):
+    first = oci_layout(tmp_path / "1", [layer({"a": b"1", "b": b"2"})])
+    same = oci_layout(tmp_path / "2", [layer({"a": b"1", "b": b"2"})])
+    later = oci_layout(tmp_path / "3", [layer({"a": b"1", "b": b"2"}, mtime=5)])
+    assert release.compare(first, same) == []
+    differ = release.compare(first, later)
+    assert [line.split(":")[0] for line in differ] == ["a", "b"]
+    assert "mtime 0" in differ[0] and "mtime 5" in differ[0]
 
 
 def test_the_scripts_read_one_field_of_one_manifest_entry(tmp_path, capsys):
     from arcvllm import cli
 
     manifest = tmp_path / "manifest.json"
-    images = [{"name": "cpu", "ref": "r/arcvllm@sha256:1", "archive": "arcvllm-cpu-ci.oci.tar"}]
+    images = [{"name": "cpu", "ref": "r/arcvllm@sha256:1", "layout": "arcvllm-cpu-ci.oci"}]
     manifest.write_text(json.dumps({"images": images}))
-    assert cli.main(["release", "entry", str(manifest), "cpu", "archive"]) == 0
-    assert capsys.readouterr().out == "arcvllm-cpu-ci.oci.tar\n"
+    assert cli.main(["release", "entry", str(manifest), "cpu", "layout"]) == 0
+    assert capsys.readouterr().out == "arcvllm-cpu-ci.oci\n"
     assert cli.main(["release", "entry", str(manifest), "gateway", "ref"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         f"arcvllm: {manifest}: no image 'gateway' (it has: cpu)"

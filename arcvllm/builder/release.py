@@ -1,9 +1,9 @@
 """A release: every image built reproducibly, pushed, signed, its SBOM attached, one manifest.
 
 Runs on the build host. For each stack of configs/stacks.yaml (and each side image):
-build to an OCI archive with timestamps rewritten to the commit's time (arcvllm.builder.image),
-load it, tag `arcvllm:<stack>-<version>` and `arcvllm:<stack>`, push both to the registry,
-check the registry holds the archive's digest, sign that digest with cosign (a key pair from
+build to an OCI layout with timestamps rewritten to the commit's time (arcvllm.builder.image),
+push it as `arcvllm:<stack>-<version>` and `arcvllm:<stack>` to the registry, check the
+registry holds the layout's digest, sign that digest with cosign (a key pair from
 a file; the hosted workflow signs keyless), attach the image's own SBOM
 (/opt/arcvllm/sbom.cdx.json) as a signed CycloneDX attestation, and write manifest.json
 (stack -> digest, tags, vLLM version, patch plan, SBOM, signature). `verify` checks a
@@ -13,7 +13,6 @@ manifest's every digest against a public key: an unsigned or altered digest fail
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import subprocess
 import sys
@@ -70,54 +69,58 @@ def targets(stacks: Sequence[str] | None, sides: Sequence[str] | None) -> list[T
     return [Target(n, "server") for n in chosen] + [Target(n, "side") for n in side_names]
 
 
-def archive_digest(archive: Path) -> str:
-    """The manifest digest an OCI archive holds (index.json's one manifest)."""
-    with tarfile.open(archive) as tar:
-        member = tar.extractfile("index.json")
-        if member is None:
-            raise ArcvllmError(f"{archive}: no index.json")
-        index = json.load(member)
-    manifests = index.get("manifests") or []
+def layout_digest(layout: Path) -> str:
+    """The manifest digest an OCI layout directory holds (index.json's one manifest)."""
+    index_file = layout / "index.json"
+    if not index_file.is_file():
+        raise ArcvllmError(f"{layout}: not an OCI layout (no index.json)")
+    manifests = json.loads(index_file.read_text()).get("manifests") or []
     if len(manifests) != 1:
-        raise ArcvllmError(f"{archive}: expected one manifest, found {len(manifests)}")
+        raise ArcvllmError(f"{layout}: expected one manifest, found {len(manifests)}")
     return manifests[0]["digest"]
 
 
-def _blob(tar: tarfile.TarFile, digest: str) -> bytes:
-    member = tar.extractfile("blobs/sha256/" + digest.split(":", 1)[1])
-    if member is None:
-        raise ArcvllmError(f"no blob {digest}")
-    return member.read()
+def _blob(layout: Path, digest: str) -> Path:
+    path = layout / "blobs" / "sha256" / digest.split(":", 1)[1]
+    if not path.is_file():
+        raise ArcvllmError(f"{layout}: no blob {digest}")
+    return path
 
 
-def archive_files(archive: Path) -> dict[str, str]:
-    """Every file of an OCI archive's image, layer by layer: path -> what it holds (mode,
+def _manifest(layout: Path) -> dict:
+    return json.loads(_blob(layout, layout_digest(layout)).read_bytes())
+
+
+def _layer(path: Path) -> tarfile.TarFile:
+    """A layer blob as a tar (gzip or uncompressed; the standard library reads no zstd)."""
+    with path.open("rb") as head:
+        if head.read(4) == b"\x28\xb5\x2f\xfd":
+            raise ArcvllmError(f"{path.name}: zstd layers (read with gzip/uncompressed)")
+    return tarfile.open(path, "r:*")
+
+
+def layout_files(layout: Path) -> dict[str, str]:
+    """Every file of an OCI layout's image, layer by layer: path -> what it holds (mode,
     owner, mtime, size and sha256; the last layer that names a path wins), plus its config."""
-    import gzip
-
-    files: dict[str, str] = {}
-    with tarfile.open(archive) as tar:
-        manifest = json.loads(_blob(tar, archive_digest(archive)))
-        config = _blob(tar, manifest["config"]["digest"])
-        files["<image config>"] = hashlib.sha256(config).hexdigest()
-        for number, layer in enumerate(manifest["layers"]):
-            raw = _blob(tar, layer["digest"])
-            data = gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
-            with tarfile.open(fileobj=io.BytesIO(data)) as inner:
-                for m in inner:
-                    body = inner.extractfile(m).read() if m.isfile() else m.linkname.encode()
-                    files[m.name] = (
-                        f"layer {number} mode {m.mode:o} {m.uid}:{m.gid} mtime {m.mtime} "
-                        f"size {m.size} sha256 {hashlib.sha256(body).hexdigest()[:16]}"
-                    )
+    manifest = _manifest(layout)
+    config = _blob(layout, manifest["config"]["digest"]).read_bytes()
+    files = {"<image config>": hashlib.sha256(config).hexdigest()}
+    for number, layer in enumerate(manifest["layers"]):
+        with _layer(_blob(layout, layer["digest"])) as inner:
+            for m in inner:
+                body = inner.extractfile(m).read() if m.isfile() else m.linkname.encode()
+                files[m.name] = (
+                    f"layer {number} mode {m.mode:o} {m.uid}:{m.gid} mtime {m.mtime} "
+                    f"size {m.size} sha256 {hashlib.sha256(body).hexdigest()[:16]}"
+                )
     return files
 
 
 def compare(first: Path, second: Path) -> list[str]:
-    """The files that differ between two OCI archives (empty when their digests agree)."""
-    if archive_digest(first) == archive_digest(second):
+    """The files that differ between two OCI layouts (empty when their digests agree)."""
+    if layout_digest(first) == layout_digest(second):
         return []
-    a, b = archive_files(first), archive_files(second)
+    a, b = layout_files(first), layout_files(second)
     return [
         f"{path}: {a.get(path, 'absent')} | {b.get(path, 'absent')}"
         for path in sorted(set(a) | set(b))
@@ -125,12 +128,12 @@ def compare(first: Path, second: Path) -> list[str]:
     ]
 
 
-def _run(argv: Sequence[str], what: str, capture: bool = False) -> str:
+def _run(argv: Sequence[str], what: str) -> str:
     proc = subprocess.run(argv, capture_output=True, text=True)
     if proc.returncode != 0:
         detail = (proc.stderr or proc.stdout).strip().splitlines()
         raise ArcvllmError(f"{what} failed: {detail[-1] if detail else proc.returncode}")
-    return proc.stdout if capture else ""
+    return proc.stdout
 
 
 def cosign_flags(registry: str) -> list[str]:
@@ -175,53 +178,50 @@ def sbom_summary(path: Path) -> dict:
     }
 
 
-def archive_config(archive: Path) -> dict:
-    """The image config of an OCI archive (its labels under config.Labels)."""
-    with tarfile.open(archive) as tar:
-        manifest = json.loads(_blob(tar, archive_digest(archive)))
-        return json.loads(_blob(tar, manifest["config"]["digest"]))
+def layout_config(layout: Path) -> dict:
+    """The image config of an OCI layout (its labels under config.Labels)."""
+    return json.loads(_blob(layout, _manifest(layout)["config"]["digest"]).read_bytes())
 
 
-def archive_file(archive: Path, path: str) -> bytes:
-    """One file of the image in an OCI archive, from the last small layer that holds it."""
-    import gzip
-
-    with tarfile.open(archive) as tar:
-        manifest = json.loads(_blob(tar, archive_digest(archive)))
-        for layer in reversed(manifest["layers"]):
-            if layer.get("size", 0) > 64 << 20:  # the SBOM's layer is small: skip big ones
+def layout_file(layout: Path, path: str) -> bytes:
+    """One file of the image in an OCI layout, from the last small layer that holds it."""
+    for layer in reversed(_manifest(layout)["layers"]):
+        if layer.get("size", 0) > 64 << 20:  # the SBOM's layer is small: skip big ones
+            continue
+        with _layer(_blob(layout, layer["digest"])) as inner:
+            try:
+                member = inner.extractfile(path.lstrip("/"))
+            except KeyError:
                 continue
-            raw = _blob(tar, layer["digest"])
-            if raw[:4] == b"\x28\xb5\x2f\xfd":  # zstd: the standard library cannot read it
-                raise ArcvllmError(f"{archive.name}: zstd layers (read with gzip/uncompressed)")
-            data = gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
-            with tarfile.open(fileobj=io.BytesIO(data)) as inner:
-                try:
-                    member = inner.extractfile(path.lstrip("/"))
-                except KeyError:
-                    continue
-                if member is not None:
-                    return member.read()
-    raise ArcvllmError(f"{archive.name}: no {path} in its layers")
+            if member is not None:
+                return member.read()
+    raise ArcvllmError(f"{layout.name}: no {path} in its layers")
 
 
-def push_archive(archive: Path, ref: str, digest: str) -> None:
-    """Copy the archive's image to REF as it is (skopeo: no re-compression, one digest)."""
-    local = ref.split("/")[0].split(":")[0] in ("127.0.0.1", "localhost")
-    dest_tls = ["--dest-tls-verify=false"] if local else []
-    src_tls = ["--tls-verify=false"] if local else []
+def _local(ref: str) -> bool:
+    return ref.split("/")[0].split(":")[0] in ("127.0.0.1", "localhost")
+
+
+def push_layout(layout: Path, refs: Sequence[str], digest: str) -> None:
+    """Copy the layout's image to the first of REFS as it is (skopeo: no re-compression, one
+    digest), then within the registry to the others (their layers are there: only the
+    manifest moves); each ref must hold DIGEST."""
+    tls = ["--dest-tls-verify=false"] if _local(refs[0]) else []
     # --preserve-digests: skopeo would otherwise compress uncompressed layers on the way
-    copy = ["skopeo", "copy", "-q", "--preserve-digests", *dest_tls]
-    copy += [f"oci-archive:{archive}", f"docker://{ref}"]
-    _run(copy, f"push {ref}")
-    inspect = ["skopeo", "inspect", *src_tls, "--format", "{{.Digest}}", f"docker://{ref}"]
-    pushed = _run(inspect, f"inspect {ref}", capture=True).strip()
-    if pushed != digest:
-        raise ArcvllmError(f"{ref}: the registry holds {pushed}, the archive {digest}")
+    copy = ["skopeo", "copy", "-q", "--preserve-digests", *tls]
+    _run([*copy, f"oci:{layout}", f"docker://{refs[0]}"], f"push {refs[0]}")
+    src_tls = ["--src-tls-verify=false"] if tls else []
+    for ref in refs[1:]:
+        _run([*copy, *src_tls, f"docker://{refs[0]}", f"docker://{ref}"], f"push {ref}")
+    inspect = ["skopeo", "inspect", *(["--tls-verify=false"] if tls else [])]
+    for ref in refs:
+        pushed = _run([*inspect, "--format", "{{.Digest}}", f"docker://{ref}"], f"inspect {ref}")
+        if pushed.strip() != digest:
+            raise ArcvllmError(f"{ref}: the registry holds {pushed.strip()}, the build {digest}")
 
 
 def release_one(target: Target, version: str, registry: str, key: Path, out: Path) -> dict:
-    """Build, push, sign and attest one image; its manifest entry. The archive is pushed as
+    """Build, push, sign and attest one image; its manifest entry. The layout is pushed as
     it is, never loaded into the engine: one copy of each image on disk."""
     if target.kind == "server":
         spec = image.spec_for(target.name)
@@ -229,17 +229,16 @@ def release_one(target: Target, version: str, registry: str, key: Path, out: Pat
         spec = image.spec_for(None, side=target.name)
     repo = target.repository()
     tags = target.tags(version)
-    archive = out / f"{repo}-{tags[0]}.oci.tar"
+    layout = out / f"{repo}-{tags[0]}.oci"
     spec.tags = [f"{repo}:{tags[0]}"]
-    spec.oci_archive = archive
+    spec.oci_layout = layout
     print(f"release: building {spec.tags[0]} ({spec.target})", file=sys.stderr)
     image.build(spec)
-    digest = archive_digest(archive)
-    for tag in tags:
-        push_archive(archive, f"{registry}/{repo}:{tag}", digest)
+    digest = layout_digest(layout)
+    push_layout(layout, [f"{registry}/{repo}:{tag}" for tag in tags], digest)
     by_digest = f"{registry}/{repo}@{digest}"
     sbom_file = out / f"{repo}-{tags[0]}.cdx.json"
-    sbom_file.write_bytes(archive_file(archive, SBOM_PATH))
+    sbom_file.write_bytes(layout_file(layout, SBOM_PATH))
     # A key file signs offline (no transparency log); keyless signs with the CI's identity.
     signer = ["-y", *cosign_flags(registry)]
     signer += [] if str(key) == KEYLESS else ["--key", str(key), "--tlog-upload=false"]
@@ -250,7 +249,7 @@ def release_one(target: Target, version: str, registry: str, key: Path, out: Pat
     provenance_file.write_text(json.dumps(provenance(spec, digest), indent=2) + "\n")
     attest = ["cosign", "attest", *signer, "--type", "slsaprovenance1"]
     _run([*attest, "--predicate", str(provenance_file), by_digest], "cosign attest provenance")
-    labels = archive_config(archive).get("config", {}).get("Labels") or {}
+    labels = layout_config(layout).get("config", {}).get("Labels") or {}
     print(f"release: {by_digest} pushed, signed, SBOM attested", file=sys.stderr)
     return {
         "name": target.name,
@@ -259,7 +258,7 @@ def release_one(target: Target, version: str, registry: str, key: Path, out: Pat
         "tags": tags,
         "digest": digest,
         "ref": by_digest,
-        "archive": archive.name,
+        "layout": layout.name,
         "vllm": labels.get("org.arcvllm.vllm.version", ""),
         "patches": labels.get("org.arcvllm.patches", ""),
         "sbom": sbom_summary(sbom_file),
@@ -343,7 +342,7 @@ def _names(raw: str | None) -> list[str] | None:
 def _cmd(args) -> int:
     if args.action == "compare":
         differ = compare(args.first, args.second)
-        digests = (archive_digest(args.first), archive_digest(args.second))
+        digests = (layout_digest(args.first), layout_digest(args.second))
         if args.json:
             print(json.dumps({"digests": digests, "differ": differ}, indent=2))
             return 1 if differ else 0
@@ -400,19 +399,19 @@ def register(subparsers) -> None:
     b.add_argument(
         "--key", type=Path, required=True, help="cosign private key (COSIGN_PASSWORD), or `keyless`"
     )
-    b.add_argument("--out", type=Path, required=True, help="folder for archives and manifest")
+    b.add_argument("--out", type=Path, required=True, help="folder for layouts and manifest")
     b.add_argument("--stacks", help="comma-separated stacks (default: all; '' for none)")
     b.add_argument("--sides", help="comma-separated side images (default: all; '' for none)")
     v = sub.add_parser("verify", help="verify every digest of a manifest")
     v.add_argument("manifest", type=options.existing_file)
     v.add_argument("--key", type=options.existing_file, required=True, help="cosign public key")
-    c = sub.add_parser("compare", help="two builds' OCI archives: one digest, or what differs")
-    c.add_argument("first", type=options.existing_file)
-    c.add_argument("second", type=options.existing_file)
+    c = sub.add_parser("compare", help="two builds' OCI layouts: one digest, or what differs")
+    c.add_argument("first", type=options.existing_dir)
+    c.add_argument("second", type=options.existing_dir)
     c.add_argument("--limit", type=int, default=40, help="how many differing files to name")
-    e = sub.add_parser("entry", help="one field of one image's manifest entry (ref, archive, ...)")
+    e = sub.add_parser("entry", help="one field of one image's manifest entry (ref, layout, ...)")
     e.add_argument("manifest", type=options.existing_file)
     e.add_argument("name", help="a stack or side image (cpu, gateway, ...)")
-    e.add_argument("field", help="ref, digest, archive, repository, ...")
+    e.add_argument("field", help="ref, digest, layout, repository, ...")
     for each in (b, v, c, e):
         options.add_json(each)

@@ -58,7 +58,7 @@ test_step() {
 
 # Room on the engine's disk before the big builds (measured here): an XPU rehearsal peaks
 # at ~25 GB (its lock alone unpacks to 13 GB) and leaves ~17 GB of build cache after its
-# images go; the CPU image's --no-cache build makes its layers again and a 3.9 GB archive.
+# images go; the CPU image's --no-cache build makes its layers again and a 3.9 GB layout.
 # Short of room, the build cache goes, once the CPU image's tests (the only builds beside
 # this stream, all cache hits) are done.
 XPU_ROOM_GB=30
@@ -113,7 +113,7 @@ print(*(s["name"] for s in json.load(sys.stdin) if s["flavor"] == "xpu" and not 
 		fi
 		/usr/bin/docker image rm -f "arcvllm:$stack-ci" "arcvllm:$stack-ci-user" >/dev/null 2>&1 || true
 	done
-	# Two clean builds of the CPU image give one digest: the release rehearsal's archive (its
+	# Two clean builds of the CPU image give one digest: the release rehearsal's layout (its
 	# layers from this run's first build, on a new engine) against one more with --no-cache.
 	make_room "$REPRO_ROOM_GB"
 	test_step make reproducible REPRO_IMAGES=cpu REPRO_BUILDS=2
@@ -130,7 +130,7 @@ venvs() {
 # What the images stream did: its steps, pytest's verdicts and the digests of the two clean
 # CPU builds (all of it if it failed).
 report_images() {
-	grep -E '^(==>|<==)|^=+ .*(passed|failed|error).* in [0-9.]+s|^reproducible |\.oci\.tar: sha256:|^the same image' \
+	grep -E '^(==>|<==)|^=+ .*(passed|failed|error).* in [0-9.]+s|^reproducible |^cpu-[12]: sha256:|^the same image' \
 		"$TMPDIR/images.log" || true
 }
 

@@ -24,11 +24,12 @@ ARCVLLM_LAYER_COMPRESSION=${ARCVLLM_LAYER_COMPRESSION:-uncompressed}
 export COSIGN_PASSWORD ARCVLLM_LAYER_COMPRESSION
 make --no-print-directory release VERSION=ci REGISTRY="$registry" RELEASE_STACKS=cpu \
 	COSIGN_KEY="$keys/cosign.key" RELEASE_OUT="$out"
-# The archives are in the registry now; the CPU image's (the manifest names it) is the
+# The layouts are in the registry now; the CPU image's (the manifest names it) is the
 # first of the two clean builds `make reproducible REPRO_BUILDS=2` compares (pipeline.sh).
 repro=${REPRO_OUT:-$PWD/build/reproducible}
-archive=$(.venv/bin/arcvllm release entry "$out/manifest.json" cpu archive)
+layout=$(.venv/bin/arcvllm release entry "$out/manifest.json" cpu layout)
 mkdir -p "$repro"
-mv "$out/$archive" "$repro/cpu-1.oci.tar"
-rm -f "$out"/*.oci.tar
+rm -rf "$repro/cpu-1"
+mv "$out/$layout" "$repro/cpu-1"
+rm -rf "$out"/*.oci
 echo "release-rehearsal: $(grep -c '"ref"' "$out/manifest.json") images pushed, signed and attested ($out/manifest.json)"
