@@ -55,11 +55,11 @@ apt_mirror() {
 
 engine_suite=trixie
 engine_debs=(docker.io docker-cli docker-buildx docker-compose containerd runc iptables
-	debootstrap cosign docker-registry skopeo)
+	mmdebstrap cosign docker-registry skopeo)
 
 # True when the installed engine is the suite's: dockerd, the client and both plugins.
 engine_installed() {
-	[[ -x /usr/sbin/dockerd && -x $docker && -x /usr/sbin/debootstrap && -x /usr/bin/cosign &&
+	[[ -x /usr/sbin/dockerd && -x $docker && -x /usr/bin/mmdebstrap && -x /usr/bin/cosign &&
 		-x /usr/bin/docker-registry && -x /usr/bin/skopeo ]] || return 1
 	"$docker" buildx version >/dev/null 2>&1 && "$docker" compose version >/dev/null 2>&1 || return 1
 	dpkg-query -W -f '${Version}' docker.io 2>/dev/null | grep -qv '^20\.'
@@ -112,8 +112,16 @@ ensure_base_image() {
 	rootfs=$(mktemp -d "${TMPDIR:-/tmp}/arcvllm-rootfs.XXXXXX")
 	# shellcheck disable=SC2064 # expand now: the path is local
 	trap "rm -rf '$rootfs'" EXIT
-	log "making $base_image with debootstrap from $mirror"
-	debootstrap --variant=minbase "$suite" "$rootfs" "$mirror" >"$run_dir/debootstrap.log" 2>&1
+	log "making $base_image with mmdebstrap from $mirror"
+	# apt as this host configures it (its 99* snippets: a mirror's settings, e.g. a frozen
+	# snapshot's Check-Valid-Until), as the image gets them below
+	local opts=() snippet
+	for snippet in /etc/apt/apt.conf.d/99*; do
+		[[ -f $snippet ]] && opts+=("--aptopt=$snippet")
+	done
+	mmdebstrap --quiet --variant=minbase "${opts[@]}" "$suite" "$rootfs" "$mirror" \
+		>"$run_dir/mmdebstrap.log" 2>&1
+	rm -f "$rootfs/etc/apt/apt.conf.d/99mmdebstrap" # its copy of the options: copied as they are below
 	cp /etc/apt/apt.conf.d/99* "$rootfs/etc/apt/apt.conf.d/" 2>/dev/null || true
 	if [[ -f /etc/apt/sources.list.d/debian.sources ]]; then
 		cp /etc/apt/sources.list.d/debian.sources "$rootfs/etc/apt/sources.list.d/"
