@@ -16,8 +16,8 @@ from support.fakeserver import BLOCK, Fake, handler
 
 from arcvllm import cli
 from arcvllm.errors import ArcvllmError
+from arcvllm.server import log as serverlog
 from arcvllm.smoke import checks as S
-from arcvllm.smoke import serverlog
 from arcvllm.smoke.report import Check, render_checks
 
 

@@ -17,9 +17,9 @@ from dataclasses import asdict, dataclass, field
 from arcvllm.errors import ArcvllmError
 from arcvllm.server import metrics as m
 from arcvllm.server.client import Client, Stream, WaitTimeout
+from arcvllm.server.log import LOG_TAIL_LINES, LogSource, block_size_from_log, find_crash
 from arcvllm.server.stats import percentile
 from arcvllm.smoke.report import Check, SmokeReport
-from arcvllm.smoke.serverlog import LOG_TAIL_LINES, LogSource, block_size_from_log, find_crash
 
 CONCURRENT_STREAMS = 8
 PREFIX_HIT_FRACTION = 0.9
