@@ -149,6 +149,15 @@ def test_wrong_model_is_one_line(serve, capsys):
     assert "is not served" in err and err.count("\n") == 1
 
 
+def test_a_key_the_server_refuses_is_one_line_exit_2(serve, capsys):
+    url = serve(Fake(api_key="s3cret"))
+    code, out, err = run_cli(capsys, "--base-url", url, "--api-key", "wrong")
+    assert (code, out) == (2, "")
+    assert err == f"arcvllm: {url}/v1/models answered 401 (wrong --api-key?)\n"
+    code, out, _ = run_cli(capsys, "--base-url", url, "--api-key", "s3cret")
+    assert code == 0, out
+
+
 def test_undeterminable_block_size_is_one_line(serve, capsys, tmp_path):
     log = tmp_path / "server.log"
     log.write_text("INFO nothing about blocks\n")
