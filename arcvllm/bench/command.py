@@ -352,7 +352,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=DESCRIPTION,
     )
     add_server(p, required=False)
-    p.add_argument("--model", help="served model name (default: the preset's)")
+    p.add_argument("--model", help="served model name (default: the preset's, else the only one)")
     p.add_argument("--preset", help="preset the server runs: compares with its reference")
     p.add_argument("--out", default="reports/bench", help="folder for JSON, PNG and logs")
     add_json(p, help="print bench.json on stdout instead of the table (progress on stderr)")
