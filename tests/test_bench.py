@@ -1,5 +1,6 @@
-"""bench: the pure arithmetic and vLLM's own bench parser (the run against a real server is
-tests/test_emulation_server.py's: it shares that module's stock server)."""
+"""bench: the pure arithmetic, vLLM's own bench parser, and whole runs against the fake
+server (tests/support/fakeserver.py) with a stand-in for vLLM's bench; the run against a
+real server is tests/test_emulation_server.py's: it shares that module's stock server."""
 
 from __future__ import annotations
 
@@ -244,3 +245,114 @@ def test_the_summary_names_acceptance_and_speedup():
     assert summary["spec_acceptance_rate"] == 0.25
     assert summary["spec_mean_accepted_length"] == 1.5
     assert summary["spec_speedup"] == 1.2
+
+
+# ---- `arcvllm bench` against the fake server, with a stand-in for vLLM's own bench
+
+VLLM_STAND_IN = """\
+import json, sys
+from pathlib import Path
+
+if sys.argv[1:] == ["-c", "import vllm"]:
+    raise SystemExit(0)
+args = dict(zip(sys.argv, sys.argv[1:]))
+result = Path(args["--result-dir"]) / args["--result-filename"]
+result.write_text(json.dumps({"completed": int(args["--num-prompts"]), "failed": 0}))
+"""
+
+
+@pytest.fixture
+def bench_cli(http_server, tmp_path, capsys):
+    """run(fake, *args) -> (exit status, stdout, stderr) of `arcvllm bench` against FAKE,
+    with a Python that 'carries vLLM': it imports vllm, and its `vllm bench serve` writes
+    a result file (the real one is test_emulation_server.py's)."""
+    from support.fakeserver import handler
+
+    from arcvllm import cli
+
+    script = tmp_path / "vllm_stand_in.py"
+    script.write_text(VLLM_STAND_IN)
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{script}" "$@"\n')
+    python.chmod(0o755)
+
+    def run(fake, *args: str) -> tuple[int, str, str]:
+        url = http_server(handler(fake))
+        code = cli.main(
+            [
+                *("bench", "--base-url", url, "--vllm-python", str(python)),
+                *("--tokenizer", str(tmp_path), "--out", str(tmp_path / "out"), "--seed", "1"),
+                *("--num-prompts", "2", "--runs", "1", "--crossings", "2", *args),
+            ]
+        )
+        out = capsys.readouterr()
+        return code, out.out, out.err.replace(url, "URL")
+
+    return run
+
+
+def test_bench_runs_against_the_only_model_served_and_writes_its_report(bench_cli, tmp_path):
+    from support.fakeserver import BLOCK, MAX_LEN, Fake
+
+    code, out, err = bench_cli(Fake())
+    assert code == 0, err
+    report = json.loads((tmp_path / "out" / command.REPORT_JSON).read_text())
+    assert report["model"] == "tiny-hybrid"
+    assert (report["block_size"], report["max_model_len"]) == (BLOCK, MAX_LEN)
+    assert report["vllm_bench"]["completed"] == 2
+    assert report["boundary"]["boundary_positions"] == [BLOCK, 2 * BLOCK]
+    assert report["prefix_cache"]["warm_hit_rate"] > 0.9
+    assert f"wrote {tmp_path / 'out' / command.REPORT_JSON}" in out
+
+
+def test_bench_takes_the_block_size_from_the_servers_log_as_smoke_does(bench_cli, tmp_path):
+    from support.fakeserver import Fake
+
+    log = tmp_path / "server.log"
+    log.write_text("INFO Setting attention block size to 64 tokens to ...\n")
+    code, _, err = bench_cli(Fake(block_in_metrics=False), "--log-file", str(log))
+    assert code == 0, err
+    assert json.loads((tmp_path / "out" / command.REPORT_JSON).read_text())["block_size"] == 64
+    code, _, err = bench_cli(Fake(block_in_metrics=False))
+    assert code == 3 and err.startswith("arcvllm: cannot determine the server's block size")
+
+
+def test_bench_with_a_key_the_server_refuses_is_a_usage_error(bench_cli):
+    from support.fakeserver import Fake
+
+    code, out, err = bench_cli(Fake(api_key="s3cret"), "--api-key", "wrong")
+    assert (code, out) == (2, "")
+    assert err == "arcvllm: URL/v1/models answered 401 (wrong --api-key?)\n"
+
+
+def test_bench_names_a_model_not_served_as_smoke_does(bench_cli):
+    from support.fakeserver import Fake
+
+    code, out, err = bench_cli(Fake(), "--model", "qwen")
+    assert (code, out) == (2, "")
+    assert err == "arcvllm: model 'qwen' is not served at URL; it serves: tiny-hybrid\n"
+
+
+def test_bench_checks_the_model_against_the_preset_as_smoke_does(bench_cli, tmp_path):
+    from support.fakeserver import Fake
+
+    fake = Fake(models=("decoy", "tiny-hybrid"))
+    code, _, err = bench_cli(fake, "--preset", "tiny-hybrid-cpu", "--model", "decoy")
+    assert code == 2 and err == (
+        "arcvllm: --model 'decoy' is not the model of preset 'tiny-hybrid-cpu' ('tiny-hybrid')\n"
+    )
+    assert fake.asked_for == set() and not (tmp_path / "out" / command.REPORT_JSON).exists()
+    code, _, err = bench_cli(fake)
+    assert code == 2 and "choose one with --model" in err
+
+
+def test_bench_without_a_server_is_exit_3(bench_cli, tmp_path, capsys):
+    from conftest import free_port
+
+    from arcvllm import cli
+
+    url = f"http://127.0.0.1:{free_port()}"
+    code = cli.main(["bench", "--base-url", url, "--vllm-python", str(tmp_path / "python")])
+    err = capsys.readouterr().err
+    assert code == 3 and err.startswith(f"arcvllm: cannot reach a vLLM server at {url}: ")
+    assert err.count("\n") == 1

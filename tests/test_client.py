@@ -169,17 +169,12 @@ def test_wait_healthy_stops_when_the_process_is_gone():
 
 def test_the_api_key_goes_with_every_request(serve):
     url = serve(Server())
-    assert Client(url, KEY).max_model_len("tiny-hybrid") == 2048
+    assert Client(url, KEY).models()[0]["max_model_len"] == 2048
     assert Client(url, KEY).tokenize("tiny-hybrid", "a bb ccc") == [1, 2, 3]
     with pytest.raises(httpx.HTTPStatusError):
         Client(url, "wrong").models()
     with pytest.raises(httpx.HTTPStatusError):
         Client(url, None).tokenize("tiny-hybrid", "a")
-
-
-def test_max_model_len_of_a_model_not_served_names_what_is(serve):
-    with pytest.raises(ArcvllmError, match="does not serve 'qwen'; it serves: tiny-hybrid"):
-        Client(serve(Server()), KEY).max_model_len("qwen")
 
 
 def test_metrics_are_parsed_and_summed_over_replicas(serve):

@@ -301,8 +301,10 @@ def test_bench_against_a_real_server_writes_json_and_plot(stock):
 
 
 def test_bench_names_a_wrong_model_in_one_line(stock):
+    # The same line as smoke's (server.discovery): the model, the server, what it serves.
     done = stock.extra["bench_wrong_model"]
+    url = done.args[done.args.index("--base-url") + 1]
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        f"arcvllm: the server does not serve 'not-served'; it serves: {SERVED}"
+        f"arcvllm: model 'not-served' is not served at {url}; it serves: {SERVED}"
     ]

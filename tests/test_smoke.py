@@ -16,8 +16,8 @@ from support.fakeserver import BLOCK, Fake, handler
 
 from arcvllm import cli
 from arcvllm.errors import ArcvllmError
+from arcvllm.server import log as serverlog
 from arcvllm.smoke import checks as S
-from arcvllm.smoke import serverlog
 from arcvllm.smoke.report import Check, render_checks
 
 
@@ -147,6 +147,15 @@ def test_wrong_model_is_one_line(serve, capsys):
     assert code == 2
     assert err.startswith("arcvllm: model 'qwen' is not served at http://127.0.0.1:")
     assert "is not served" in err and err.count("\n") == 1
+
+
+def test_a_key_the_server_refuses_is_one_line_exit_2(serve, capsys):
+    url = serve(Fake(api_key="s3cret"))
+    code, out, err = run_cli(capsys, "--base-url", url, "--api-key", "wrong")
+    assert (code, out) == (2, "")
+    assert err == f"arcvllm: {url}/v1/models answered 401 (wrong --api-key?)\n"
+    code, out, _ = run_cli(capsys, "--base-url", url, "--api-key", "s3cret")
+    assert code == 0, out
 
 
 def test_undeterminable_block_size_is_one_line(serve, capsys, tmp_path):

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,8 @@ from arcvllm.bench.runner import VLLM_BENCH_KEYS, run_vllm_bench, vllm_bench_arg
 from arcvllm.errors import ArcvllmError
 from arcvllm.options import add_json, add_server, url
 from arcvllm.server.client import Client
+from arcvllm.server.discovery import Served, discover, served_model
+from arcvllm.server.log import LogSource
 
 REPORT_JSON = "bench.json"
 REPORT_PNG = "bench.png"
@@ -50,8 +52,67 @@ def resolve_tokenizer(tokenizer: str | None, preset_model: str | None, model: st
     )
 
 
-def bench(args: argparse.Namespace) -> dict[str, Any]:
-    python = args.vllm_python or sys.executable
+@dataclass(frozen=True)
+class BenchOptions:
+    """What `arcvllm bench` was asked; `from_args` is the one place it is read from argparse."""
+
+    base_url: str
+    model: str | None = None
+    preset: str | None = None
+    api_key: str | None = None
+    ca_cert: str | None = None
+    log: LogSource = field(default_factory=LogSource)
+    out: Path = Path("reports/bench")
+    as_json: bool = False  # bench.json on stdout, progress on stderr
+    tokenizer: str | None = None
+    vllm_python: str | None = None
+    block_size: int | None = None
+    input_len: int = 512
+    output_len: int = 128
+    num_prompts: int = 8
+    concurrency: int = 1
+    crossings: int = 3
+    runs: int = 2
+    seed: int | None = None
+    plain_url: str | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> BenchOptions:
+        if not args.base_url:
+            raise ArcvllmError("name the server: --base-url URL", 2)
+        return cls(
+            base_url=args.base_url,
+            model=args.model,
+            preset=args.preset,
+            api_key=args.api_key,
+            ca_cert=str(args.ca_cert) if args.ca_cert else None,
+            log=LogSource(file=args.log_file, cmd=args.log_cmd),
+            out=Path(args.out),
+            as_json=args.json,
+            tokenizer=args.tokenizer,
+            vllm_python=args.vllm_python,
+            block_size=args.block_size,
+            input_len=args.input_len,
+            output_len=args.output_len,
+            num_prompts=args.num_prompts,
+            concurrency=args.concurrency,
+            crossings=args.crossings,
+            runs=args.runs,
+            seed=args.seed,
+            plain_url=args.plain_url,
+        )
+
+    def client(self, url: str) -> Client:
+        return Client(url, self.api_key, timeout=600.0, ca_cert=self.ca_cert)
+
+    def say(self, line: str) -> None:
+        """Progress: on stdout, or on stderr when stdout carries the JSON."""
+        print(line, file=sys.stderr if self.as_json else sys.stdout)
+
+
+def vllm_python(python: str | None) -> str:
+    """PYTHON (default: this one), which must import vllm for `vllm bench serve`."""
+    python = python or sys.executable
     probe = subprocess.run([python, "-c", "import vllm"], capture_output=True, timeout=300)
     if probe.returncode != 0:
         raise ArcvllmError(
@@ -59,70 +120,67 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             "or pass --vllm-python PYTHON",
             3,
         )
-    preset = None
-    if args.preset:
-        from arcvllm.presets import get_preset
+    return python
 
-        preset = get_preset(args.preset)
-    model = args.model or (preset.served_model_name if preset else None)
-    if not model:
-        raise ArcvllmError("name the served model: --model NAME or --preset NAME", 2)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / REPORT_PNG).unlink(missing_ok=True)  # never leave an older run's plot beside
-    import httpx
 
-    client = Client(
-        args.base_url, args.api_key, timeout=600.0, ca_cert=str(args.ca_cert or "") or None
-    )
-    root = client.root
-    try:
-        max_len = client.max_model_len(model)
-    except httpx.HTTPError as exc:
-        raise ArcvllmError(f"cannot reach {root}/v1/models: {exc}", 3) from exc
-    block = args.block_size
-    if block is None:
-        from arcvllm.server.metrics import block_size
+def bench(opts: BenchOptions) -> dict[str, Any]:
+    """One run against the server of OPTS: the report, also written to OPTS.out.
 
-        block = block_size(client.metrics())
-    if not block:
-        raise ArcvllmError(
-            f"cannot determine the block size from {root}/metrics; pass --block-size N "
-            "(the server logs 'Setting attention block size to N tokens')",
-            3,
-        )
-    tokenizer = resolve_tokenizer(args.tokenizer, preset.model if preset else None, model)
+    What the operator named wrongly (model, preset, key, tokenizer) stops it before the
+    environment is asked for vLLM, and before anything is written.
+    """
+    from arcvllm.presets import get_preset
+
+    preset = get_preset(opts.preset) if opts.preset else None
+    client = opts.client(opts.base_url)
+    served = discover(client, opts.model, opts.preset, opts.block_size, opts.log)
+    tokenizer = resolve_tokenizer(opts.tokenizer, preset.model if preset else None, served.model)
+    python = vllm_python(opts.vllm_python)
+    opts.out.mkdir(parents=True, exist_ok=True)
+    (opts.out / REPORT_PNG).unlink(missing_ok=True)  # never leave an older run's plot beside
+    rng = random.Random(opts.seed if opts.seed is not None else time.time_ns())
+    report: dict[str, Any] = {
+        "model": served.model,
+        "preset": preset.name if preset else None,
+        "base_url": client.root,
+        "block_size": served.block_size,
+        "max_model_len": served.max_model_len,
+        **measure(opts, client, served, python, tokenizer, rng),
+    }
+    report["summary"] = summary_metrics(report)
+    reference = load_reference(preset.reference) if preset and preset.reference else None
+    if reference:
+        report["reference"] = {
+            "name": reference.get("name"),
+            "source": reference.get("source"),
+            "rows": ratio_rows(report["summary"], reference.get("metrics", {})),
+        }
+    write_report(report, opts.out)
+    return report
+
+
+def measure(
+    opts: BenchOptions,
+    client: Client,
+    served: Served,
+    python: str,
+    tokenizer: str,
+    rng: random.Random,
+) -> dict[str, Any]:
+    """Every measurement of one run, in bench.json's order: vLLM's bench, the block
+    crossings, the prefix cache, the server's speculation counters, the plain server."""
     from arcvllm.server import metrics as m
 
-    spec_before = m.spec_decode(client.metrics(), model)
-    rng = random.Random(args.seed if args.seed is not None else time.time_ns())
-
-    input_len = min(args.input_len, max_len - args.output_len - 1)
-    env = dict(os.environ)
-    if args.api_key:
-        env["OPENAI_API_KEY"] = args.api_key
-    say = (lambda *a: print(*a, file=sys.stderr)) if args.json else print
-    say(f"arcvllm bench: {model} at {root}, block {block}, max-model-len {max_len}")
-    say(f"  vllm bench serve: {args.num_prompts} prompts, {input_len} in / {args.output_len} out")
-    vb = run_vllm_bench(
-        python,
-        vllm_bench_args(
-            root,
-            model,
-            tokenizer,
-            out,
-            input_len,
-            args.output_len,
-            args.num_prompts,
-            args.concurrency,
-            seed=rng.randrange(1 << 30),
-        ),
-        out,
-        env,
+    root, model = client.root, served.model
+    opts.say(
+        f"arcvllm bench: {model} at {root}, block {served.block_size}, "
+        f"max-model-len {served.max_model_len}"
     )
-    say(f"  block crossings: {args.runs} streams x {args.crossings} boundaries")
+    spec_before = m.spec_decode(client.metrics(), model)
+    vb = run_vllm_bench_of(opts, python, root, served, tokenizer, rng.randrange(1 << 30))
+    opts.say(f"  block crossings: {opts.runs} streams x {opts.crossings} boundaries")
     streams, boundary = measure_boundaries(
-        client, model, block, max_len, args.crossings, args.runs, rng
+        client, model, served.block_size, served.max_model_len, opts.crossings, opts.runs, rng
     )
     boundary["streams"] = [
         {
@@ -133,30 +191,13 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         }
         for s in streams
     ]
-    say(f"  prefix cache: {args.runs} cold/warm pairs")
+    opts.say(f"  prefix cache: {opts.runs} cold/warm pairs")
     prefix = measure_prefix(
-        client, model, block, max_len, args.runs, rng, speculative=spec_before is not None
-    )
+        client, model, served.block_size, served.max_model_len, opts.runs, rng,
+        speculative=spec_before is not None,
+    )  # fmt: skip
     spec_after = m.spec_decode(client.metrics(), model) if spec_before else None
-    compare = None
-    if args.plain_url:
-        say(f"  speculative vs plain ({args.plain_url}): {args.runs} streams each, same prompts")
-        plain = Client(
-            args.plain_url, args.api_key, timeout=600.0, ca_cert=str(args.ca_cert or "") or None
-        )
-        try:
-            plain.max_model_len(model)
-        except httpx.HTTPError as exc:
-            raise ArcvllmError(f"cannot reach {plain.root}/v1/models: {exc}", 3) from exc
-        compare = compare_speculation(
-            client, plain, model, block, max_len, args.crossings, args.runs, rng
-        )
-    report: dict[str, Any] = {
-        "model": model,
-        "preset": preset.name if preset else None,
-        "base_url": root,
-        "block_size": block,
-        "max_model_len": max_len,
+    return {
         "vllm_bench": {k: vb.get(k) for k in VLLM_BENCH_KEYS},
         "boundary": boundary,
         "prefix_cache": prefix,
@@ -164,17 +205,51 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         "speculation": speculation_summary(
             spec_after - spec_before if spec_before and spec_after else None
         ),
-        "compare": compare,
-        "runs": [[asdict(s) for s in token_steps(st, block)] for st in streams],
+        "compare": compare_plain(opts, client, served, rng) if opts.plain_url else None,
+        "runs": [[asdict(s) for s in token_steps(st, served.block_size)] for st in streams],
     }
-    report["summary"] = summary_metrics(report)
-    reference = load_reference(preset.reference) if preset and preset.reference else None
-    if reference:
-        report["reference"] = {
-            "name": reference.get("name"),
-            "source": reference.get("source"),
-            "rows": ratio_rows(report["summary"], reference.get("metrics", {})),
-        }
+
+
+def run_vllm_bench_of(
+    opts: BenchOptions, python: str, root: str, served: Served, tokenizer: str, seed: int
+) -> dict[str, Any]:
+    """vLLM's `vllm bench serve` against ROOT, its prompts as long as the context allows."""
+    input_len = min(opts.input_len, served.max_model_len - opts.output_len - 1)
+    env = dict(os.environ)
+    if opts.api_key:
+        env["OPENAI_API_KEY"] = opts.api_key
+    opts.say(
+        f"  vllm bench serve: {opts.num_prompts} prompts, {input_len} in / {opts.output_len} out"
+    )
+    args = vllm_bench_args(
+        root,
+        served.model,
+        tokenizer,
+        opts.out,
+        input_len,
+        opts.output_len,
+        opts.num_prompts,
+        opts.concurrency,
+        seed=seed,
+    )
+    return run_vllm_bench(python, args, opts.out, env)
+
+
+def compare_plain(
+    opts: BenchOptions, client: Client, served: Served, rng: random.Random
+) -> dict[str, Any]:
+    """The same prompts on --plain-url, which must serve the same model, and on CLIENT."""
+    opts.say(f"  speculative vs plain ({opts.plain_url}): {opts.runs} streams each, same prompts")
+    plain = opts.client(str(opts.plain_url))
+    served_model(plain, served.model)
+    return compare_speculation(
+        client, plain, served.model, served.block_size, served.max_model_len,
+        opts.crossings, opts.runs, rng,
+    )  # fmt: skip
+
+
+def write_report(report: dict[str, Any], out: Path) -> None:
+    """bench.json, and bench.png where matplotlib is (else a warning: replot elsewhere)."""
     (out / REPORT_JSON).write_text(json.dumps(report, indent=2))
     try:
         plot_report(report, out / REPORT_PNG)
@@ -184,7 +259,6 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             f"`arcvllm bench replot {out / REPORT_JSON}`",
             file=sys.stderr,
         )
-    return report
 
 
 def format_report(report: Mapping[str, Any]) -> str:
@@ -245,15 +319,14 @@ def format_report(report: Mapping[str, Any]) -> str:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    if not args.base_url:
-        raise ArcvllmError("name the server: --base-url URL", 2)
-    report = bench(args)
-    png = Path(args.out) / REPORT_PNG
-    if args.json:
+    opts = BenchOptions.from_args(args)
+    report = bench(opts)
+    png = opts.out / REPORT_PNG
+    if opts.as_json:
         print(json.dumps(report, indent=2))
         return 0
     print(format_report(report))
-    print(f"wrote {Path(args.out) / REPORT_JSON}" + (f" and {png}" if png.exists() else ""))
+    print(f"wrote {opts.out / REPORT_JSON}" + (f" and {png}" if png.exists() else ""))
     return 0
 
 
@@ -279,7 +352,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=DESCRIPTION,
     )
     add_server(p, required=False)
-    p.add_argument("--model", help="served model name (default: the preset's)")
+    p.add_argument("--model", help="served model name (default: the preset's, else the only one)")
     p.add_argument("--preset", help="preset the server runs: compares with its reference")
     p.add_argument("--out", default="reports/bench", help="folder for JSON, PNG and logs")
     add_json(p, help="print bench.json on stdout instead of the table (progress on stderr)")
@@ -287,7 +360,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--vllm-python", help="Python that carries vLLM for `vllm bench serve` (default: this one)"
     )
-    p.add_argument("--block-size", type=int, help="override the block size read from /metrics")
+    p.add_argument(
+        "--block-size",
+        type=int,
+        help="override the block size read from the server (its /metrics, else its log)",
+    )
+    logs = p.add_mutually_exclusive_group()
+    logs.add_argument(
+        "--log-file", help="the server's log file (its block size, if not on /metrics)"
+    )
+    logs.add_argument("--log-cmd", help="command printing the server log, e.g. 'docker logs X'")
     p.add_argument("--input-len", type=int, default=512, help="vllm bench prompt tokens")
     p.add_argument("--output-len", type=int, default=128, help="vllm bench output tokens")
     p.add_argument("--num-prompts", type=int, default=8)

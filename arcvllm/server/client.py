@@ -186,18 +186,9 @@ class Client:
         return time.monotonic() - start
 
     def models(self) -> list[dict[str, Any]]:
-        """The entries of /v1/models (id, max_model_len, ...)."""
+        """The entries of /v1/models (id, max_model_len, ...); which one is served and its
+        context length, with the errors an operator gets, are arcvllm.server.discovery's."""
         return list(self.get_json("/v1/models")["data"])
-
-    def max_model_len(self, model: str) -> int:
-        """MODEL's context length as the server says; one that is not served is a usage
-        error (the caller named it)."""
-        entries = self.models()
-        for entry in entries:
-            if entry["id"] == model:
-                return int(entry.get("max_model_len") or 0)
-        names = ", ".join(e["id"] for e in entries)
-        raise ArcvllmError(f"the server does not serve {model!r}; it serves: {names}", 2)
 
     def tokenize(self, model: str, text: str) -> list[int]:
         """The token ids of TEXT in MODEL's tokenizer, without special tokens."""

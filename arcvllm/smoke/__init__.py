@@ -8,9 +8,9 @@ cache and gives the same greedy text, and that 8 concurrent streams crossing bou
 all complete. It works against any OpenAI-compatible vLLM server; optionally it starts
 and stops the server itself (`--start-cmd` / `--stop-cmd`), e.g. a container.
 
-checks: the plan of token positions and the checks; serverlog: what the server's log
-says (block size, crash); report: the Check rows, the screen and the JSON; command: the
-`arcvllm smoke` sub-command. Talking to the server is arcvllm.server.client's.
+checks: the plan of token positions and the checks; report: the Check rows, the screen
+and the JSON; command: the `arcvllm smoke` sub-command. Talking to the server, and what
+its log says, is arcvllm.server's.
 """
 
 from arcvllm.smoke.command import register

@@ -17,9 +17,10 @@ from dataclasses import asdict, dataclass, field
 from arcvllm.errors import ArcvllmError
 from arcvllm.server import metrics as m
 from arcvllm.server.client import Client, Stream, WaitTimeout
+from arcvllm.server.discovery import discover, requested_model
+from arcvllm.server.log import LOG_TAIL_LINES, LogSource, find_crash
 from arcvllm.server.stats import percentile
 from arcvllm.smoke.report import Check, SmokeReport
-from arcvllm.smoke.serverlog import LOG_TAIL_LINES, LogSource, block_size_from_log, find_crash
 
 CONCURRENT_STREAMS = 8
 PREFIX_HIT_FRACTION = 0.9
@@ -188,8 +189,10 @@ def _err(exc: BaseException) -> str:
 # ---------------------------------------------------------------- the edges
 
 
-@dataclass
+@dataclass(frozen=True)
 class SmokeOptions:
+    """What `arcvllm smoke` was asked: the server, the model, the log, the start/stop."""
+
     base_url: str
     model: str | None = None
     preset: str | None = None
@@ -203,20 +206,6 @@ class SmokeOptions:
     ca_cert: str | None = None
 
 
-def model_name(model: str | None, preset: str | None) -> str | None:
-    """The served model name: given, or the preset's (None: the server's only one)."""
-    if preset is None:
-        return model
-    from arcvllm.presets import get_preset
-
-    served = get_preset(preset).served_model_name
-    if model is not None and model != served:
-        raise ArcvllmError(
-            f"--model {model!r} is not the model of preset {preset!r} ({served!r})", 2
-        )
-    return served
-
-
 def expects_speculation(preset: str | None) -> bool:
     """Whether PRESET serves with a speculative-config: then a server that does not
     speculate is the wrong server (e.g. started with another preset)."""
@@ -225,51 +214,6 @@ def expects_speculation(preset: str | None) -> bool:
     from arcvllm.presets import get_preset, speculative_config
 
     return speculative_config(get_preset(preset)) is not None
-
-
-def discover(client: Client, model: str | None, log: LogSource) -> tuple[str, int, str, int]:
-    """Model name, block size, where the block size came from, max_model_len.
-
-    Operator mistakes (wrong URL, wrong model, a server that does not tell its block
-    size) become one-line errors here, before any check runs.
-    """
-    import httpx
-
-    try:
-        models = client.models()
-    except httpx.HTTPStatusError as exc:
-        raise ArcvllmError(
-            f"{client.root}/v1/models answered {exc.response.status_code} (wrong --api-key?)", 2
-        ) from exc
-    except (httpx.HTTPError, ValueError, KeyError) as exc:
-        raise ArcvllmError(f"cannot reach a vLLM server at {client.root}: {_err(exc)}", 3) from exc
-    names = [entry["id"] for entry in models]
-    if model is None:
-        if len(names) != 1:
-            raise ArcvllmError(f"the server serves {names}; choose one with --model", 2)
-        model = names[0]
-    elif model not in names:
-        raise ArcvllmError(f"model {model!r} is not served at {client.root}; it serves {names}", 2)
-    max_len = next(int(e.get("max_model_len") or 0) for e in models if e["id"] == model)
-    if max_len <= 0:
-        raise ArcvllmError(f"{client.root}/v1/models does not say max_model_len of {model!r}")
-    block, source = None, ""
-    try:
-        block = m.block_size(client.metrics())
-        source = "/metrics"
-    except httpx.HTTPError:
-        block = None
-    if block is None:
-        block = block_size_from_log(log.lines())
-        source = "server log"
-    if block is None:
-        raise ArcvllmError(
-            "cannot determine the server's block size: /metrics has no "
-            "vllm:cache_config_info effective_attention_block_size and no server log "
-            "(--log-file/--log-cmd) says 'Setting attention block size to N tokens'",
-            3,
-        )
-    return model, block, source, max_len
 
 
 class Smoke:
@@ -543,52 +487,56 @@ def run(opts: SmokeOptions) -> SmokeReport:
     client = Client(
         opts.base_url, opts.api_key, opts.request_timeout, opts.metrics_urls, opts.ca_cert
     )
-    model = model_name(opts.model, opts.preset)  # a bad preset stops here, nothing started
+    model = requested_model(opts.model, opts.preset)  # a bad preset stops here, nothing started
     started = False
     try:
         if opts.start_cmd:
             started = True  # a start command that fails half-way still gets its stop command
-            subprocess.run(opts.start_cmd, shell=True, check=True)
-            try:
-                client.wait_healthy(opts.health_timeout)
-                ok = True
-            except WaitTimeout:
-                ok = False
-            took = time.perf_counter() - t0
-            report.measurements["startup_to_healthy_s"] = round(took, 1) if ok else None
-            report.checks.append(
-                Check(
-                    "server start",
-                    f"/health 200 within {opts.health_timeout:.0f} s",
-                    f"healthy after {took:.1f} s" if ok else "no /health 200 in time",
-                    ok,
-                )
-            )
-            if not ok:
+            if not _start(opts, client, report, t0):
                 return _finish(report, opts, t0)
         elif not client.healthy():
             raise ArcvllmError(f"no vLLM server answers {client.root}/health", 3)
-        model, block, source, max_len = discover(client, model, opts.log)
-        p = plan_checks(block, max_len)
+        served = discover(client, model, log=opts.log)
+        p = plan_checks(served.block_size, served.max_model_len)
         report.server = {
             "base_url": client.root,
-            "model": model,
-            "block_size": block,
-            "block_size_source": source,
-            "max_model_len": max_len,
+            "model": served.model,
+            "block_size": served.block_size,
+            "block_size_source": served.block_size_source,
+            "max_model_len": served.max_model_len,
             "plan": asdict(p),
         }
         # Information the checks are planned from, not a check: it cannot fail.
-        report.checks.append(
-            Check("block size", "read from the server", f"{block} (from {source})", None)
-        )
-        Smoke(client, model, p, report, expects_speculation(opts.preset)).run()
+        seen = f"{served.block_size} (from {served.block_size_source})"
+        report.checks.append(Check("block size", "read from the server", seen, None))
+        Smoke(client, served.model, p, report, expects_speculation(opts.preset)).run()
         return _finish(report, opts, t0)
     except subprocess.CalledProcessError as exc:
         raise ArcvllmError(f"--start-cmd failed with exit code {exc.returncode}", 3) from exc
     finally:
         if started and opts.stop_cmd:
             subprocess.run(opts.stop_cmd, shell=True, check=False)
+
+
+def _start(opts: SmokeOptions, client: Client, report: SmokeReport, t0: float) -> bool:
+    """Run the start command and wait for /health: the "server start" check."""
+    subprocess.run(opts.start_cmd, shell=True, check=True)
+    try:
+        client.wait_healthy(opts.health_timeout)
+        ok = True
+    except WaitTimeout:
+        ok = False
+    took = time.perf_counter() - t0
+    report.measurements["startup_to_healthy_s"] = round(took, 1) if ok else None
+    report.checks.append(
+        Check(
+            "server start",
+            f"/health 200 within {opts.health_timeout:.0f} s",
+            f"healthy after {took:.1f} s" if ok else "no /health 200 in time",
+            ok,
+        )
+    )
+    return ok
 
 
 def _finish(report: SmokeReport, opts: SmokeOptions, t0: float) -> SmokeReport:

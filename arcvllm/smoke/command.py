@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 
 from arcvllm.options import add_json, add_server, url
+from arcvllm.server.log import LogSource
 from arcvllm.smoke.checks import SmokeOptions, run
 from arcvllm.smoke.report import table
-from arcvllm.smoke.serverlog import LogSource
 
 DESCRIPTION = """\
 Proves a running vLLM server decodes a hybrid model across mamba blocks: reads the block

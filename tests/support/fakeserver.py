@@ -23,7 +23,11 @@ class Fake:
         models: tuple[str, ...] = ("tiny-hybrid",),
         retention: str = "None",
         speculative: bool = False,
+        api_key: str | None = None,
+        max_model_len: int | None = MAX_LEN,
     ) -> None:
+        self.max_model_len = max_model_len  # None: /v1/models does not say it
+        self.api_key = api_key  # as `vllm serve --api-key`: /v1 and /tokenize need it
         self.speculative = speculative  # vllm:spec_decode_* counters, prompt_logprobs
         self.generated: dict[tuple[int, ...], int] = {}  # decoded sequence -> prompt length
         self.retention = retention  # prefix_cache_retention_interval: "None" keeps every block
@@ -118,12 +122,23 @@ class Fake:
 
 def handler(fake: Fake, hits_in_metrics: bool = True):
     class Handler(QuietHandler):
+        def refused(self) -> bool:
+            """Without the fake's API key, /v1 and /tokenize answer 401, as vLLM does."""
+            if fake.api_key is None or not self.path.startswith(("/v1", "/tokenize")):
+                return False
+            if self.headers.get("Authorization") == f"Bearer {fake.api_key}":
+                return False
+            self.send(401, json.dumps({"error": "Unauthorized"}))
+            return True
+
         def do_GET(self):
+            if self.refused():
+                return
             if self.path == "/health":
                 self.send(200 if fake.healthy() else 503, "")
             elif self.path == "/v1/models":
                 models = [
-                    {"id": name, "object": "model", "max_model_len": MAX_LEN}
+                    {"id": name, "object": "model", "max_model_len": fake.max_model_len}
                     for name in fake.models
                 ]
                 self.send(200, json.dumps({"object": "list", "data": models}))
@@ -134,6 +149,8 @@ def handler(fake: Fake, hits_in_metrics: bool = True):
 
         def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.refused():
+                return
             fake.asked_for.add(body.get("model"))
             if self.path == "/tokenize":
                 words = body["prompt"].split()

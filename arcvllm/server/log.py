@@ -1,4 +1,5 @@
-"""What the server's log says: its block size, and the exception it died with."""
+"""What the server's log says: its block size, and the exception it died with (read by
+the smoke test and the bench, from a file or a command such as `docker logs`)."""
 
 from __future__ import annotations
 
