@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from arcvllm import __version__, options
-from arcvllm.errors import ArcvllmError
+from arcvllm.errors import ArcvllmError, Unavailable
 
 # Module names, in the order `arcvllm --help` lists them.
 COMMANDS = (
@@ -80,10 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         top = (exc.name or "").partition(".")[0]
         if top not in options.EXTRAS:
             raise  # not an optional dependency: a bug, worth its traceback
-        error = ArcvllmError(
+        error = Unavailable(
             f"{options.running} needs the '{options.EXTRAS[top]}' extra: pip install "
-            f"'arcvllm[{options.EXTRAS[top]}]' (no module named {exc.name})",
-            3,
+            f"'arcvllm[{options.EXTRAS[top]}]' (no module named {exc.name})"
         )
         print(f"arcvllm: {error}", file=sys.stderr)
         return error.exit_code

@@ -1,4 +1,8 @@
-"""Errors an operator can cause or fix: the CLI prints them as one line."""
+"""Errors an operator can cause or fix: the CLI prints them as one line.
+
+Raise one of the four kinds; its exit status says who must act. The CLI catches the base,
+prints `arcvllm: MESSAGE` and exits with the error's `exit_code`.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +10,8 @@ from __future__ import annotations
 class ArcvllmError(Exception):
     """A problem worth one clear line and a non-zero exit, never a traceback.
 
-    The exit status says who must act: 1 a check failed, 2 the command was used wrongly,
-    3 the environment lacks something (no server, no vLLM, no Docker, a missing extra).
-    Subclasses set `exit_code` once; a plain raise can pass it: ArcvllmError("...", 2).
+    The base of the four kinds below, and exit 1 when raised as itself. The exit_code
+    argument remains for the code not yet on the four kinds (smoke, bench, release, image).
     """
 
     exit_code = 1
@@ -17,3 +20,28 @@ class ArcvllmError(Exception):
         super().__init__(message)
         if exit_code is not None:
             self.exit_code = exit_code
+
+
+class CheckFailed(ArcvllmError):
+    """A check failed: what was checked is not as it must be (a patch, a pin, a file)."""
+
+    exit_code = 1
+
+
+class UsageError(ArcvllmError):
+    """The command was used wrongly: a bad argument, or an unknown preset, stack or file."""
+
+    exit_code = 2
+
+
+class Unavailable(ArcvllmError):
+    """The environment lacks something: no server, no vLLM, no Docker, a missing extra."""
+
+    exit_code = 3
+
+
+class Degraded(ArcvllmError):
+    """It runs, with less than was asked (scale up with replicas down); the status a
+    command returns after naming what is missing."""
+
+    exit_code = 4

@@ -14,7 +14,7 @@ from pathlib import Path
 from types import ModuleType
 from urllib.parse import urlsplit
 
-from arcvllm.errors import ArcvllmError
+from arcvllm.errors import ArcvllmError, Unavailable, UsageError
 
 EXIT_STATUS = """\
 exit status:
@@ -77,7 +77,7 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):  # type: ignore[override]
         where = self.prog.removeprefix("arcvllm").strip()
         where = f"{where}: " if where else ""
-        self.exit(2, f"arcvllm: {where}{message} (see {self.prog} --help)\n")
+        self.exit(UsageError.exit_code, f"arcvllm: {where}{message} (see {self.prog} --help)\n")
 
 
 def add_json(parser: argparse.ArgumentParser, help: str | None = None) -> None:
@@ -187,7 +187,7 @@ def env_api_key(environ: dict[str, str] | os._Environ = os.environ) -> str | Non
         try:
             return read_key(Path(path))
         except ValueError as exc:
-            raise ArcvllmError(f"VLLM_API_KEY_FILE: {exc}", 3) from exc
+            raise Unavailable(f"VLLM_API_KEY_FILE: {exc}") from exc
     return environ.get("VLLM_API_KEY") or None
 
 
@@ -212,8 +212,7 @@ def require(module: str, extra: str, command: str | None = None) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as exc:
-        raise ArcvllmError(
+        raise Unavailable(
             f"{command or running} needs the '{extra}' extra: "
-            f"pip install 'arcvllm[{extra}]' (no module named {exc.name or module})",
-            3,
+            f"pip install 'arcvllm[{extra}]' (no module named {exc.name or module})"
         ) from exc

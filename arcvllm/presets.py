@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from arcvllm import options
-from arcvllm.errors import ArcvllmError
+from arcvllm.errors import ArcvllmError, UsageError
 from arcvllm.paths import configs_dir
 from arcvllm.text import columns
 
@@ -165,7 +165,7 @@ def load_all(directory: Path | None = None) -> dict[str, Preset]:
 def get_preset(name: str, directory: Path | None = None) -> Preset:
     presets = load_all(directory)
     if name not in presets:
-        raise ArcvllmError(f"unknown preset {name!r}; presets: {', '.join(presets) or '(none)'}", 2)
+        raise UsageError(f"unknown preset {name!r}; presets: {', '.join(presets) or '(none)'}")
     return presets[name]
 
 
@@ -726,7 +726,7 @@ def _check_kernels(presets: Mapping[str, Preset], given: Sequence[str], doc: dic
     try:
         overrides = {r.version: r for r in map(kernels.parse_release, given)}
     except ArcvllmError as exc:
-        raise ArcvllmError(str(exc), 2) from None
+        raise UsageError(str(exc)) from None
     releases = {v: overrides.get(v) or kernels.find_release(v) for v in set(stacks.values())}
     rows, failures, notes = kernel_rows(presets.values(), stacks, releases)
     fits, too_big = fit_rows(presets.values())

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from arcvllm.builder import index
-from arcvllm.errors import ArcvllmError
+from arcvllm.errors import ArcvllmError, Unavailable
 
 BODY = b"wheel bytes " * 4096
 SHA256 = hashlib.sha256(BODY).hexdigest()
@@ -67,7 +67,7 @@ def test_a_download_cut_short_every_time_fails_after_three_tries_and_leaves_noth
     server, tmp_path
 ):
     server.cut_first = 99
-    with pytest.raises(index.IndexUnavailable) as err:
+    with pytest.raises(Unavailable) as err:
         index.fetch(url(server), SHA256, tmp_path)
     assert server.asked == 3 and "cannot download" in str(err.value)
     assert list(tmp_path.iterdir()) == []
@@ -76,14 +76,14 @@ def test_a_download_cut_short_every_time_fails_after_three_tries_and_leaves_noth
 def test_nothing_listening_is_said_once(tmp_path, capsys):
     from conftest import free_port
 
-    with pytest.raises(index.IndexUnavailable):
+    with pytest.raises(Unavailable):
         index.fetch(f"http://127.0.0.1:{free_port()}/a.whl", SHA256, tmp_path)
     assert "trying again" not in capsys.readouterr().err
 
 
 def test_a_missing_file_is_not_asked_for_again(server, tmp_path):
     server.status = 404
-    with pytest.raises(index.IndexUnavailable):
+    with pytest.raises(Unavailable):
         index.fetch(url(server), SHA256, tmp_path)
     assert server.asked == 1
 

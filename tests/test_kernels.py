@@ -11,6 +11,7 @@ from conftest import ROOT, vllm_env
 
 from arcvllm import presets as P
 from arcvllm.builder import kernels as K
+from arcvllm.errors import Unavailable
 
 QWEN = "qwen3.6-35b-a3b-w4a16-1xb70"
 
@@ -80,7 +81,7 @@ def test_a_newer_release_runs_its_own_source_when_there_else_0_32_0_stands_in(tm
 
 
 def test_a_missing_release_is_an_environment_error(tmp_path):
-    with pytest.raises(K.EnvironmentMissing, match="make test-venvs") as info:
+    with pytest.raises(Unavailable, match="make test-venvs") as info:
         K.find_release("0.23.0", tmp_path)
     assert info.value.exit_code == 3
 

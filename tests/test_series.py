@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from arcvllm.errors import CheckFailed
 from arcvllm.patching import series
 from arcvllm.paths import patches_dir
 
@@ -136,7 +137,7 @@ def series_copy(tmp_path: Path) -> Path:
 def test_a_patch_file_that_differs_from_its_sha256_is_refused(series_copy):
     patch = series_copy.parent / "mamba-copy-uint64.patch"
     patch.write_text(patch.read_text().replace("np.uint64", "np.int64"))
-    with pytest.raises(series.SeriesError, match=r"mamba-copy-uint64\.patch has sha256"):
+    with pytest.raises(CheckFailed, match=r"mamba-copy-uint64\.patch has sha256"):
         series.load(series_copy)
 
 
@@ -149,7 +150,7 @@ def test_a_patch_without_its_dep3_bug_field_is_refused(series_copy):
     patch.write_text("".join(lines))
     new = hashlib.sha256(patch.read_bytes()).hexdigest()
     series_copy.write_text(series_copy.read_text().replace(old, new))
-    with pytest.raises(series.SeriesError, match="DEP-3 header lacks Bug"):
+    with pytest.raises(CheckFailed, match="DEP-3 header lacks Bug"):
         series.load(series_copy)
 
 
@@ -164,6 +165,6 @@ def test_a_patch_without_its_dep3_bug_field_is_refused(series_copy):
 )
 def test_a_malformed_series_is_refused_with_one_line(series_copy, text, message):
     series_copy.write_text(text)
-    with pytest.raises(series.SeriesError, match=message) as err:
+    with pytest.raises(CheckFailed, match=message) as err:
         series.load(series_copy)
     assert "\n" not in str(err.value)

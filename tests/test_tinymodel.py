@@ -10,6 +10,7 @@ from conftest import vllm_env
 
 from arcvllm import cli
 from arcvllm.builder import tinymodel as T
+from arcvllm.errors import UsageError
 
 
 def test_corpus_is_deterministic_per_seed():
@@ -93,6 +94,6 @@ def test_build_is_deterministic_and_loads_offline(tmp_path):
 
 def test_build_refuses_a_folder_with_files(tmp_path):
     (tmp_path / "x").write_text("keep me")
-    with pytest.raises(T.ArcvllmError, match="not empty") as raised:
+    with pytest.raises(UsageError, match="not empty") as raised:
         T.build(tmp_path)
     assert raised.value.exit_code == 2

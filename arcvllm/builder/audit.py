@@ -25,22 +25,9 @@ from pathlib import Path
 
 from arcvllm import options
 from arcvllm.builder import dockerfile, index, lock
-from arcvllm.errors import ArcvllmError
+from arcvllm.errors import ArcvllmError, Unavailable, UsageError
 from arcvllm.paths import data_root
 from arcvllm.text import columns
-
-
-class UsageError(ArcvllmError):
-    """The command was asked something that cannot be (unknown stack, not an XPU stack)."""
-
-    exit_code = 2
-
-
-class SourceUnavailable(ArcvllmError):
-    """The release's sdist cannot be had or does not verify: the environment must act."""
-
-    exit_code = 3
-
 
 RELEASE_FILES = {
     "dockerfile": "docker/Dockerfile.xpu",
@@ -117,12 +104,12 @@ def fetch_sdist(args: Mapping[str, str], version: str, cache: Path) -> Path:
             cached = index.fetch(url, sha256, cache)
         except ImportError as exc:
             where = args.get("VLLM_SDIST_URL") or name
-            raise SourceUnavailable(f"cannot fetch {where}: {exc}") from None
+            raise Unavailable(f"cannot fetch {where}: {exc}") from None
         except ArcvllmError as exc:
-            raise SourceUnavailable(str(exc)) from None
+            raise Unavailable(str(exc)) from None
     got = index.sha256_of(cached)
     if got != sha256:
-        raise SourceUnavailable(
+        raise Unavailable(
             f"{cached}: sha256 {got}, the stack pins {sha256} (remove the file to fetch it again)"
         )
     return cached
@@ -139,9 +126,9 @@ def read_release(path: Path, version: str, sha256: str) -> Release:
                     raise KeyError(member)
                 files[key] = handle.read().decode()
     except (tarfile.TarError, OSError) as exc:
-        raise SourceUnavailable(f"{path}: not a readable sdist: {exc}") from None
+        raise Unavailable(f"{path}: not a readable sdist: {exc}") from None
     except KeyError as exc:
-        raise SourceUnavailable(f"{path}: no vllm-{version}/{exc.args[0]} in the sdist") from None
+        raise Unavailable(f"{path}: no vllm-{version}/{exc.args[0]} in the sdist") from None
     return Release(version, path.name, sha256, files)
 
 
@@ -369,10 +356,10 @@ def dockerfile_facts(
     """
     stages = parse_stages(text, build_args)
     if not stages:
-        raise SourceUnavailable("the Dockerfile has no FROM")
+        raise Unavailable("the Dockerfile has no FROM")
     final = _by_name(stages).get(target.lower()) if target else stages[-1]
     if final is None:
-        raise SourceUnavailable(f"the Dockerfile has no stage {target}")
+        raise Unavailable(f"the Dockerfile has no stage {target}")
     serving = chain(stages, final)
     facts = Facts()
     facts.values["base"] = serving[0].parent
@@ -700,9 +687,9 @@ def release_of(stack, cache: Path, sdist: Path | None = None) -> Release:
     if sdist is not None:
         sha256 = args.get("VLLM_SDIST_SHA256", "")
         if not sdist.is_file():
-            raise SourceUnavailable(f"no sdist at {sdist}")
+            raise Unavailable(f"no sdist at {sdist}")
         if (got := index.sha256_of(sdist)) != sha256:
-            raise SourceUnavailable(f"{sdist}: sha256 {got}, the stack pins {sha256}")
+            raise Unavailable(f"{sdist}: sha256 {got}, the stack pins {sha256}")
         path = sdist
     else:
         path = fetch_sdist(args, stack.vllm_version, cache)
@@ -781,7 +768,7 @@ def published_hashes(text: str, python: str) -> dict[str, list[str]]:
     def lookup(entry: lock.Entry) -> tuple[str, list[str]]:
         try:
             files = index.project_files(entry.name, where)
-        except index.IndexUnavailable:
+        except Unavailable:
             return entry.name, []  # only the XPU index serves it
         return entry.name, lock.file_hashes(files, entry.version, accepted)
 
@@ -809,10 +796,7 @@ def resolved_lock(
         index=where,
     )
     uv = Path(sys.executable).with_name("uv")
-    try:
-        resolved = job.run(str(uv) if uv.exists() else "uv")
-    except lock.LockError as exc:
-        raise SourceUnavailable(str(exc)) from None
+    resolved = job.run(str(uv) if uv.exists() else "uv")  # Unavailable: no uv, no solution
     derived = {}
     if "torchaudio" in missing:
         resolved["torchaudio"] = lock.Entry("torchaudio", entries["torch"].version, ())

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 
-from arcvllm.errors import ArcvllmError
+from arcvllm.errors import Unavailable
 
 
 def instructions(text: str) -> list[tuple[str, str]]:
@@ -13,9 +13,7 @@ def instructions(text: str) -> list[tuple[str, str]]:
     try:
         from dockerfile_parse import DockerfileParser
     except ImportError:
-        raise ArcvllmError(
-            "dockerfile-parse is not installed: pip install -e '.[dev]'", 3
-        ) from None
+        raise Unavailable("dockerfile-parse is not installed: pip install -e '.[dev]'") from None
     parser = DockerfileParser(fileobj=io.BytesIO(text.encode()), env_replace=False)
     return [
         (item["instruction"], item["value"])

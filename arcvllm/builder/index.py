@@ -15,13 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from arcvllm.errors import ArcvllmError
-
-
-class IndexUnavailable(ArcvllmError):
-    """The index could not be asked, or does not have the file: the environment's problem."""
-
-    exit_code = 3
+from arcvllm.errors import ArcvllmError, Unavailable, UsageError
 
 
 def index_url() -> str:
@@ -36,7 +30,7 @@ def index_url() -> str:
             timeout=60,
         ).stdout
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise IndexUnavailable(f"cannot ask pip for its index: {exc}") from None
+        raise Unavailable(f"cannot ask pip for its index: {exc}") from None
     for line in out.splitlines():
         key, _, value = line.partition("=")
         if key.strip() in ("global.index-url", "install.index-url", "download.index-url"):
@@ -54,7 +48,7 @@ def _packages(project: str, index: str) -> list:
         with PyPISimple(endpoint=index.rstrip("/") + "/") as client:
             return list(client.get_project_page(project).packages)
     except Exception as exc:
-        raise IndexUnavailable(f"index {index}: cannot read project {project}: {exc}") from None
+        raise Unavailable(f"index {index}: cannot read project {project}: {exc}") from None
 
 
 def project_files(project: str, index: str | None = None) -> list[tuple[str, str | None]]:
@@ -70,7 +64,7 @@ def find_file(project: str, wanted, index: str | None = None) -> tuple[str, str,
         if wanted(package.filename):
             listed = (package.digests or {}).get("sha256")
             return package.filename, package.url.split("#", 1)[0], listed
-    raise IndexUnavailable(f"index {index} has no such file for project {project}")
+    raise Unavailable(f"index {index} has no such file for project {project}")
 
 
 def upload_time(project: str, filename: str, index: str | None = None) -> str:
@@ -79,7 +73,7 @@ def upload_time(project: str, filename: str, index: str | None = None) -> str:
     for package in _packages(project, index):
         if package.filename == filename and package.upload_time is not None:
             return package.upload_time.strftime("%Y-%m-%dT%H:%M:%SZ")
-    raise IndexUnavailable(f"index {index} lists no upload time of {filename} ({project})")
+    raise Unavailable(f"index {index} lists no upload time of {filename} ({project})")
 
 
 def file_url(project: str, filename: str, sha256: str, index: str | None = None) -> str:
@@ -87,8 +81,8 @@ def file_url(project: str, filename: str, sha256: str, index: str | None = None)
     index = index or index_url()
     try:
         _, url, listed = find_file(project, lambda name: name == filename, index)
-    except IndexUnavailable:
-        raise IndexUnavailable(f"index {index} has no {filename} for project {project}") from None
+    except Unavailable:
+        raise Unavailable(f"index {index} has no {filename} for project {project}") from None
     if listed and listed != sha256:
         raise ArcvllmError(f"index {index}: {filename} has sha256 {listed}, the pin says {sha256}")
     return url
@@ -124,7 +118,7 @@ def fetch(url: str, sha256: str, dest: Path) -> Path:
                 isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code >= 500
             )
             if not transient or attempt == ATTEMPTS:
-                raise IndexUnavailable(f"cannot download {url}: {exc}") from None
+                raise Unavailable(f"cannot download {url}: {exc}") from None
             print(
                 f"arcvllm: {target.name}: {exc}; trying again ({attempt + 1}/{ATTEMPTS})",
                 file=sys.stderr,
@@ -169,9 +163,9 @@ if __name__ == "__main__":
         sys.exit(_main(sys.argv[1:]))
     except ArcvllmError as exc:
         print(f"arcvllm: {exc}", file=sys.stderr)
-        sys.exit(getattr(exc, "exit_code", 1))
+        sys.exit(exc.exit_code)
     except ValueError:
         print(
             "usage: python -m arcvllm.builder.index PROJECT FILENAME SHA256 [DEST]", file=sys.stderr
         )
-        sys.exit(2)
+        sys.exit(UsageError.exit_code)

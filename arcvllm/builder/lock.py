@@ -24,6 +24,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from arcvllm.errors import Unavailable
+
 _NAME = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)")
 _HASH = re.compile(r"\s+--hash=sha256:[0-9a-f]{64}")
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==([^\s;#,]+)")
@@ -208,7 +210,7 @@ class Compile:
             try:
                 compiled = self._compile(uv, list(constraints.values()), public_torch)
                 break
-            except LockError as exc:
+            except Unavailable as exc:
                 absent = _ABSENT.search(str(exc))
                 if not absent or normalize(absent.group(1)) not in constraints:
                     raise
@@ -236,19 +238,15 @@ class Compile:
             try:
                 subprocess.run(command, cwd=folder, check=True, capture_output=True, text=True)
             except FileNotFoundError:
-                raise LockError(f"no {uv}: install the 'stack' extra (uv)") from None
+                raise Unavailable(f"no {uv}: install the 'stack' extra (uv)") from None
             except subprocess.CalledProcessError as exc:
                 why = " ".join((exc.stderr or "(no output)").split())
-                raise LockError(f"uv pip compile failed: {why[-400:]}") from None
+                raise Unavailable(f"uv pip compile failed: {why[-400:]}") from None
             return parse_lock((folder / "compiled.txt").read_text())
 
 
 _LOCAL = re.compile(r"==\s*[^\s;,]*\+")
 _ABSENT = re.compile(r"there is no version of ([A-Za-z0-9][A-Za-z0-9._-]*)==")
-
-
-class LockError(RuntimeError):
-    """The lock cannot be compiled (no uv, index unreachable, no solution)."""
 
 
 def render_resolved(

@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
-from arcvllm.errors import ArcvllmError
+from arcvllm.errors import ArcvllmError, UsageError
 
 FORMAT = "CycloneDX 1.6 JSON"
 PATCHES_MANIFEST = "opt/arcvllm/patches.json"
@@ -112,7 +112,7 @@ def created() -> datetime:
     """SOURCE_DATE_EPOCH as a UTC time (the commit's), else an error: never 'now'."""
     raw = os.environ.get("SOURCE_DATE_EPOCH", "")
     if not raw.isdigit():
-        raise ArcvllmError("sbom: SOURCE_DATE_EPOCH (the commit's time, seconds) is not set", 2)
+        raise UsageError("sbom: SOURCE_DATE_EPOCH (the commit's time, seconds) is not set")
     return datetime.fromtimestamp(int(raw), tz=timezone.utc)
 
 
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         packages = collect(args.root, args.venv)
         if not packages:
-            raise ArcvllmError(f"sbom: no dpkg status and no venv under {args.root}", 2)
+            raise UsageError(f"sbom: no dpkg status and no venv under {args.root}")
         args.out.write_text(document(args.name, args.version, packages, created()))
     except ArcvllmError as exc:
         parser.exit(exc.exit_code, f"arcvllm: {exc}\n")

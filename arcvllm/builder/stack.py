@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from arcvllm import options
-from arcvllm.errors import ArcvllmError
+from arcvllm.errors import ArcvllmError, Unavailable, UsageError
 from arcvllm.paths import configs_dir
 from arcvllm.text import columns
 
@@ -170,9 +170,9 @@ def ci_build_args(stack: Stack, standins_dir: Path | None = None) -> dict[str, s
         from arcvllm.ci import standins
     except ImportError:
         where = "CI's stand-ins come with a checkout of arcvllm, not with its wheel"
-        raise ArcvllmError(where, 3) from None
+        raise Unavailable(where) from None
     if stack.flavor != "xpu":
-        raise ArcvllmError(f"stack {stack.name} is {stack.flavor}: CI stand-ins are for xpu", 2)
+        raise UsageError(f"stack {stack.name} is {stack.flavor}: CI stand-ins are for xpu")
     # The stand-ins first: a missing one fails before the index is asked for the sdist.
     replace = standins.overrides(stack.name, standins.load(), standins_dir or standins.DEFAULT_DIR)
     return standins.ci_build_args(stack.resolved_build_args(), replace, stack.name)
@@ -274,14 +274,14 @@ def _cmd(args: argparse.Namespace) -> int:
     if args.action == "default":
         _, defaults = load(args.stacks_file)
         if args.name not in defaults:
-            raise ArcvllmError(f"no default stack for flavour {args.name!r}", 2)
+            raise UsageError(f"no default stack for flavour {args.name!r}")
         doc = {"flavor": args.name, "stack": defaults[args.name]}
         print(json.dumps(doc) if as_json else defaults[args.name])
         return 0
     try:
         stack = get(args.name, args.stacks_file, getattr(args, "flavor", None))
     except ArcvllmError as exc:  # a stack named on the command line
-        raise ArcvllmError(str(exc), 2) from None
+        raise UsageError(str(exc)) from None
     if args.action == "show":
         print(json.dumps(stack_json(stack), indent=2) if as_json else render_stack(stack))
         return 0
@@ -292,7 +292,7 @@ def _cmd(args: argparse.Namespace) -> int:
         try:
             value = lookup(stack, args.key)
         except ArcvllmError as exc:  # a key named on the command line
-            raise ArcvllmError(str(exc), 2) from None
+            raise UsageError(str(exc)) from None
         doc = {"stack": stack.name, "key": args.key, "value": value}
         print(json.dumps(doc) if as_json else value)
     return 0

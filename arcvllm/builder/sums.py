@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from arcvllm.errors import ArcvllmError
+from arcvllm.errors import Unavailable
 from arcvllm.paths import configs_dir
 
 TRUSTED_FILE = "trusted-sums.txt"
@@ -95,7 +95,7 @@ def fetch_sha256(url: str) -> str:
             for chunk in response.iter_bytes():
                 digest.update(chunk)
     except httpx.HTTPError as exc:
-        raise ArcvllmError(f"cannot fetch {url} to record its sha256: {exc}", 3) from None
+        raise Unavailable(f"cannot fetch {url} to record its sha256: {exc}") from None
     return digest.hexdigest()
 
 

@@ -33,7 +33,7 @@ import random
 from pathlib import Path
 
 from arcvllm import options
-from arcvllm.errors import ArcvllmError
+from arcvllm.errors import Unavailable, UsageError
 
 SERVED_NAME = "tiny-hybrid"
 VOCAB_SIZE = 512
@@ -213,7 +213,7 @@ def build(out_dir: Path, seed: int = 0) -> Path:
     """Write config, bf16 safetensors and tokenizer to OUT_DIR (created, must be empty)."""
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
-        raise ArcvllmError(f"{out_dir} exists and is not empty", 2)
+        raise UsageError(f"{out_dir} exists and is not empty")
     import torch
     from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
@@ -258,8 +258,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
         import torch  # noqa: F401
         import transformers  # noqa: F401
     except ModuleNotFoundError as exc:
-        raise ArcvllmError(
-            f"`tinymodel build` needs the vLLM environment ({exc.name} is missing)", 3
+        raise Unavailable(
+            f"`tinymodel build` needs the vLLM environment ({exc.name} is missing)"
         ) from exc
     path = build(Path(args.dir), seed=args.seed)
     if args.json:

@@ -23,7 +23,7 @@ from importlib import metadata
 from pathlib import Path
 
 from arcvllm import options
-from arcvllm.errors import ArcvllmError
+from arcvllm.errors import Unavailable
 
 LAUNCHER = r"""
 #include <Python.h>
@@ -46,12 +46,6 @@ PyMODINIT_FUNC PyInit_arcvllm_launcher(void) { return PyModule_Create(&module_de
 """
 
 
-class ToolchainMissing(ArcvllmError):
-    """A piece of the launcher toolchain is absent: the image's (environment's) problem."""
-
-    exit_code = 3
-
-
 @dataclass(frozen=True)
 class Toolchain:
     compiler: str
@@ -65,13 +59,13 @@ def _compiler() -> str:
     for name in (os.environ.get("CXX"), "c++", "g++", "clang++", "icpx"):
         if name and (path := shutil.which(name)):
             return path
-    raise ToolchainMissing("no C++ compiler (CXX, c++, g++, clang++ or icpx) on PATH")
+    raise Unavailable("no C++ compiler (CXX, c++, g++, clang++ or icpx) on PATH")
 
 
 def _python_include() -> str:
     include = sysconfig.get_paths()["include"]
     if not (Path(include) / "Python.h").is_file():
-        raise ToolchainMissing(f"no Python.h in {include} (the python3-dev package)")
+        raise Unavailable(f"no Python.h in {include} (the python3-dev package)")
     return include
 
 
@@ -80,7 +74,7 @@ def _sycl() -> tuple[str, str]:
     try:
         files = metadata.files("intel-sycl-rt") or []
     except metadata.PackageNotFoundError:
-        raise ToolchainMissing("no intel-sycl-rt wheel (sycl/sycl.hpp, libsycl.so)") from None
+        raise Unavailable("no intel-sycl-rt wheel (sycl/sycl.hpp, libsycl.so)") from None
     header = lib = None
     for f in files:
         path = Path(f.locate()).resolve()  # .data files land outside site-packages
@@ -89,7 +83,7 @@ def _sycl() -> tuple[str, str]:
         elif path.parts[-2:] == ("lib", "libsycl.so"):
             lib = path.parent
     if header is None or lib is None:
-        raise ToolchainMissing("the intel-sycl-rt wheel has no include/sycl/sycl.hpp or libsycl.so")
+        raise Unavailable("the intel-sycl-rt wheel has no include/sycl/sycl.hpp or libsycl.so")
     return str(header), str(lib)
 
 
@@ -98,7 +92,7 @@ def _level_zero() -> str:
     for root in filter(None, roots):
         if (Path(root) / "include" / "level_zero" / "ze_api.h").is_file():
             return str(Path(root) / "include")
-    raise ToolchainMissing("no level_zero/ze_api.h (the Level Zero dev package)")
+    raise Unavailable("no level_zero/ze_api.h (the Level Zero dev package)")
 
 
 def find() -> Toolchain:
@@ -120,11 +114,11 @@ def check(workdir: Path) -> Toolchain:
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
         lines = [ln for ln in result.stderr.splitlines() if "error" in ln] or [""]
-        raise ToolchainMissing(f"the launcher does not build: {lines[0].strip()}")
+        raise Unavailable(f"the launcher does not build: {lines[0].strip()}")
     try:
         ctypes.CDLL(str(out))
     except OSError as exc:
-        raise ToolchainMissing(f"the launcher does not load: {exc}") from None
+        raise Unavailable(f"the launcher does not load: {exc}") from None
     return tc
 
 
@@ -132,7 +126,7 @@ def _cmd(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="arcvllm-toolchain-") as tmp:
         try:
             tc = check(Path(tmp))
-        except ToolchainMissing as exc:
+        except Unavailable as exc:
             if args.json:
                 print(json.dumps({"ok": False, "problem": str(exc)}, indent=2))
             raise

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from arcvllm import options
 from arcvllm.engine import docker_binary
-from arcvllm.errors import ArcvllmError
+from arcvllm.errors import ArcvllmError, Unavailable, UsageError
 from arcvllm.paths import configs_dir
 
 # Where `make` writes, relative to the checkout, and where the build sees it.
@@ -130,7 +130,7 @@ def load(path: Path | None = None) -> Config:
 
     path = path or config_file()
     if not path.exists():
-        raise ArcvllmError(f"no stand-ins file at {path}", 3)
+        raise Unavailable(f"no stand-ins file at {path}")
     return parse(yaml.safe_load(path.read_text()), str(path))
 
 
@@ -139,8 +139,8 @@ def load(path: Path | None = None) -> Config:
 
 def _sum_of(path: Path) -> str:
     if not path.is_file():
-        raise ArcvllmError(
-            f"no stand-in {path}: run scripts/ci/standins.sh first (arcvllm standins make)", 3
+        raise Unavailable(
+            f"no stand-in {path}: run scripts/ci/standins.sh first (arcvllm standins make)"
         )
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -148,7 +148,7 @@ def _sum_of(path: Path) -> str:
 def overrides(stack: str, config: Config, root: Path = DEFAULT_DIR) -> dict[str, str]:
     """The build args STACK's stand-ins replace, with sums read from the files made."""
     if stack not in config.stacks:
-        raise ArcvllmError(f"ci-standins: no stand-ins for stack {stack}", 2)
+        raise UsageError(f"ci-standins: no stand-ins for stack {stack}")
     values: dict[str, str] = {}
     for key, name in config.stacks[stack].items():
         entry = config.entry(name)
@@ -199,7 +199,7 @@ def _run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
     try:
         return subprocess.run(cmd, check=True, text=True, capture_output=True, **kwargs)
     except FileNotFoundError:
-        raise ArcvllmError(f"standins: {cmd[0]} not found", 3) from None
+        raise Unavailable(f"standins: {cmd[0]} not found") from None
     except subprocess.CalledProcessError as exc:
         tail = (exc.stderr or exc.stdout or "").strip().splitlines()[-3:]
         raise ArcvllmError(f"standins: {' '.join(cmd[:3])} failed: {' | '.join(tail)}") from None
@@ -214,7 +214,7 @@ def apt_mirror() -> str:
         for line in Path("/etc/apt/sources.list").read_text().splitlines():
             if line.split()[:1] == ["deb"]:
                 return next(w for w in line.split()[1:] if not w.startswith("["))
-    raise ArcvllmError("standins: no Debian mirror in apt's sources", 3)
+    raise Unavailable("standins: no Debian mirror in apt's sources")
 
 
 def _deb_file(name: str, version: str) -> str:
@@ -407,7 +407,7 @@ def make_oneccl(config: Config, root: Path) -> str:
 def host_python(pattern: str) -> Path:
     found = sorted(glob.glob(pattern), key=lambda p: [int(x) for x in re.findall(r"\d+", p)])
     if not found:
-        raise ArcvllmError(f"standins: no host CPython at {pattern} to build python3.12 from", 3)
+        raise Unavailable(f"standins: no host CPython at {pattern} to build python3.12 from")
     return Path(found[-1])
 
 
@@ -435,7 +435,7 @@ def require_docker() -> None:
     docker = docker_binary()
     if subprocess.run([docker, "version"], capture_output=True).returncode != 0:
         where = "DOCKER_HOST: scripts/ci/engine.sh env"
-        raise ArcvllmError(f"standins: no Docker engine answers ({docker}; {where})", 3)
+        raise Unavailable(f"standins: no Docker engine answers ({docker}; {where})")
 
 
 def make_base(config: Config, root: Path) -> str:

@@ -16,12 +16,12 @@ import os
 import shutil
 import stat
 import subprocess
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from arcvllm import options
+from arcvllm.errors import CheckFailed
 from arcvllm.operate.settings import load as load_settings
 from arcvllm.operate.settings import render_gid_mismatch
 from arcvllm.presets import Preset, get_preset
@@ -756,8 +756,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         print(render_table(rows))
     failed = [r.check for r in rows if r.status == FAIL]
     if failed:
-        print(f"arcvllm: cannot serve {preset.name}: {', '.join(failed)}", file=sys.stderr)
-        return 1
+        raise CheckFailed(f"cannot serve {preset.name}: {', '.join(failed)}")
     return 0
 
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from arcvllm import options
-from arcvllm.errors import ArcvllmError
+from arcvllm.errors import UsageError
 from arcvllm.paths import checkout_root
 
 SECRET_KEYS = ("VLLM_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
@@ -354,7 +354,7 @@ def _cmd(args: argparse.Namespace) -> int:
     settings = load(args.env_file) if args.env_file else {}
     out = Path(args.out)
     if not out.name.endswith(".tar.gz"):
-        raise ArcvllmError(f"--out {out}: name the tarball *.tar.gz", 2)
+        raise UsageError(f"--out {out}: name the tarball *.tar.gz")
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     collector = collect(args, settings)
     text = redact(summary(collector, started), collector.secrets)

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from arcvllm import options
+from arcvllm.errors import Unavailable
 from arcvllm.operate import replicas
 from arcvllm.operate.doctor import DEFAULT_PRESET, Host, default_preset, level_zero_devices
 from arcvllm.operate.settings import load as load_settings
@@ -48,7 +49,7 @@ def compose(host: Host, gpus: int, out: Path) -> list[replicas.Card]:
     """Write OUT for the host's B70s (at least GPUS of them); the cards it names."""
     cards = replicas.b70s(host)
     if len(cards) < max(gpus, 1):
-        raise replicas.NotEnoughB70s(
+        raise Unavailable(
             f"the preset needs {gpus} Arc Pro B70(s); this host has {len(cards)} with a render "
             "node (`arcvllm doctor` says more)"
         )

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from arcvllm.errors import ArcvllmError
+from arcvllm.errors import Unavailable, UsageError
 from arcvllm.operate.doctor import Host, intel_gpus, render_node
 
 TEMPLATE_KEY = "x-xpu-replica"
@@ -28,10 +28,6 @@ TEMPLATE_KEY = "x-xpu-replica"
 # XPUPlatform.device_control_env_var, in each XPU stack's release: tests/test_replicas.py).
 AFFINITY_ENV = "ZE_AFFINITY_MASK"
 TARGETS_IN_CONTAINER = "/etc/arcvllm/prometheus/targets/replicas.yml"
-
-
-class NotEnoughB70s(ArcvllmError):
-    exit_code = 3
 
 
 @dataclass(frozen=True)
@@ -68,11 +64,11 @@ def b70s(host: Host) -> list[Card]:
 def pick(host: Host, replicas: int) -> list[Card]:
     """The first REPLICAS B70s, or one line saying how many this host has."""
     if replicas < 1:
-        raise ArcvllmError(f"--replicas must be 1 or more, not {replicas}", 2)
+        raise UsageError(f"--replicas must be 1 or more, not {replicas}")
     cards = b70s(host)
     if replicas > len(cards):
         seen = ", ".join(f"{c.slot} {c.render_node}" for c in cards) or "none"
-        raise NotEnoughB70s(
+        raise Unavailable(
             f"{replicas} replicas need {replicas} Arc Pro B70s; this host has {len(cards)} "
             f"with a render node ({seen}; `arcvllm doctor` says more)"
         )
@@ -83,7 +79,7 @@ def template(scale_file: Path) -> dict:
     """compose.scale.yaml's `x-xpu-replica`, its anchors resolved."""
     doc = yaml.safe_load(scale_file.read_text())
     if not isinstance(doc, dict) or not isinstance(doc.get(TEMPLATE_KEY), dict):
-        raise ArcvllmError(f"{scale_file}: no {TEMPLATE_KEY} mapping", 3)
+        raise Unavailable(f"{scale_file}: no {TEMPLATE_KEY} mapping")
     return doc[TEMPLATE_KEY]
 
 

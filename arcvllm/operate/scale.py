@@ -27,7 +27,7 @@ import yaml
 
 from arcvllm import options
 from arcvllm.engine import docker_binary
-from arcvllm.errors import ArcvllmError
+from arcvllm.errors import Degraded, Unavailable, UsageError
 from arcvllm.operate import replicas
 from arcvllm.operate.doctor import Host
 from arcvllm.operate.settings import api_key_file, check_api_key_file, effective
@@ -36,23 +36,15 @@ from arcvllm.paths import checkout_root
 from arcvllm.server.client import Client, WaitTimeout, wait_until
 
 PROJECT = "arcvllm-scale"
-DEGRADED = 4  # exit status: serving, with fewer replicas than asked
+DEGRADED = Degraded.exit_code  # exit status: serving, with fewer replicas than asked
 EXIT_ROWS = "  4  degraded: serving with fewer replicas than asked (the others stopped, named)"
-
-
-class BadScale(ArcvllmError):
-    """A replica count compose.scale.yaml has no profile for: the command was used wrongly."""
-
-    exit_code = 2
 
 
 def docker_dir() -> Path:
     """The checkout's docker/ (compose files are not part of the wheel)."""
     here = checkout_root() / "docker"
     if not (here / "compose.scale.yaml").is_file():
-        raise ArcvllmError(
-            f"no {here / 'compose.scale.yaml'}: run arcvllm scale from a checkout", 3
-        )
+        raise Unavailable(f"no {here / 'compose.scale.yaml'}: run arcvllm scale from a checkout")
     return here
 
 
@@ -78,9 +70,9 @@ class Layout:
 
 def layout(count: int, cpu: bool, monitoring: bool) -> Layout:
     if cpu and count != 2:
-        raise BadScale("the CPU scale-out profile has 2 replicas (cpu-scale)")
+        raise UsageError("the CPU scale-out profile has 2 replicas (cpu-scale)")
     if count < 1:
-        raise BadScale(f"--replicas must be 1 or more, not {count}")
+        raise UsageError(f"--replicas must be 1 or more, not {count}")
     workers = tuple(replicas.name(i) for i in range(count))
     if cpu:  # the CPU replicas answer as vllm-0 and vllm-1 too (network aliases)
         profiles, router, names = ("cpu-scale",), "router-cpu", ("vllm-cpu-0", "vllm-cpu-1")
@@ -149,7 +141,7 @@ class Deployment:
                 command, capture_output=True, text=True, timeout=timeout, env=self.env()
             )
         except FileNotFoundError:
-            raise ArcvllmError(f"no compose tool: {command[0]} not found (make tools)", 3) from None
+            raise Unavailable(f"no compose tool: {command[0]} not found (make tools)") from None
 
     def down(self, profiles: tuple[str, ...], purge: bool = False) -> subprocess.CompletedProcess:
         """Stop and remove the containers; the named volumes too only with PURGE.
@@ -164,7 +156,7 @@ class Deployment:
         result = self.run("stop", *services, profiles=profiles)
         if result.returncode != 0:
             lines = result.stderr.strip().splitlines() or ["(no output)"]
-            raise ArcvllmError(f"compose stop failed: {lines[-1]}", 3)
+            raise Unavailable(f"compose stop failed: {lines[-1]}")
 
     def state(self, service: str, profiles: tuple[str, ...]) -> dict:
         """Docker's State of SERVICE's container ({} when it has none)."""
@@ -267,9 +259,8 @@ def wait_router(url: str, timeout: float, interval: float = 2.0, status=http_sta
     try:
         wait_until(ready, timeout, interval, "a healthy worker behind the router")
     except WaitTimeout as exc:
-        raise ArcvllmError(
-            f"the router at {url} has no healthy worker after {timeout:.0f} s (/readiness: {last})",
-            3,
+        raise Unavailable(
+            f"the router at {url} has no healthy worker after {timeout:.0f} s (/readiness: {last})"
         ) from exc
 
 
@@ -278,10 +269,9 @@ def check_alert_receiver(env_file: Path) -> None:
     before anything starts (compose reads ALERT_WEBHOOK_URL from the shell or the file)."""
     if os.environ.get("ALERT_WEBHOOK_URL") or load_settings(env_file).get("ALERT_WEBHOOK_URL"):
         return
-    raise ArcvllmError(
+    raise Unavailable(
         "--monitoring: ALERT_WEBHOOK_URL is not set (the webhook Alertmanager sends alerts to;"
-        f" export it or put it in {env_file})",
-        3,
+        f" export it or put it in {env_file})"
     )
 
 
@@ -309,7 +299,7 @@ def up(args: argparse.Namespace, health: Health | None = None, status=None) -> i
         if len(failed) == len(p.replicas):
             first, *others = failed
             rest = f"; nor did {', '.join(others)}" if others else ""
-            raise ArcvllmError(f"replica {first} {failed[first]}{rest}", 3)
+            raise Unavailable(f"replica {first} {failed[first]}{rest}")
         if failed:
             dep.stop(tuple(failed), p.profiles)  # stopped: restart: unless-stopped holds it
         serving = [r for r in p.replicas if r not in failed]
@@ -342,7 +332,7 @@ def compose_up(dep: Deployment, profiles: tuple[str, ...], *services: str) -> No
     result = dep.run("up", "-d", *services, profiles=profiles, timeout=1800)
     if result.returncode != 0:
         lines = result.stderr.strip().splitlines() or ["(no output)"]
-        raise ArcvllmError(f"compose up failed: {lines[-1]}", 3)
+        raise Unavailable(f"compose up failed: {lines[-1]}")
 
 
 def write_replicas_file(args: argparse.Namespace) -> int:
@@ -377,7 +367,7 @@ def down(args: argparse.Namespace) -> int:
     result = dep.down(ALL_PROFILES, purge=args.purge)
     if result.returncode != 0:
         lines = result.stderr.strip().splitlines() or ["(no output)"]
-        raise ArcvllmError(f"compose down failed: {lines[-1]}", 3)
+        raise Unavailable(f"compose down failed: {lines[-1]}")
     shutil.rmtree(state_dir(args.project), ignore_errors=True)
     if args.json:
         print(json.dumps({"project": args.project, "down": True, "volumes_removed": args.purge}))

@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 
 from arcvllm import options
-from arcvllm.errors import ArcvllmError
+from arcvllm.errors import ArcvllmError, Unavailable, UsageError
 from arcvllm.presets import presets_dir
 
 # Read by compose for the ${...} in docker/compose.yaml and docker/compose.scale.yaml.
@@ -140,7 +140,7 @@ def read(path: Path) -> list[Setting]:
     try:
         text = path.read_text()
     except OSError as exc:
-        raise ArcvllmError(f"cannot read settings file {path}: {exc.strerror}", 2) from exc
+        raise UsageError(f"cannot read settings file {path}: {exc.strerror}") from exc
     settings = parse(text, str(path))
     check(settings, known_keys(), str(path))
     return settings
@@ -180,13 +180,13 @@ def check_api_key_file(path: Path) -> None:
     try:
         data = path.read_bytes()
     except OSError as exc:
-        raise ArcvllmError(
-            f"VLLM_API_KEY_FILE={path} is not a readable file ({exc.strerror}): {hint}", 3
+        raise Unavailable(
+            f"VLLM_API_KEY_FILE={path} is not a readable file ({exc.strerror}): {hint}"
         ) from None
     try:
         options.key_in(data)
     except ValueError:
-        raise ArcvllmError(f"VLLM_API_KEY_FILE={path}: {options.KEY_RULE}", 3) from None
+        raise Unavailable(f"VLLM_API_KEY_FILE={path}: {options.KEY_RULE}") from None
 
 
 def render_node_gids(dri_dir: Path = DRI_DIR) -> dict[str, int]:

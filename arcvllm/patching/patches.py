@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from arcvllm import __version__, options
-from arcvllm.errors import ArcvllmError
+from arcvllm.errors import ArcvllmError, CheckFailed, Unavailable, UsageError
 from arcvllm.patching import probe, series
 from arcvllm.patching.target import Target, find
 from arcvllm.paths import patches_dir
@@ -36,10 +36,6 @@ PENDING = "pending"  # needed, applies cleanly, not applied yet (status/verify o
 DRIFT = "drift"  # needed, but the patch no longer fits the tree
 
 MANIFEST_NAME = "arcvllm-patches.json"
-
-
-class PatchError(ArcvllmError):
-    """The series cannot be applied to this target as it stands."""
 
 
 @dataclass
@@ -102,7 +98,7 @@ def _upstream(patch: series.Patch) -> str | None:
 def _gnu_patch() -> str:
     exe = shutil.which("patch")
     if exe is None:
-        raise PatchError("GNU patch is not installed (Debian/Ubuntu: apt-get install patch)")
+        raise CheckFailed("GNU patch is not installed (Debian/Ubuntu: apt-get install patch)")
     return exe
 
 
@@ -175,7 +171,7 @@ def run_probes(target: Target, names: list[str], python: str) -> dict[str, dict[
     missing = [n for n in names if n not in results]
     if missing:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise PatchError(
+        raise CheckFailed(
             f"probes {', '.join(missing)} did not run against vLLM {target.version} "
             f"with {python}: {tail[0]}"
         )
@@ -187,10 +183,9 @@ def run_probes(target: Target, names: list[str], python: str) -> dict[str, dict[
 
 def _check_supported(target: Target, the_series: series.Series, allow_unsupported: bool):
     if not the_series.supports(target.version) and not allow_unsupported:
-        raise PatchError(
+        raise Unavailable(
             f"vLLM {target.version} is outside the supported range {the_series.supported} "
-            "(--allow-unsupported to try anyway)",
-            3,
+            "(--allow-unsupported to try anyway)"
         )
 
 
@@ -245,14 +240,14 @@ def apply(
     for row in report.rows:
         patch = row.entry.patch
         if row.probe == "error":
-            raise PatchError(f"probe {patch.probe} cannot run on vLLM {version}: {row.detail}")
+            raise CheckFailed(f"probe {patch.probe} cannot run on vLLM {version}: {row.detail}")
         if row.state == UPSTREAM and row.probe != "pass":
-            raise PatchError(
+            raise CheckFailed(
                 f"{patch.name}: vLLM {version} should carry upstream's fix "
                 f"({_upstream(patch)}) but probe {patch.probe} fails: {row.detail}"
             )
         if row.state == DRIFT:
-            raise PatchError(
+            raise CheckFailed(
                 f"{patch.name} ({row.entry.variant.file.name}) does not apply to vLLM {version}: "
                 f"{row.detail}; no file was changed"
             )
@@ -266,7 +261,7 @@ def apply(
         for row in pending:
             out = _patch(target, row.entry.variant.file, dry_run=False)
             if out.returncode != 0:
-                raise PatchError(
+                raise CheckFailed(
                     f"{row.name}: applying failed on vLLM {version}: "
                     f"{_failed_hunk(row.entry.variant.file, out.stdout + out.stderr)}"
                 )
@@ -277,13 +272,13 @@ def apply(
             result = results[row.entry.patch.probe]
             row.probe, row.detail = result["result"], result["detail"]
             if row.probe != "pass":
-                raise PatchError(
+                raise CheckFailed(
                     f"{row.name}: applied to vLLM {version}, but probe {row.entry.patch.probe} "
                     f"fails: {row.detail}; every file restored"
                 )
             row.action = row.action or "already applied"
         if expect is not None and report.summary() != expect:
-            raise PatchError(
+            raise CheckFailed(
                 f"vLLM {version}: the series gave {report.summary()}, expected {expect}"
             )
     except BaseException:
@@ -468,7 +463,7 @@ def _cmd_verify(args) -> int:
     else:
         print(table(report))
     if bad:
-        raise PatchError(
+        raise CheckFailed(
             "not verified: "
             + ", ".join(f"{row.name} is {row.state} (probe {row.probe})" for row in bad)
         )
@@ -498,11 +493,9 @@ def _cmd_plan(args) -> int:
     try:
         version = series.parse_version(args.vllm_version)
     except ArcvllmError as exc:
-        raise ArcvllmError(f"--vllm-version: {exc}", 2) from None
+        raise UsageError(f"--vllm-version: {exc}") from None
     if not the_series.supports(version):
-        raise ArcvllmError(
-            f"vLLM {version} is outside the supported range {the_series.supported}", 2
-        )
+        raise UsageError(f"vLLM {version} is outside the supported range {the_series.supported}")
     states = plan_states(the_series, version)
     if args.json:
         doc = {"vllm": str(version), "summary": series.summary(states), "patches": states}

