@@ -10,16 +10,14 @@ from __future__ import annotations
 class ArcvllmError(Exception):
     """A problem worth one clear line and a non-zero exit, never a traceback.
 
-    The base of the four kinds below, and exit 1 when raised as itself. The exit_code
-    argument remains for the code not yet on the four kinds (smoke, bench, release, image).
+    The base of the four kinds below (what the CLI catches), and exit 1 when raised as
+    itself. Each kind fixes its exit status; no raise spells one as a number.
     """
 
     exit_code = 1
 
-    def __init__(self, message: str = "", exit_code: int | None = None) -> None:
+    def __init__(self, message: str = "") -> None:  # one line, nothing beside it
         super().__init__(message)
-        if exit_code is not None:
-            self.exit_code = exit_code
 
 
 class CheckFailed(ArcvllmError):

@@ -24,7 +24,7 @@ from arcvllm.bench.measurements import (
 from arcvllm.bench.plot import plot_report
 from arcvllm.bench.reference import load_reference, ratio_rows, summary_metrics
 from arcvllm.bench.runner import VLLM_BENCH_KEYS, run_vllm_bench, vllm_bench_args
-from arcvllm.errors import ArcvllmError
+from arcvllm.errors import ArcvllmError, Unavailable, UsageError
 from arcvllm.options import add_json, add_server, url
 from arcvllm.server.client import Client
 from arcvllm.server.discovery import Served, discover, served_model
@@ -45,10 +45,9 @@ def resolve_tokenizer(tokenizer: str | None, preset_model: str | None, model: st
     for candidate in (tokenizer, preset_model, model):
         if candidate and Path(candidate).exists():
             return candidate
-    raise ArcvllmError(
+    raise UsageError(
         "vllm bench needs the model's tokenizer on this machine: pass --tokenizer PATH "
-        "(the model folder)",
-        2,
+        "(the model folder)"
     )
 
 
@@ -79,7 +78,7 @@ class BenchOptions:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> BenchOptions:
         if not args.base_url:
-            raise ArcvllmError("name the server: --base-url URL", 2)
+            raise UsageError("name the server: --base-url URL")
         return cls(
             base_url=args.base_url,
             model=args.model,
@@ -115,10 +114,9 @@ def vllm_python(python: str | None) -> str:
     python = python or sys.executable
     probe = subprocess.run([python, "-c", "import vllm"], capture_output=True, timeout=300)
     if probe.returncode != 0:
-        raise ArcvllmError(
+        raise Unavailable(
             f"{python} cannot import vllm: run `arcvllm bench` inside the image, "
-            "or pass --vllm-python PYTHON",
-            3,
+            "or pass --vllm-python PYTHON"
         )
     return python
 
@@ -336,9 +334,9 @@ def _cmd_replot(args: argparse.Namespace) -> int:
         report = json.loads(source.read_text())
         missing = [k for k in ("runs", "model", "block_size") if k not in report]
     except (OSError, ValueError, TypeError) as exc:
-        raise ArcvllmError(f"cannot read {source} as a bench.json: {exc}", 2) from exc
+        raise UsageError(f"cannot read {source} as a bench.json: {exc}") from exc
     if missing:
-        raise ArcvllmError(f"cannot read {source} as a bench.json: no {', '.join(missing)}", 2)
+        raise UsageError(f"cannot read {source} as a bench.json: no {', '.join(missing)}")
     png = source.with_suffix(".png")
     plot_report(report, png)
     print(json.dumps({"png": str(png)}) if args.json else f"wrote {png}")

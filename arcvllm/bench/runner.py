@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from arcvllm.errors import ArcvllmError
+from arcvllm.errors import Unavailable
 from arcvllm.paths import checkout_root
 
 VLLM_BENCH_JSON = "vllm-bench-serve.json"
@@ -102,7 +102,7 @@ def run_vllm_bench(
     result = out_dir / VLLM_BENCH_JSON
     if done.returncode != 0 or not result.exists():
         tail = log.read_text().strip().splitlines()[-1:] or ["no output"]
-        raise ArcvllmError(f"vllm bench serve failed (rc {done.returncode}): {tail[0]} ({log})", 3)
+        raise Unavailable(f"vllm bench serve failed (rc {done.returncode}): {tail[0]} ({log})")
     return json.loads(result.read_text())
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from arcvllm import __version__, options
 from arcvllm.builder.stack import Stack
 from arcvllm.engine import docker_binary
-from arcvllm.errors import ArcvllmError
+from arcvllm.errors import ArcvllmError, Unavailable, UsageError
 from arcvllm.paths import checkout_root
 
 # Engine failures that a second run of the same build (from its cache) gets past: what
@@ -132,7 +132,7 @@ def compression() -> str:
     """The release layouts' layer compression: $ARCVLLM_LAYER_COMPRESSION, else zstd."""
     name = os.environ.get("ARCVLLM_LAYER_COMPRESSION", "zstd")
     if name not in COMPRESSIONS:
-        raise ArcvllmError(f"ARCVLLM_LAYER_COMPRESSION={name}: one of {', '.join(COMPRESSIONS)}", 2)
+        raise UsageError(f"ARCVLLM_LAYER_COMPRESSION={name}: one of {', '.join(COMPRESSIONS)}")
     return COMPRESSIONS[name]
 
 
@@ -184,7 +184,7 @@ def inspect_id(image: str, docker: str | None = None) -> str:
         text=True,
     )
     if out.returncode != 0:
-        raise ArcvllmError(f"no image {image}: {out.stderr.strip()}", 3)
+        raise Unavailable(f"no image {image}: {out.stderr.strip()}")
     return out.stdout.strip()
 
 
@@ -204,7 +204,7 @@ def spec_for(
     if side is not None:
         sides = stack.side_images(stacks_file)
         if side not in sides:
-            raise ArcvllmError(f"unknown side image {side!r}; side images: {', '.join(sides)}", 2)
+            raise UsageError(f"unknown side image {side!r}; side images: {', '.join(sides)}")
         the_stack = stacks[defaults["cpu"]]
         entry = sides[side]
         return Build(
@@ -217,7 +217,7 @@ def spec_for(
     try:
         the_stack = stack.get(stack_name or defaults["cpu"], stacks_file, flavor)
     except ArcvllmError as exc:  # a stack named on the command line
-        raise ArcvllmError(str(exc), 2) from None
+        raise UsageError(str(exc)) from None
     if ci:
         args = stack.ci_build_args(the_stack)
     else:  # every download pinned: by stacks.yaml, else trusted on first use (arcvllm.builder.sums)

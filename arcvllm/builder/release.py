@@ -23,7 +23,7 @@ from pathlib import Path
 
 from arcvllm import options
 from arcvllm.builder import image
-from arcvllm.errors import ArcvllmError
+from arcvllm.errors import ArcvllmError, CheckFailed, UsageError
 
 SBOM_PATH = "/opt/arcvllm/sbom.cdx.json"
 KEYLESS = "keyless"  # --key keyless: cosign's keyless signing (the hosted workflow's OIDC)
@@ -61,11 +61,11 @@ def targets(stacks: Sequence[str] | None, sides: Sequence[str] | None) -> list[T
     chosen = list(stacks) if stacks is not None else list(all_stacks)
     for name in chosen:
         if name not in all_stacks:
-            raise ArcvllmError(f"unknown stack {name!r}; stacks: {', '.join(all_stacks)}", 2)
+            raise UsageError(f"unknown stack {name!r}; stacks: {', '.join(all_stacks)}")
     side_names = list(sides) if sides is not None else list(all_sides)
     for name in side_names:
         if name not in all_sides:
-            raise ArcvllmError(f"unknown side image {name!r}; {', '.join(all_sides)}", 2)
+            raise UsageError(f"unknown side image {name!r}; {', '.join(all_sides)}")
     return [Target(n, "server") for n in chosen] + [Target(n, "side") for n in side_names]
 
 
@@ -279,11 +279,11 @@ def release(
     import re
 
     if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,100}", version):
-        raise ArcvllmError(f"release: VERSION {version!r} is not a tag (e.g. 1.2.0)", 2)
+        raise UsageError(f"release: VERSION {version!r} is not a tag (e.g. 1.2.0)")
     if not re.fullmatch(r"[A-Za-z0-9.-]+(:[0-9]+)?(/[a-z0-9._/-]+)?", registry):
-        raise ArcvllmError(f"release: REGISTRY {registry!r} is not host[:port][/path]", 2)
+        raise UsageError(f"release: REGISTRY {registry!r} is not host[:port][/path]")
     if str(key) != KEYLESS and not key.is_file():
-        raise ArcvllmError(f"no cosign key at {key} (cosign generate-key-pair)", 2)
+        raise UsageError(f"no cosign key at {key} (cosign generate-key-pair)")
     chosen = targets(stacks, sides)
     out.mkdir(parents=True, exist_ok=True)
     src = image.source()
@@ -330,7 +330,7 @@ def entry(manifest_file: Path, name: str) -> dict:
     found = next((e for e in images if e["name"] == name), None)
     if found is None:
         names = ", ".join(e["name"] for e in images)
-        raise ArcvllmError(f"{manifest_file}: no image {name!r} (it has: {names})", 2)
+        raise UsageError(f"{manifest_file}: no image {name!r} (it has: {names})")
     return found
 
 
@@ -352,13 +352,13 @@ def _cmd(args) -> int:
         if len(differ) > args.limit:
             print(f"  ... and {len(differ) - args.limit} more")
         if differ:
-            raise ArcvllmError(f"the two builds differ in {len(differ)} files", 1)
+            raise CheckFailed(f"the two builds differ in {len(differ)} files")
         print("the same image: one digest")
         return 0
     if args.action == "entry":
         found = entry(args.manifest, args.name)
         if args.field not in found:
-            raise ArcvllmError(f"no field {args.field!r} (it has: {', '.join(found)})", 2)
+            raise UsageError(f"no field {args.field!r} (it has: {', '.join(found)})")
         print(json.dumps(found[args.field]) if args.json else found[args.field])
         return 0
     if args.action == "verify":

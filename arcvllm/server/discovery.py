@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from arcvllm.errors import ArcvllmError
+from arcvllm.errors import Unavailable, UsageError
 from arcvllm.server import metrics as m
 from arcvllm.server.client import Client
 from arcvllm.server.log import LogSource, block_size_from_log
@@ -41,9 +41,7 @@ def requested_model(model: str | None, preset: str | None) -> str | None:
 
     served = get_preset(preset).served_model_name
     if model is not None and model != served:
-        raise ArcvllmError(
-            f"--model {model!r} is not the model of preset {preset!r} ({served!r})", 2
-        )
+        raise UsageError(f"--model {model!r} is not the model of preset {preset!r} ({served!r})")
     return served
 
 
@@ -53,15 +51,15 @@ def served_model(client: Client, model: str | None = None) -> tuple[str, int]:
     names = [entry["id"] for entry in entries]
     if model is None:
         if len(names) != 1:
-            raise ArcvllmError(f"the server serves {names}; choose one with --model", 2)
+            raise UsageError(f"the server serves {names}; choose one with --model")
         model = names[0]
     elif model not in names:
-        raise ArcvllmError(
-            f"model {model!r} is not served at {client.root}; it serves: {', '.join(names)}", 2
+        raise UsageError(
+            f"model {model!r} is not served at {client.root}; it serves: {', '.join(names)}"
         )
     max_len = next(int(e.get("max_model_len") or 0) for e in entries if e["id"] == model)
     if max_len <= 0:
-        raise ArcvllmError(f"{client.root}/v1/models does not say max_model_len of {model!r}", 3)
+        raise Unavailable(f"{client.root}/v1/models does not say max_model_len of {model!r}")
     return model, max_len
 
 
@@ -75,12 +73,11 @@ def _models(client: Client) -> list[dict]:
     except httpx.HTTPStatusError as exc:
         status = exc.response.status_code
         hint = " (wrong --api-key?)" if status in (401, 403) else ""
-        raise ArcvllmError(
-            f"{client.root}/v1/models answered {status}{hint}", 2 if status < 500 else 3
-        ) from exc
+        kind = UsageError if status < 500 else Unavailable
+        raise kind(f"{client.root}/v1/models answered {status}{hint}") from exc
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
-        raise ArcvllmError(
-            f"cannot reach a vLLM server at {client.root}: {_first_line(exc)}", 3
+        raise Unavailable(
+            f"cannot reach a vLLM server at {client.root}: {_first_line(exc)}"
         ) from exc
 
 
@@ -92,7 +89,7 @@ def block_size(
 
     if given is not None:
         if given <= 0:
-            raise ArcvllmError(f"--block-size {given} is not a number of tokens", 2)
+            raise UsageError(f"--block-size {given} is not a number of tokens")
         return given, "given"
     try:
         found = m.block_size(client.metrics())
@@ -103,11 +100,10 @@ def block_size(
     found = block_size_from_log(log.lines()) if log else None
     if found:
         return found, "server log"
-    raise ArcvllmError(
+    raise Unavailable(
         "cannot determine the server's block size: /metrics has no "
         "vllm:cache_config_info effective_attention_block_size and no server log "
-        "(--log-file/--log-cmd) says 'Setting attention block size to N tokens'",
-        3,
+        "(--log-file/--log-cmd) says 'Setting attention block size to N tokens'"
     )
 
 

@@ -14,7 +14,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-from arcvllm.errors import ArcvllmError
+from arcvllm.errors import ArcvllmError, Unavailable
 from arcvllm.server import metrics as m
 from arcvllm.server.client import Client, Stream, WaitTimeout
 from arcvllm.server.discovery import discover, requested_model
@@ -495,7 +495,7 @@ def run(opts: SmokeOptions) -> SmokeReport:
             if not _start(opts, client, report, t0):
                 return _finish(report, opts, t0)
         elif not client.healthy():
-            raise ArcvllmError(f"no vLLM server answers {client.root}/health", 3)
+            raise Unavailable(f"no vLLM server answers {client.root}/health")
         served = discover(client, model, log=opts.log)
         p = plan_checks(served.block_size, served.max_model_len)
         report.server = {
@@ -512,7 +512,7 @@ def run(opts: SmokeOptions) -> SmokeReport:
         Smoke(client, served.model, p, report, expects_speculation(opts.preset)).run()
         return _finish(report, opts, t0)
     except subprocess.CalledProcessError as exc:
-        raise ArcvllmError(f"--start-cmd failed with exit code {exc.returncode}", 3) from exc
+        raise Unavailable(f"--start-cmd failed with exit code {exc.returncode}") from exc
     finally:
         if started and opts.stop_cmd:
             subprocess.run(opts.stop_cmd, shell=True, check=False)
