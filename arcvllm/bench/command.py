@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -79,26 +79,16 @@ class BenchOptions:
     def from_args(cls, args: argparse.Namespace) -> BenchOptions:
         if not args.base_url:
             raise UsageError("name the server: --base-url URL")
+        # the fields argparse names alike (its dest is the field's name), then the others
+        same = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
         return cls(
-            base_url=args.base_url,
-            model=args.model,
-            preset=args.preset,
-            api_key=args.api_key,
-            ca_cert=str(args.ca_cert) if args.ca_cert else None,
-            log=LogSource(file=args.log_file, cmd=args.log_cmd),
-            out=Path(args.out),
-            as_json=args.json,
-            tokenizer=args.tokenizer,
-            vllm_python=args.vllm_python,
-            block_size=args.block_size,
-            input_len=args.input_len,
-            output_len=args.output_len,
-            num_prompts=args.num_prompts,
-            concurrency=args.concurrency,
-            crossings=args.crossings,
-            runs=args.runs,
-            seed=args.seed,
-            plain_url=args.plain_url,
+            **same
+            | {
+                "ca_cert": str(args.ca_cert) if args.ca_cert else None,
+                "log": LogSource(file=args.log_file, cmd=args.log_cmd),
+                "out": Path(args.out),
+                "as_json": args.json,
+            }
         )
 
     def client(self, url: str) -> Client:
