@@ -92,3 +92,21 @@ def test_a_wrong_sum_is_refused_and_the_file_not_kept(server, tmp_path):
     with pytest.raises(ArcvllmError) as err:
         index.fetch(url(server), "0" * 64, tmp_path)
     assert "the pin says" in str(err.value) and list(tmp_path.iterdir()) == []
+
+
+def test_uv_is_told_pip_s_index_first_then_the_extra_ones_that_exist(monkeypatch, tmp_path):
+    """uv takes the first index that has a project, pip weighs them all alike: pip's own
+    index leads, so a mirror's other build of a locked wheel cannot shadow it."""
+    local = tmp_path / "simple"
+    local.mkdir()
+    monkeypatch.setenv("PIP_INDEX_URL", "https://mirror.example/simple")
+    extras = f"file://{tmp_path}/absent file://{local} https://extra.example/simple"
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", extras)
+    monkeypatch.setenv("PIP_FIND_LINKS", "/srv/wheels")
+    assert index.uv_sources() == [
+        "--index", "https://mirror.example/simple",
+        "--index", f"file://{local}",
+        "--index", "https://extra.example/simple",
+        "--find-links", "/srv/wheels",
+        "--default-index", "https://mirror.example/simple",
+    ]  # fmt: skip

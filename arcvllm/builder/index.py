@@ -18,10 +18,9 @@ from pathlib import Path
 from arcvllm.errors import ArcvllmError, Unavailable, UsageError
 
 
-def index_url() -> str:
-    """The simple-API root pip installs from: PIP_INDEX_URL, pip's config, or pip's default."""
-    if url := os.environ.get("PIP_INDEX_URL"):
-        return url
+def pip_config() -> dict[str, list[str]]:
+    """What pip installs from here: its index-url, extra-index-url and find-links, from the
+    PIP_* environment, else pip's config (global, then install), as pip reads them."""
     try:
         out = subprocess.run(
             [sys.executable, "-m", "pip", "config", "list"],
@@ -31,13 +30,48 @@ def index_url() -> str:
         ).stdout
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise Unavailable(f"cannot ask pip for its index: {exc}") from None
+    found: dict[str, list[str]] = {}
     for line in out.splitlines():
         key, _, value = line.partition("=")
-        if key.strip() in ("global.index-url", "install.index-url", "download.index-url"):
-            return value.strip().strip("'\"")
+        section, _, name = key.strip().partition(".")
+        if section in ("global", "install") and name in PIP_KEYS:
+            found[name] = value.strip().strip("'\"").split()
+    for name in PIP_KEYS:
+        if env := os.environ.get("PIP_" + name.upper().replace("-", "_")):
+            found[name] = env.split()
+    return found
+
+
+PIP_KEYS = ("index-url", "extra-index-url", "find-links")
+
+
+def index_url() -> str:
+    """The simple-API root pip installs from: PIP_INDEX_URL, pip's config, or pip's default."""
+    if urls := pip_config().get("index-url"):
+        return urls[0]
     from pip._internal.models.index import PyPI  # pip's own default, not a copy of it
 
     return PyPI.simple_url
+
+
+def uv_sources() -> list[str]:
+    """`uv pip install` options for the sources pip uses here (uv reads no pip config).
+
+    pip weighs every candidate of every index alike and takes the file whose sha256 a lock
+    lists; uv takes the first index that has the project. So pip's index comes first, then
+    the extra indexes that exist (pip skips a missing file:// one with a warning, uv would
+    stop), in pip's order, and the find-links folders beside them: a mirror of other builds
+    of a wheel (another manylinux tag, another sha256) never shadows the locked file.
+    """
+    config = pip_config()
+    primary = index_url()
+    args = ["--index", primary]
+    for url in config.get("extra-index-url", []):
+        if not url.startswith("file://") or Path(url.removeprefix("file://")).is_dir():
+            args += ["--index", url]
+    for where in config.get("find-links", []):
+        args += ["--find-links", where]
+    return [*args, "--default-index", primary]
 
 
 def _packages(project: str, index: str) -> list:
@@ -149,7 +183,11 @@ def sha256_of(path: Path) -> str:
 
 
 def _main(argv: list[str]) -> int:
-    """`python -m arcvllm.builder.index PROJECT FILENAME SHA256 [DEST]`: print the URL, or fetch."""
+    """`python -m arcvllm.builder.index PROJECT FILENAME SHA256 [DEST]`: print the URL, or
+    fetch; `... --uv-sources`: uv_sources(), one argument a line."""
+    if argv == ["--uv-sources"]:
+        print("\n".join(uv_sources()))
+        return 0
     project, filename, sha256, *dest = argv
     if dest:
         print(fetch_file(project, filename, sha256, Path(dest[0])))
