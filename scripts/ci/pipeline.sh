@@ -5,11 +5,11 @@
 #   images (background): the stand-ins, the CPU image and the small images, the release
 #     rehearsal (make release into a local registry), the default XPU stack's rehearsal
 #     and its tests (once the test venvs are made: they run real vLLM releases' Python
-#     from build/venvs), the CPU image's second clean build (one digest with the release's);
+#     from build/venvs), the router's two clean builds, the CPU image's second clean build
+#     (one digest with the release's);
 #   tests (foreground): the unit tests while the test venvs are made, the tests of real
 #     vLLM releases (`presets --check` among them), those of the CPU images (the
-#     deployments), the CPU image's smoke tests (emulated; the MTP preset), the router's two
-#     clean builds.
+#     deployments), the CPU image's smoke tests (emulated; the MTP preset).
 # Every test step runs even after a failed one; the exit status is the first failure's.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -113,6 +113,9 @@ print(*(s["name"] for s in json.load(sys.stdin) if s["flavor"] == "xpu" and not 
 		fi
 		/usr/bin/docker image rm -f "arcvllm:$stack-ci" "arcvllm:$stack-ci-user" >/dev/null 2>&1 || true
 	done
+	# Two clean builds of the router (apt, a venv, pip, a user): one digest. (Here, not in
+	# the tests stream: with the release's layouts and test-venvs' uv that one is longer.)
+	test_step make reproducible REPRO_IMAGES=router
 	# Two clean builds of the CPU image give one digest: the release rehearsal's layout (its
 	# layers from this run's first build, on a new engine) against one more with --no-cache.
 	make_room "$REPRO_ROOM_GB"
@@ -130,7 +133,7 @@ venvs() {
 # What the images stream did: its steps, pytest's verdicts and the digests of the two clean
 # CPU builds (all of it if it failed).
 report_images() {
-	grep -E '^(==>|<==)|^=+ .*(passed|failed|error).* in [0-9.]+s|^reproducible |^cpu-[12]: sha256:|^the same image' \
+	grep -E '^(==>|<==)|^=+ .*(passed|failed|error).* in [0-9.]+s|^reproducible |^[a-z]+-[12]: sha256:|^the same image' \
 		"$TMPDIR/images.log" || true
 }
 
@@ -151,6 +154,7 @@ if ! venvs_ok; then
 	echo "<== make test-venvs: FAILED"
 	exit 1
 fi
+grep '^test-venvs:' "$TMPDIR/venvs.log" || true
 echo "<== make test-venvs (done $SECONDS s into the run)"
 test_step make test-vllm
 echo "==> waiting for the CPU images"
@@ -167,8 +171,6 @@ touch "$cpu_tests_done"
 test_step make smoke-emulated STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu
 test_step make smoke-check STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu-mtp \
 	SMOKE_REPORT=reports/smoke-cpu-mtp.json
-# Two clean builds of the router (apt, a venv, pip, a user): one digest.
-test_step make reproducible REPRO_IMAGES=router
 echo "==> waiting for the images stream (release rehearsal, XPU rehearsal, the CPU image built again)"
 wait "$images_pid" || true
 trap - EXIT
