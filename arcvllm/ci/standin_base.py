@@ -126,7 +126,7 @@ def build(
              *apt_options(), entry["suite"], str(rootfs), mirror],
             log=work / "mmdebstrap.log",
         )  # fmt: skip
-        (rootfs / "etc/apt/apt.conf.d/99mmdebstrap").unlink()  # its copy of the options
+        (rootfs / "etc/apt/apt.conf.d/99mmdebstrap").unlink(missing_ok=True)  # its options
         for deb in debs:
             shutil.copy2(deb, rootfs / "tmp")
         _run(["chroot", str(rootfs), "sh", "-c", "dpkg -i /tmp/*.deb && rm /tmp/*.deb"])
