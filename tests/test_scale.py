@@ -376,8 +376,11 @@ def test_cache_aware_keeps_each_prefix_on_its_replica(deployment):
     MEASURED["prompt_tokens"] = run["tokens"]
     MEASURED["cache_aware"] = {k: run[k] for k in ("token_hit_rate", "repeat_hit_rate")}
     assert all(len(o) == 1 for o in run["owners"]), run
-    # Three prefixes on two replicas: both replicas own at least one.
-    assert set().union(*run["owners"]) == set(REPLICAS_CPU), run
+    # Where a new prefix goes is the router's load balance, not its cache awareness: with
+    # requests one at a time both replicas are idle, and a CI run put all three prefixes on
+    # vllm-1. Each owner must be a replica of the deployment; the round-robin control run
+    # (test_round_robin_control_run_misses) shows what routing without affinity does.
+    assert set().union(*run["owners"]) <= set(REPLICAS_CPU), run
     assert all(hit for _, hit in run["rounds"][-1]), run
     missing = router_metrics(deployment).total(
         "vllm_router_prefix_routing_decisions", outcome="missing_tokens"
