@@ -1,4 +1,4 @@
-"""Plain-text output shared by the commands: the one table renderer."""
+"""Plain-text output shared by the commands: the one table renderer, an error as a line."""
 
 from __future__ import annotations
 
@@ -30,3 +30,9 @@ def columns(rows: Sequence[Sequence[str]], width: int | None = None, rule: bool 
     if rule:
         lines.insert(1, "-" * max(len(line) for line in lines))
     return "\n".join(lines)
+
+
+def error_line(exc: BaseException) -> str:
+    """An exception as one short line: its type and the first line of its message."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}"[:300]

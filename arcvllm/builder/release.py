@@ -138,8 +138,7 @@ def _run(argv: Sequence[str], what: str) -> str:
 
 def cosign_flags(registry: str) -> list[str]:
     """A registry on this machine speaks plain http; any other is https."""
-    host = registry.split("/")[0].split(":")[0]
-    return ["--allow-http-registry"] if host in ("127.0.0.1", "localhost", "::1") else []
+    return ["--allow-http-registry"] if _local(registry) else []
 
 
 def provenance(spec: image.Build, digest: str) -> dict:
@@ -199,7 +198,8 @@ def layout_file(layout: Path, path: str) -> bytes:
 
 
 def _local(ref: str) -> bool:
-    return ref.split("/")[0].split(":")[0] in ("127.0.0.1", "localhost")
+    """REF (a registry, or an image in one) is on this machine."""
+    return ref.split("/")[0].split(":")[0] in ("127.0.0.1", "localhost", "::1")
 
 
 def push_layout(layout: Path, refs: Sequence[str], digest: str) -> None:

@@ -20,6 +20,7 @@ from arcvllm.errors import Unavailable, UsageError
 from arcvllm.server import metrics as m
 from arcvllm.server.client import Client
 from arcvllm.server.log import LogSource, block_size_from_log
+from arcvllm.text import error_line
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ def _models(client: Client) -> list[dict]:
         raise kind(f"{client.root}/v1/models answered {status}{hint}") from exc
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
         raise Unavailable(
-            f"cannot reach a vLLM server at {client.root}: {_first_line(exc)}"
+            f"cannot reach a vLLM server at {client.root}: {error_line(exc)}"
         ) from exc
 
 
@@ -119,9 +120,3 @@ def discover(
     name, max_len = served_model(client, requested_model(model, preset))
     block, source = block_size(client, given_block_size, log)
     return Served(name, max_len, block, source)
-
-
-def _first_line(exc: BaseException) -> str:
-    """An exception as one short line: its type and the first line of its message."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {text}"[:300]

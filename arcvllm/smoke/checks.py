@@ -21,6 +21,7 @@ from arcvllm.server.discovery import discover, requested_model
 from arcvllm.server.log import LOG_TAIL_LINES, LogSource, find_crash
 from arcvllm.server.stats import percentile
 from arcvllm.smoke.report import Check, SmokeReport
+from arcvllm.text import error_line
 
 CONCURRENT_STREAMS = 8
 PREFIX_HIT_FRACTION = 0.9
@@ -181,11 +182,6 @@ def tokens_of(base: list[int], length: int, shift: int = 0) -> list[int]:
     return [base[(i + shift) % n] for i in range(length)]
 
 
-def _err(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {text}"[:300]
-
-
 # ---------------------------------------------------------------- the edges
 
 
@@ -260,7 +256,7 @@ class Smoke:
         try:
             out = self.complete(prompt, p.decode_tokens)
         except Exception as exc:
-            self.add("boundary decode", expected, _err(exc), False)
+            self.add("boundary decode", expected, error_line(exc), False)
             return
         total = out.prompt_tokens + out.completion_tokens
         crossed = sum(1 for k in (1, 2) if total > k * p.block_size)
@@ -329,7 +325,7 @@ class Smoke:
         try:
             out = self.complete(tokens_of(self.base, 16, 3), 8)
         except Exception as exc:
-            self.add("healthy after crossing", expected, _err(exc), False)
+            self.add("healthy after crossing", expected, error_line(exc), False)
             return
         ok = out.completion_tokens == 8
         self.add("healthy after crossing", expected, f"200, {out.completion_tokens} tokens", ok)
@@ -356,7 +352,7 @@ class Smoke:
                 warm = self.complete(prompt, p.prefix_tokens)
                 after = self.client.prefix_cache_after(middle, self.model)
         except Exception as exc:
-            self.add("prefix cache hits", exp_hits, _err(exc), False)
+            self.add("prefix cache hits", exp_hits, error_line(exc), False)
             self.add("prefix cache text", exp_equal, "not reached", False)
             return
         hits = after - middle
@@ -396,7 +392,7 @@ class Smoke:
                 out = self.complete(prompt, p.decode_tokens)
             except Exception as exc:
                 with lock:
-                    errors.append(f"stream {i}: {_err(exc)}")
+                    errors.append(f"stream {i}: {error_line(exc)}")
                 return 0
             if out.completion_tokens != p.decode_tokens:
                 with lock:
@@ -435,7 +431,7 @@ class Smoke:
                 logprobs = self.client.prompt_logprobs(self.model, prompt + output, salt)
                 result += greedy_check(name, len(prompt), output, logprobs)
         except Exception as exc:
-            self.add("speculative == plain", expected, _err(exc), False)
+            self.add("speculative == plain", expected, error_line(exc), False)
             return
         if not n or not result.tokens:
             self.add("speculative == plain", expected, "no decoded tokens to check", False)
