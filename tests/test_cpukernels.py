@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import ROOT, site_packages, vllm_env
 
 from arcvllm.serving import cpukernels as K
 
@@ -128,3 +129,33 @@ def test_metadata_pointers_are_read_as_u64(value):
 
 def test_every_kernel_vllm_launches_has_an_implementation():
     assert set(K.IMPLEMENTATIONS) == set(K.KERNELS)
+
+
+# Who, among the installed distributions, asks for triton on Linux x86_64 (no extra).
+WHO_NEEDS_TRITON = """
+import importlib.metadata as md
+from packaging.requirements import Requirement
+env = {"sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64"}
+names = set()
+for dist in md.distributions():
+    for text in dist.requires or []:
+        req = Requirement(text)
+        if req.name == "triton" and (req.marker is None or req.marker.evaluate(env)):
+            names.add(dist.metadata["Name"].lower())
+print(" ".join(sorted(names)))
+"""
+
+
+@pytest.mark.vllm
+def test_the_cpu_lock_leaves_out_triton_which_only_xgrammar_asks_for_and_vllm_disables():
+    """PyPI's triton (1 GB, CUDA only) is not in the CPU venv: of the lock's distributions
+    only xgrammar requires it, and vLLM's CPU platform turns off a Triton without a CPU
+    backend, so the server runs the same without it (these kernels stand in)."""
+    lock = (ROOT / "configs" / "locks" / "cpu.txt").read_text().splitlines()
+    assert not [line for line in lock if line.startswith("triton==")]
+    env = vllm_env("0.32.0")
+    out = env.run("-c", WHO_NEEDS_TRITON, check=True)
+    assert out.stdout.split() == ["xgrammar"], out.stdout
+    importing = site_packages(env) / "vllm" / "triton_utils" / "importing.py"
+    assert "doesn't include CPU backend" in importing.read_text()
+    assert "HAS_TRITON = False" in importing.read_text()
