@@ -320,14 +320,23 @@ def router_metrics(dep: Deployment) -> Metrics:
     return dep.scrape("router-cpu", port=29000)
 
 
+def missing_tokens(dep: Deployment) -> float:
+    """The router's decisions made without the prompt's tokens (its render call failed)."""
+    return router_metrics(dep).total(
+        "vllm_router_prefix_routing_decisions", outcome="missing_tokens"
+    )
+
+
 def affinity_run(dep: Deployment, seed: int, repeats: int) -> dict[str, object]:
-    """First sends concurrent, then REPEATS sequential rounds: per repeat, who served, hit?"""
+    """First sends concurrent, then REPEATS sequential rounds: per repeat, who served, hit?
+    And how many of the rounds' routing decisions had no tokens."""
     block = block_size(dep.scrape("vllm-cpu-0"))
     assert block, "no block size on /metrics"
     prompts = prefixes(seed)
     with ThreadPoolExecutor(len(prompts)) as pool:
         first = list(pool.map(lambda p: complete(dep.router, p), prompts))
     tokens = [f["usage"]["prompt_tokens"] for f in first]
+    missing_before = missing_tokens(dep)
     assert min(tokens) >= 3 * block + 1, (tokens, block)
     rounds: list[list[tuple[str, bool]]] = []
     hit_tokens = query_tokens = 0.0
@@ -355,6 +364,7 @@ def affinity_run(dep: Deployment, seed: int, repeats: int) -> dict[str, object]:
         "repeat_hit_rate": round(
             sum(hit for rnd in rounds for _, hit in rnd) / (repeats * len(prompts)), 3
         ),
+        "missing_tokens": missing_tokens(dep) - missing_before,
     }
 
 
@@ -367,10 +377,6 @@ def test_cache_aware_keeps_each_prefix_on_its_replica(deployment):
     """vLLM's align mode may checkpoint a prompt's mamba state only on its second pass, so
     an early repeat can miss on the right replica: affinity is asserted on every repeat,
     the hit on the last one."""
-    decisions = router_metrics(deployment)
-    missing_before = decisions.total(
-        "vllm_router_prefix_routing_decisions", outcome="missing_tokens"
-    )
     run = affinity_run(deployment, seed=1, repeats=3)
     MEASURED["block_size"] = run["block"]
     MEASURED["prompt_tokens"] = run["tokens"]
@@ -382,10 +388,11 @@ def test_cache_aware_keeps_each_prefix_on_its_replica(deployment):
     # (test_round_robin_control_run_misses) shows what routing without affinity does.
     assert set().union(*run["owners"]) <= set(REPLICAS_CPU), run
     assert all(hit for _, hit in run["rounds"][-1]), run
-    missing = router_metrics(deployment).total(
-        "vllm_router_prefix_routing_decisions", outcome="missing_tokens"
-    )
-    assert missing == missing_before, "the router routed without tokens (render endpoint?)"
+    # One request at a time, every decision has the prompt's tokens: a replica that refuses
+    # the render endpoint (0.32+ without --enable-scale-out) fails every one. (The first,
+    # concurrent pass is not counted: on a loaded CI machine two of its render calls timed
+    # out and were routed without tokens, the router's documented fallback.)
+    assert run["missing_tokens"] == 0, ("the router routed without tokens (render?)", run)
 
 
 def prom_query(dep: Deployment, expr: str) -> list[dict]:
