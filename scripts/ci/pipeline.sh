@@ -5,11 +5,12 @@
 #   images (background): the stand-ins, the CPU image and the small images, the release
 #     rehearsal (make release into a local registry), the default XPU stack's rehearsal
 #     and its tests (once the test venvs are made: they run real vLLM releases' Python
-#     from build/venvs), the router's two clean builds, the CPU image's second clean build
-#     (one digest with the release's);
+#     from build/venvs), the CPU image's second clean build (one digest with the
+#     release's);
 #   tests (foreground): the unit tests while the test venvs are made, the tests of real
 #     vLLM releases (`presets --check` among them), those of the CPU images (the
-#     deployments), the CPU image's smoke tests (emulated; the MTP preset).
+#     deployments), the CPU image's smoke tests (emulated; the MTP preset), the router's
+#     two clean builds.
 # Every test step runs even after a failed one; the exit status is the first failure's.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -63,6 +64,7 @@ test_step() {
 # this stream, all cache hits) are done.
 XPU_ROOM_GB=30
 REPRO_ROOM_GB=20
+RELEASE_CHECK_ROOM_GB=20
 # (Its own function: a redirect on `step` would swallow the step's timing lines too.)
 # shellcheck disable=SC2329 # run through step
 prune_build_cache() { /usr/bin/docker builder prune -af >/dev/null; }
@@ -113,9 +115,6 @@ print(*(s["name"] for s in json.load(sys.stdin) if s["flavor"] == "xpu" and not 
 		fi
 		/usr/bin/docker image rm -f "arcvllm:$stack-ci" "arcvllm:$stack-ci-user" >/dev/null 2>&1 || true
 	done
-	# Two clean builds of the router (apt, a venv, pip, a user): one digest. (Here, not in
-	# the tests stream: with the release's layouts and test-venvs' uv that one is longer.)
-	test_step make reproducible REPRO_IMAGES=router
 	# Two clean builds of the CPU image give one digest: the release rehearsal's layout (its
 	# layers from this run's first build, on a new engine) against one more with --no-cache.
 	make_room "$REPRO_ROOM_GB"
@@ -171,6 +170,9 @@ touch "$cpu_tests_done"
 test_step make smoke-emulated STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu
 test_step make smoke-check STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu-mtp \
 	SMOKE_REPORT=reports/smoke-cpu-mtp.json
+# Two clean builds of the router (apt, a venv, pip, a user): one digest. (Here: this stream
+# ends first, the images stream has the CPU image's second clean build still to make.)
+test_step make reproducible REPRO_IMAGES=router
 echo "==> waiting for the images stream (release rehearsal, XPU rehearsal, the CPU image built again)"
 wait "$images_pid" || true
 trap - EXIT
@@ -183,8 +185,10 @@ if [[ $(cat "$images_status") != 0 ]]; then
 	tail -n 200 "$TMPDIR/images.log"
 	[[ $status != 0 ]] || status=$(cat "$images_status")
 fi
-# The build cache goes before release-check.sh's clean engine needs the disk.
-step prune_build_cache || true
+# The build cache goes, if release-check.sh's clean engine (the pulled CPU image and
+# gateway, ~5 GB) would be short of room.
+free=$(df --output=avail -BG "$PWD" | tail -n 1 | tr -dc 0-9)
+((free >= RELEASE_CHECK_ROOM_GB)) || step prune_build_cache || true
 df -h "$PWD" | tail -n 1
 rm -rf "$TMPDIR"
 left=$(comm -13 <(echo "$before") <(ls -A /tmp))
