@@ -483,3 +483,48 @@ def test_make_up_refuses_a_key_file_that_breaks_the_key_rule(tmp_path):
     )
     assert done.returncode != 0 and "RAN" not in done.stdout
     assert KEY_RULE in done.stderr, done.stderr
+
+
+# ---- the argv of a project (arcvllm/operate/compose.py), as pure functions ----
+
+
+def test_a_projects_argv_names_the_settings_file_the_files_and_the_profiles(monkeypatch):
+    from arcvllm.operate import compose
+
+    monkeypatch.setenv("COMPOSE", "docker compose")
+    project = compose.Project(
+        "p", Path("/s/mine.env"), (Path("/d/compose.yaml"),), ("cpu",), {"PORT": "8123"}
+    )
+    assert project.argv("up", "-d", "vllm-cpu", profiles=("monitoring",)) == [
+        *("docker", "compose", "-p", "p", "--env-file", "/s/mine.env", "-f", "/d/compose.yaml"),
+        *("--profile", "cpu", "--profile", "monitoring", "up", "-d", "vllm-cpu"),
+    ]
+    assert project.environ({"PATH": "/bin", "PORT": "1"}) == {
+        "PATH": "/bin",
+        "ENV_FILE": "/s/mine.env",
+        "PORT": "8123",
+    }
+    assert project.shell("logs", "vllm-cpu") == (
+        "ENV_FILE=/s/mine.env PORT=8123 docker compose -p p --env-file /s/mine.env "
+        "-f /d/compose.yaml --profile cpu logs vllm-cpu"
+    )
+
+
+def test_the_single_server_is_the_cpu_profile_or_the_xpu_service_with_its_gpus_file():
+    from arcvllm.operate import compose
+
+    cpu = compose.server("arcvllm", Path("/s/e.env"), "cpu", {})
+    assert cpu.files == (COMPOSE_FILE,) and cpu.profiles == ("cpu",)
+    xpu = compose.server("arcvllm", Path("/s/e.env"), "xpu", {}, gpus=Path("/b/gpus.yaml"))
+    assert xpu.files == (COMPOSE_FILE, Path("/b/gpus.yaml")) and xpu.profiles == ()
+    assert compose.server("a", Path("/e"), "xpu", {}).files[1] == ROOT / "build" / "gpus.yaml"
+
+
+def test_a_missing_compose_tool_is_one_line(monkeypatch):
+    from arcvllm.errors import Unavailable
+    from arcvllm.operate import compose
+
+    monkeypatch.setenv("COMPOSE", "/nonexistent/compose")
+    project = compose.Project("p", Path("/e"), (COMPOSE_FILE,))
+    with pytest.raises(Unavailable, match="no compose tool: /nonexistent/compose not found"):
+        project.run("ps")

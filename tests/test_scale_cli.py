@@ -71,15 +71,13 @@ def test_a_key_file_that_is_missing_or_empty_is_one_line_and_starts_nothing(
 
 
 def test_a_relative_key_file_is_read_from_the_compose_folder(tmp_path, monkeypatch):
-    from arcvllm.operate.settings import api_key_file
+    from arcvllm.operate.host import api_key_file
 
-    env_file = tmp_path / "mine.env"
-    env_file.write_text("VLLM_API_KEY_FILE=../secrets/mine\n")
+    settings = {"VLLM_API_KEY_FILE": "../secrets/mine"}
     docker_dir = ROOT / "docker"
-    assert api_key_file(env_file, docker_dir, {}) == docker_dir / "../secrets/mine"
-    assert api_key_file(env_file, docker_dir, {"VLLM_API_KEY_FILE": "/k"}) == Path("/k")
-    env_file.write_text("")
-    assert api_key_file(env_file, docker_dir, {}) == docker_dir / "../secrets/api-key"
+    assert api_key_file(settings, docker_dir, {}) == docker_dir / "../secrets/mine"
+    assert api_key_file(settings, docker_dir, {"VLLM_API_KEY_FILE": "/k"}) == Path("/k")
+    assert api_key_file({}, docker_dir, {}) == docker_dir / "../secrets/api-key"
 
 
 def test_more_replicas_than_b70s_is_one_line_and_starts_nothing(tmp_path, state):

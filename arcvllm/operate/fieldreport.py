@@ -160,14 +160,15 @@ class Collector:
 def host_versions() -> str:
     """Kernel, xe driver, GPU firmware and GPUs of the host, read from /proc, /sys, /lib."""
     from arcvllm.operate import doctor
+    from arcvllm.operate import host as hosts
 
-    host = doctor.Host()
+    host = hosts.Host()
     lines = [
         f"kernel: {host.kernel_release() or platform.release()}",
         f"/proc/version: {(host.read('/proc/version') or '?').strip()}",
         f"xe module: {(host.read('/sys/module/xe/srcversion') or 'not loaded').strip()}",
     ]
-    for gpu in doctor.intel_gpus(host):
+    for gpu in hosts.intel_gpus(host):
         bar = doctor.gib(max(gpu.bars)) if gpu.bars else "?"
         lines.append(
             f"gpu {gpu.slot}: 8086:{gpu.device:04x} {gpu.name}, driver {gpu.driver}, "

@@ -18,7 +18,8 @@ from pathlib import Path
 from arcvllm import options
 from arcvllm.errors import Unavailable
 from arcvllm.operate import replicas
-from arcvllm.operate.doctor import DEFAULT_PRESET, Host, default_preset, level_zero_devices
+from arcvllm.operate.doctor import DEFAULT_PRESET, default_preset
+from arcvllm.operate.host import Card, Host, b70s, level_zero_devices
 from arcvllm.operate.settings import load as load_settings
 from arcvllm.presets import get_preset
 
@@ -26,7 +27,7 @@ from arcvllm.presets import get_preset
 def table(host: Host) -> list[dict]:
     """One row per Intel GPU Level Zero enumerates here; `server` is its index in the
     single server's container (B70s only), None for a GPU the server is not given."""
-    cards = {c.slot: (i, c) for i, c in enumerate(replicas.b70s(host))}
+    cards = {c.slot: (i, c) for i, c in enumerate(b70s(host))}
     rows = []
     for index, (gpu, node) in enumerate(level_zero_devices(host)):
         server, card = cards.get(gpu.slot, (None, None))
@@ -45,9 +46,9 @@ def table(host: Host) -> list[dict]:
     return rows
 
 
-def compose(host: Host, gpus: int, out: Path) -> list[replicas.Card]:
+def compose(host: Host, gpus: int, out: Path) -> list[Card]:
     """Write OUT for the host's B70s (at least GPUS of them); the cards it names."""
-    cards = replicas.b70s(host)
+    cards = b70s(host)
     if len(cards) < max(gpus, 1):
         raise Unavailable(
             f"the preset needs {gpus} Arc Pro B70(s); this host has {len(cards)} with a render "
