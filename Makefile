@@ -277,53 +277,24 @@ engine: ## start a local Docker engine if none answers (scripts/ci/engine.sh)
 
 
 # ---- smoke test ----
-# Starts the image of STACK and the gateway under their own compose project and port (a
-# `make up` deployment is left alone), runs `arcvllm smoke` from the tooling venv through
-# the gateway (https, a throwaway key and certificate made here, the gateway's diagnostic
-# routes /tokenize and /metrics on: the smoke test reads both) with the container's log as
-# the log source, and stops what it started, pass or fail.
+# `arcvllm deploy smoke` starts the image of STACK and the gateway under their own compose
+# project and port (a `make up` deployment is left alone), with a throwaway key and
+# certificate and the gateway's diagnostic routes on (the smoke test reads /tokenize and
+# /metrics), runs the smoke test through the gateway, saves the server's log beside the
+# report (.log) and removes what it started, pass or fail.
 SMOKE_PORT           ?= 8001
-# The throwaway key and certificate (readable by the containers' UID 1000), removed at stop
-SMOKE_SECRETS        ?= $(abspath $(BUILD))/smoke-gateway
-SMOKE_PROJECT        ?= arcvllm-smoke
-SMOKE_HEALTH_TIMEOUT ?= $(if $(filter xpu,$(FLAVOR)),900,600)
 SMOKE_REPORT         ?= reports/smoke-$(STACK).json
-# The server's whole log, saved before the container goes
-SMOKE_LOG            ?= $(SMOKE_REPORT:.json=.log)
 SMOKE_ARGS           ?=
-SMOKE_COMPOSE         = ENV_FILE=$(ENV_PATH) IMAGE=$(IMAGE) PORT=$(SMOKE_PORT) \
-	$(if $(filter cpu,$(FLAVOR)),CPU_PRESET=$(PRESET)) \
-	GATEWAY_IMAGE=$(GATEWAY_IMAGE) GATEWAY_DIAGNOSTIC_ROUTES=1 \
-	VLLM_API_KEY_FILE=$(SMOKE_SECRETS)/api-key GATEWAY_TLS_CERT=$(SMOKE_SECRETS)/cert.pem \
-	GATEWAY_TLS_KEY=$(SMOKE_SECRETS)/key.pem \
-	$(if $(RENDER_GID),RENDER_GID=$(RENDER_GID)) \
-	$(COMPOSE) -p $(SMOKE_PROJECT) $(COMPOSE_FILES)
-# Save the server's log, then remove the project with its volumes (pass or fail).
-SMOKE_STOP            = mkdir -p $(dir $(SMOKE_LOG)); \
-	$(SMOKE_COMPOSE) logs --no-color $(SERVICE) > $(SMOKE_LOG) 2>&1; $(SMOKE_COMPOSE) down -v; \
-	rm -rf $(SMOKE_SECRETS)
+DEPLOYMENT            = --env-file $(ENV_FILE) --flavor $(FLAVOR) --stack $(STACK) --preset $(PRESET) \
+	--image $(IMAGE) --gateway-image $(GATEWAY_IMAGE)
 
 .PHONY: smoke-test
 smoke-test: $(VENV)/.stamp ## build and start the image (STACK, PRESET), prove decode across mamba blocks, stop it
 	scripts/ci/engine.sh run $(MAKE) --no-print-directory build gateway-image smoke-check
 
-.PHONY: smoke-secrets
-smoke-secrets: # the smoke project's throwaway key and self-signed certificate (SMOKE_SECRETS)
-	@mkdir -p -m 0700 $(SMOKE_SECRETS)
-	@openssl rand -hex 24 > $(SMOKE_SECRETS)/api-key
-	@openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=localhost \
-		-addext subjectAltName=DNS:localhost,IP:127.0.0.1 \
-		-keyout $(SMOKE_SECRETS)/key.pem -out $(SMOKE_SECRETS)/cert.pem 2>/dev/null
-	@chmod 0644 $(SMOKE_SECRETS)/api-key $(SMOKE_SECRETS)/key.pem
-
 .PHONY: smoke-check
-smoke-check: $(VENV)/.stamp smoke-secrets ## the smoke test against the image as built, through the gateway (no build step)
-	$(if $(filter xpu,$(FLAVOR)),@$(ARCVLLM) gpus --compose $(GPUS_FILE) --env-file $(ENV_FILE))
-	$(ARCVLLM) smoke --base-url https://127.0.0.1:$(SMOKE_PORT) --preset $(PRESET) \
-		--ca-cert $(SMOKE_SECRETS)/cert.pem --api-key-file $(SMOKE_SECRETS)/api-key \
-		--start-cmd '$(SMOKE_COMPOSE) up -d $(SERVICE) gateway' --stop-cmd '$(SMOKE_STOP)' \
-		--log-cmd '$(SMOKE_COMPOSE) logs --no-color $(SERVICE)' \
-		--health-timeout $(SMOKE_HEALTH_TIMEOUT) --out $(SMOKE_REPORT) $(SMOKE_ARGS)
+smoke-check: $(VENV)/.stamp ## the smoke test against the image as built, through the gateway (no build step)
+	$(ARCVLLM) deploy smoke $(DEPLOYMENT) --port $(SMOKE_PORT) --out $(SMOKE_REPORT) $(SMOKE_ARGS)
 
 # The same smoke test with ARCVLLM_EMULATE_HIGH_ADDRESSES=1 in the container (the settings
 # file plus that line): mamba copy pointers get bit 63, as on XPU. A vLLM with the fix (the
@@ -332,14 +303,8 @@ EMULATED_REPORT      ?= reports/smoke-$(STACK)-emulated.json
 
 .PHONY: smoke-emulated
 smoke-emulated: $(VENV)/.stamp ## the smoke test with XPU-like (>= 2^63) mamba copy pointers emulated; must pass
-	@mkdir -p $(BUILD)
-	@{ grep -v '^ARCVLLM_EMULATE_HIGH_ADDRESSES=' $(ENV_PATH); echo ARCVLLM_EMULATE_HIGH_ADDRESSES=1; } \
-		> $(BUILD)/smoke-emulated.env
-	$(MAKE) --no-print-directory smoke-check ENV_FILE=$(abspath $(BUILD))/smoke-emulated.env \
-		SMOKE_REPORT=$(EMULATED_REPORT)
-	@grep -q 'HIGH-ADDRESS EMULATION IS ON' $(EMULATED_REPORT:.json=.log) || \
-		{ echo "smoke-emulated: no emulation banner in $(EMULATED_REPORT:.json=.log)" >&2; exit 1; }
-	@echo "smoke-emulated: pass, emulation banner in $(EMULATED_REPORT:.json=.log)"
+	$(ARCVLLM) deploy smoke $(DEPLOYMENT) --port $(SMOKE_PORT) --out $(EMULATED_REPORT) \
+		--emulate-high-addresses $(SMOKE_ARGS)
 
 # ---- operate: presets, doctor, bench ----
 BENCH_OUT      ?= reports/bench

@@ -354,16 +354,25 @@ def test_make_up_refuses_an_unknown_setting_before_compose_runs(tmp_path):
     assert "RAN" not in done.stdout
 
 
-def test_smoke_check_goes_through_the_gateway_with_a_key_file_never_a_key(tmp_path):
+def test_smoke_check_runs_its_own_project_with_a_throwaway_key_file_never_a_key(tmp_path):
+    """`make smoke-check` is `arcvllm deploy smoke`: its own project and port, the key and
+    certificate it makes (build/smoke-gateway/), the gateway's diagnostic routes on."""
     mine = tmp_path / "mine.env"
     mine.write_text("VLLM_API_KEY=k-zz9-secret\n")
-    out = make_dry("smoke-check", "FLAVOR=cpu", f"ENV_FILE={mine}")
-    smoke = next(line for line in out.splitlines() if " smoke --base-url " in line)
-    assert "--base-url https://127.0.0.1:8001 " in smoke
-    assert f"--api-key-file {ROOT}/build/smoke-gateway/api-key" in out
-    assert f"--ca-cert {ROOT}/build/smoke-gateway/cert.pem" in out
-    assert "--api-key " not in out and "k-zz9-secret" not in out
-    assert "up -d vllm-cpu gateway" in out and "GATEWAY_DIAGNOSTIC_ROUTES=1 " in out
+    make = make_dry("smoke-check", "FLAVOR=cpu", f"ENV_FILE={mine}")
+    assert f"deploy smoke --env-file {mine} --flavor cpu " in make and " --port 8001 " in make
+    done = subprocess.run(
+        [str(ROOT / ".venv/bin/arcvllm"), "deploy", "smoke", "--dry-run", "--flavor", "cpu",
+         "--env-file", str(mine)], capture_output=True, text=True, check=True, cwd=ROOT,
+    )  # fmt: skip
+    up, log, down = done.stdout.splitlines()
+    secrets = ROOT / "build" / "smoke-gateway"
+    assert f"VLLM_API_KEY_FILE={secrets}/api-key " in up
+    assert f"GATEWAY_TLS_CERT={secrets}/cert.pem " in up and "GATEWAY_DIAGNOSTIC_ROUTES=1 " in up
+    assert " PORT=8001 " in up and " -p arcvllm-smoke " in up
+    assert up.endswith(" up -d vllm-cpu gateway") and down.endswith(" down -v")
+    assert log.endswith(" logs --no-color vllm-cpu > reports/smoke-cpu.log")
+    assert "k-zz9-secret" not in done.stdout + make
 
 
 def up_line(*args: str) -> str:

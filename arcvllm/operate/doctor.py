@@ -589,11 +589,11 @@ def report(host: Host, preset: Preset, rows: Sequence[Finding]) -> dict:
     }
 
 
-def _cmd_doctor(args: argparse.Namespace) -> int:
-    host = Host(root=args.root, settings=load_settings(args.env_file) if args.env_file else {})
-    preset = get_preset(args.preset or default_preset(host.environ))
+def preflight(host: Host, preset_name: str | None, as_json: bool = False) -> int:
+    """The table (or JSON) for PRESET_NAME (default: the host's), CheckFailed on any fail."""
+    preset = get_preset(preset_name or default_preset(host.environ))
     rows = diagnose(host, preset)
-    if args.json:
+    if as_json:
         print(json.dumps(report(host, preset, rows), indent=2))
     else:
         where = "container" if host.in_container() else "host"
@@ -603,6 +603,11 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     if failed:
         raise CheckFailed(f"cannot serve {preset.name}: {', '.join(failed)}")
     return 0
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    host = Host(root=args.root, settings=load_settings(args.env_file) if args.env_file else {})
+    return preflight(host, args.preset, args.json)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

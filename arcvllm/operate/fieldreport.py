@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from arcvllm import options
+from arcvllm.engine import docker_binary
 from arcvllm.errors import UsageError
 from arcvllm.paths import checkout_root
 
@@ -218,10 +219,10 @@ def collect(opts: argparse.Namespace, settings: Mapping[str, str]) -> Collector:
     c.shell("host/doctor.json", f"{me} doctor --json --preset {shlex.quote(preset)}{env_file}")
     c.exec("container/doctor.json", "arcvllm doctor --json")
     c.add("host/versions.txt", "read /proc, /sys, /lib/firmware, dpkg", host_versions())
+    docker = shlex.quote(opts.docker or docker_binary())
     labels = c.shell(
         "image/labels.json",
-        f"{opts.docker} image inspect --format '{{{{json .Config.Labels}}}}' "
-        f"{shlex.quote(opts.image)}",
+        f"{docker} image inspect --format '{{{{json .Config.Labels}}}}' {shlex.quote(opts.image)}",
     )
     manifest = _label(labels.stdout, "org.arcvllm.patches.manifest")
     if manifest:
@@ -349,7 +350,8 @@ def write(path: Path, c: Collector, text_summary: str) -> list[str]:
     return names
 
 
-def _cmd(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
+    """The report of ARGS (add_options' and --compose, --service, --image): the tarball."""
     from arcvllm.operate.settings import load
 
     settings = load(args.env_file) if args.env_file else {}
@@ -370,15 +372,8 @@ def _cmd(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "field-report",
-        help="one tarball for a bug report: doctor, image, smoke, bench, logs (secrets redacted)",
-        description=__doc__.split("\n\n")[1],
-    )
-    p.add_argument("--compose", required=True, help="compose command prefix of the deployment")
-    p.add_argument("--service", required=True, help="compose service (vllm, vllm-cpu)")
-    p.add_argument("--image", required=True, help="the service's image")
+def add_options(p: argparse.ArgumentParser) -> None:
+    """What the report takes beside the deployment (its compose command, service, image)."""
     # Smoke and bench run inside the container against the server itself (no gateway, no
     # TLS): no URL to give. The key is asked for only to redact it from every file.
     key = p.add_mutually_exclusive_group()
@@ -390,15 +385,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="the server's key, redacted from every file (default: $VLLM_API_KEY_FILE)",
     )
     key.add_argument("--api-key", dest="api_key", metavar="KEY", help="the key itself")
-    p.add_argument("--preset", help="default: the container's $ARCVLLM_PRESET")
-    p.add_argument(
-        "--env-file",
-        type=options.existing_file,
-        help="the settings file: its secrets are redacted, its VLLM_API_KEY is the default key",
-    )
-    p.add_argument("--out", default="reports/field-report.tar.gz", help="the tarball (*.tar.gz)")
     options.add_json(p, help="print the tarball's path and each step's exit code as JSON")
-    p.add_argument("--docker", default="docker", help="docker client")
+    p.add_argument("--docker", default=None, help="docker client (default: arcvllm's one choice)")
     p.add_argument("--bench-args", default=SHORT_BENCH, help=f"default: {SHORT_BENCH}")
     p.add_argument("--no-smoke", action="store_true", help="skip the smoke test")
     p.add_argument("--no-bench", action="store_true", help="skip the bench")
@@ -407,4 +395,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="last, restart the service and time it to healthy on its warm compile caches",
     )
-    p.set_defaults(func=_cmd)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "field-report",
+        help="one tarball for a bug report: doctor, image, smoke, bench, logs (secrets redacted)",
+        description=__doc__.split("\n\n")[1],
+    )
+    p.add_argument("--compose", required=True, help="compose command prefix of the deployment")
+    p.add_argument("--service", required=True, help="compose service (vllm, vllm-cpu)")
+    p.add_argument("--image", required=True, help="the service's image")
+    p.add_argument("--preset", help="default: the container's $ARCVLLM_PRESET")
+    p.add_argument(
+        "--env-file",
+        type=options.existing_file,
+        help="the settings file: its secrets are redacted, its VLLM_API_KEY is the default key",
+    )
+    p.add_argument("--out", default="reports/field-report.tar.gz", help="the tarball (*.tar.gz)")
+    add_options(p)
+    p.set_defaults(func=run)
