@@ -5,6 +5,7 @@ engine with the compose v2 plugin."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -295,15 +296,34 @@ def make_dry(*args: str, path: str | None = None) -> str:
     return done.stdout
 
 
+def menu_dry(target: str, *args: str, env: dict[str, str] | None = None) -> str:
+    """The one command the menu runs for TARGET (make -n), run with --dry-run: the compose
+    command lines it would run."""
+    (command,) = [line for line in make_dry(target, *args).splitlines() if " deploy " in line]
+    done = subprocess.run(
+        f"{command} --dry-run",
+        shell=True,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 def test_make_up_checks_the_file_and_hands_compose_one_absolute_path(tmp_path):
     mine = tmp_path / "mine.env"
     mine.write_text("PORT=8123\n")
-    out = make_dry("up", "FLAVOR=cpu", f"ENV_FILE={mine}", "COMPOSE=docker-compose")
-    assert f"arcvllm settings check {mine}" in out
-    up = next(line for line in out.splitlines() if " up -d " in line)
+    assert f"deploy up --env-file {mine} --flavor cpu" in make_dry(
+        "up", "FLAVOR=cpu", f"ENV_FILE={mine}"
+    )
+    up = menu_dry("up", "FLAVOR=cpu", f"ENV_FILE={mine}", env={"COMPOSE": "docker-compose"})
     assert f"ENV_FILE={mine} " in up and f"--env-file {mine} " in up
-    assert "PORT=8123 " in up  # the file's PORT, not the Makefile's default
-    relative = make_dry("up", "FLAVOR=cpu", "ENV_FILE=docker/arcvllm.env")
+    assert "PORT=8123 " in up  # the file's PORT, not compose's default
+    assert " docker-compose -p arcvllm " in up
+    relative = menu_dry("up", "FLAVOR=cpu", "ENV_FILE=docker/arcvllm.env")
     assert f"ENV_FILE={ROOT}/docker/arcvllm.env " in relative
 
 
@@ -318,7 +338,7 @@ def fake_docker(tmp_path: Path, has_plugin: bool) -> Path:
 
 def test_make_runs_the_compose_v2_plugin(tmp_path):
     docker = fake_docker(tmp_path, has_plugin=True)
-    out = make_dry("up", "FLAVOR=cpu", f"DOCKER={docker}")
+    out = menu_dry("up", "FLAVOR=cpu", env={"DOCKER": str(docker)})
     assert f"{docker} compose -p arcvllm " in out
     assert "docker-compose" not in out
 
@@ -376,7 +396,7 @@ def test_smoke_check_runs_its_own_project_with_a_throwaway_key_file_never_a_key(
 
 
 def up_line(*args: str) -> str:
-    return next(line for line in make_dry("up", *args).splitlines() if " up -d " in line)
+    return next(line for line in menu_dry("up", *args).splitlines() if " up -d " in line)
 
 
 def test_make_up_runs_the_settings_files_image_and_the_command_line_wins(tmp_path):
@@ -390,8 +410,8 @@ def test_make_up_runs_the_settings_files_image_and_the_command_line_wins(tmp_pat
 
 
 def test_make_builds_and_runs_the_default_stack_of_each_flavour(tmp_path):
-    """The Makefile's STACK default and configs/stacks.yaml's `defaults:` agree, so the
-    image `make up` runs is the one compose alone defaults to."""
+    """The flavour's default stack is configs/stacks.yaml's `defaults:` (the Makefile names
+    none), so the image `make up` runs is the one compose alone defaults to."""
     mine = tmp_path / "mine.env"
     mine.write_text("PORT=8123\n")
     for flavor, stack in stack_defaults().items():
@@ -399,11 +419,18 @@ def test_make_builds_and_runs_the_default_stack_of_each_flavour(tmp_path):
 
 
 def test_make_doctor_checks_the_settings_file_of_make_up(tmp_path):
+    """`make doctor` checks the deployment's settings file for the flavour's preset."""
     mine = tmp_path / "mine.env"
     mine.write_text("RENDER_GID=993\n")
-    assert f"doctor --preset tiny-hybrid-cpu --env-file {mine}" in make_dry(
-        "doctor", "FLAVOR=cpu", f"ENV_FILE={mine}"
+    (command,) = make_dry("doctor", "FLAVOR=cpu", f"ENV_FILE={mine}").strip().splitlines()
+    assert command.endswith(f"arcvllm deploy doctor --env-file {mine} --flavor cpu")
+    done = subprocess.run(
+        f"{command.lstrip('@')} --json", shell=True, cwd=ROOT, capture_output=True, text=True
     )
+    doc = json.loads(done.stdout)
+    assert doc["preset"] == "tiny-hybrid-cpu", done.stderr
+    (gid,) = [r for r in doc["rows"] if r["check"] == "RENDER_GID"]
+    assert "993" in gid["seen"]
 
 
 def test_make_up_refuses_a_missing_key_file_before_compose_runs(tmp_path):
@@ -422,7 +449,7 @@ def test_make_up_refuses_a_missing_key_file_before_compose_runs(tmp_path):
 
     refused = up()
     assert refused.returncode != 0
-    said = f"make up: VLLM_API_KEY_FILE={tmp_path / 'no-key'} is not a readable file"
+    said = f"arcvllm: VLLM_API_KEY_FILE={tmp_path / 'no-key'} is not a readable file"
     assert said in refused.stderr, refused.stderr
     assert "RAN" not in refused.stdout
     (tmp_path / "no-key").write_text("k-1\n")
