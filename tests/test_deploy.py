@@ -21,14 +21,14 @@ from typing import NamedTuple
 import pytest
 from conftest import ROOT, free_port
 from support.engine import docker
-from support.scale import build_target
+from support.scale import build_target, side_image
 
 from arcvllm.server.client import wait_until
 
 TEMPLATE = ROOT / "docker" / "arcvllm.env"
 KEY = "k-7f3e9a1c2b"
 MODEL = "tiny-hybrid"
-GATEWAY_IMAGE = os.environ.get("ARCVLLM_TEST_GATEWAY_IMAGE", "arcvllm-gateway:1.22.1")
+GATEWAY_IMAGE = os.environ.get("ARCVLLM_TEST_GATEWAY_IMAGE") or side_image("gateway")
 
 
 def make(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:

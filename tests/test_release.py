@@ -79,6 +79,32 @@ def test_side_images_are_declared_once_and_compose_defaults_to_them():
     assert not [s.tag for s in sides.values() if s.tag in makefile]  # read from here only
 
 
+def kustomize_tags(root: Path = ROOT / "deploy" / "kubernetes") -> dict[str, set[str]]:
+    """Image name -> every newTag the kustomizations give it (kustomize reads no YAML of
+    ours: its tags are literals)."""
+    found: dict[str, set[str]] = {}
+    for path in sorted(root.rglob("kustomization.yaml")):
+        for entry in yaml.safe_load(path.read_text()).get("images") or []:
+            if "newTag" in entry:
+                found.setdefault(entry["name"], set()).add(str(entry["newTag"]))
+    return found
+
+
+def test_the_kustomizations_tag_each_side_image_as_stacks_yaml_does():
+    sides = {s.image: s.tag for s in stack.side_images().values()}
+    tags = {name: seen for name, seen in kustomize_tags().items() if name in sides}
+    assert tags and all(seen == {sides[name]} for name, seen in tags.items()), tags
+
+
+def test_a_kustomization_tag_that_drifted_is_caught(tmp_path):
+    mine = tmp_path / "base"
+    mine.mkdir()
+    text = (ROOT / "deploy/kubernetes/base/kustomization.yaml").read_text()
+    gateway = stack.side_images()["gateway"]
+    (mine / "kustomization.yaml").write_text(text.replace(f'"{gateway.tag}"', '"0.0.1"'))
+    assert kustomize_tags(tmp_path)[gateway.image] == {"0.0.1"}
+
+
 def test_an_unknown_side_image_is_a_usage_error():
     with pytest.raises(ArcvllmError) as err:
         image.spec_for(None, side="grafana")

@@ -17,7 +17,7 @@ import yaml
 from conftest import ROOT, free_port
 from support.engine import docker
 from support.hosts import B70, FOUR, IGPU, fake_host
-from support.scale import ROUTER_IMAGE, SCALE, build_target
+from support.scale import ROUTER_IMAGE, SCALE, build_target, side_image
 
 from arcvllm import options
 from arcvllm.errors import ArcvllmError
@@ -418,7 +418,7 @@ def test_a_replica_that_dies_at_start_is_stopped_alone_the_other_serves_volumes_
     (as a replica that crashes on start); `scale up` names it, exits 4, and the router
     serves through the gateway with vllm-cpu-0. The named volumes (compile cache) stay."""
     build_target("router", ROUTER_IMAGE)
-    build_target("gateway", "arcvllm-gateway:1.22.1")
+    build_target("gateway", side_image("gateway"))
     project, port = "arcvllm-scale-degraded", free_port()
     env = {"CPU_IMAGE": cpu_image, "PORT": str(port), "BIND_ADDRESS": "127.0.0.1"}
     labels = [f"label=com.docker.compose.project={project}"]
