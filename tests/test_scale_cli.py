@@ -488,8 +488,9 @@ def test_a_router_with_no_healthy_worker_is_one_line():
 
 @pytest.mark.parametrize("answer, ok", [("200", True), ("503", False), ("0", False)])
 def test_the_routers_readiness_is_asked_inside_its_container(tmp_path, monkeypatch, answer, ok):
-    """The router publishes no port: `compose exec -T router python3 -c CODE URL` prints the
-    status (0: no answer). A stand-in compose prints ANSWER and records its arguments."""
+    """The router publishes no port: `compose exec -T router arcvllm-healthcheck --status URL`
+    prints the status (0: no answer). A stand-in compose prints ANSWER and records its
+    arguments."""
     args = tmp_path / "args"
     monkeypatch.setenv("COMPOSE", f"sh -c 'echo \"$*\" > {args}; echo {answer}' compose")
     dep = scale.Deployment(ROOT / "docker" / "arcvllm.env")
@@ -501,5 +502,5 @@ def test_the_routers_readiness_is_asked_inside_its_container(tmp_path, monkeypat
             scale.wait_router("http://127.0.0.1:8000", timeout=1, interval=0.2, status=status)
         seen = "no answer" if answer == "0" else f"HTTP {answer}"
         assert str(failure.value).endswith(f"(/readiness: {seen})")
-    assert "exec -T router-cpu python3 -c" in args.read_text()
+    assert "exec -T router-cpu arcvllm-healthcheck --status" in args.read_text()
     assert args.read_text().rstrip().endswith("http://127.0.0.1:8000/readiness")

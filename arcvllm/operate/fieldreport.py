@@ -54,10 +54,8 @@ FI_INFO = "/opt/venv/bin/libfabric/fi_info"
 # The compile caches on the volume: a warm restart loads them instead of compiling again.
 CACHE_ENV = ("NEO_CACHE_DIR", "SYCL_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
              "VLLM_CACHE_ROOT")  # fmt: skip
-HEALTH = (
-    'python3 -c "import urllib.request; '
-    "urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=4)\""
-)
+# The server's own health, asked in its container by the image's probe (docker/healthcheck.py).
+HEALTH = "arcvllm-healthcheck http://127.0.0.1:8000/health"
 
 
 def libfabric_command(roots: tuple[str, ...] = ("/opt", "/usr"), fi_info: str = FI_INFO) -> str:

@@ -203,17 +203,13 @@ def http_status(url: str) -> int | None:
 
 
 def status_inside(dep: Deployment, service: str, profiles: tuple[str, ...]):
-    """A status function like http_status, run in SERVICE's container (the router publishes
-    no port: the gateway in front serves none of its paths)."""
-    code = (
-        "import sys, urllib.request, urllib.error\n"
-        "try:\n    print(urllib.request.urlopen(sys.argv[1], timeout=5).status)\n"
-        "except urllib.error.HTTPError as e:\n    print(e.code)\n"
-        "except Exception:\n    print(0)\n"
-    )
+    """A status function like http_status, asked in SERVICE's container by its health probe
+    (docker/healthcheck.py: the router publishes no port, and the gateway in front serves
+    none of its paths)."""
 
     def status(url: str) -> int | None:
-        done = dep.run("exec", "-T", service, "python3", "-c", code, url, profiles=profiles)
+        probe = ("exec", "-T", service, "arcvllm-healthcheck", "--status", url)
+        done = dep.run(*probe, profiles=profiles)
         answer = done.stdout.strip()
         return int(answer) if done.returncode == 0 and answer.isdigit() and answer != "0" else None
 
