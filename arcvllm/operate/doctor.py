@@ -155,7 +155,7 @@ def check_render_nodes(host: Host, preset: Preset) -> Finding:
     nodes = render_nodes(host)
     if nodes:
         return Finding("render node", OK, " ".join(f"/dev/dri/{n.name}" for n in nodes))
-    if preset.device == "cpu":
+    if preset.flavor == "cpu":
         return Finding("render node", WARN, "no /dev/dri/renderD* (not needed: CPU preset)")
     fix = (
         "pass the GPU into the container (--device /dev/dri, compose `devices`)"
@@ -205,7 +205,7 @@ def check_render_gid(host: Host, preset: Preset) -> Finding:
         return Finding("RENDER_GID", OK, "not set: `make up` passes the render nodes' GID")
     nodes = {f"/dev/dri/{n.name}": host.stat(n).st_gid for n in render_nodes(host)}
     if not nodes:
-        status = OK if preset.device == "cpu" else WARN
+        status = OK if preset.flavor == "cpu" else WARN
         return Finding("RENDER_GID", status, f"RENDER_GID={value}; no render node to compare")
     mismatch = render_gid_mismatch(value, nodes)
     if mismatch is None:
@@ -227,7 +227,7 @@ def check_gpu_identity(host: Host, preset: Preset) -> Finding:
         ", ".join(f"{g.slot} 8086:{g.device:04x} ({g.name})" for g in gpus)
         or "no Intel GPU in sysfs"
     )
-    if preset.device == "cpu":
+    if preset.flavor == "cpu":
         return Finding("GPU (sysfs)", OK if b70 else WARN, f"{seen} (not needed: CPU preset)")
     if len(b70) >= need:
         return Finding("GPU (sysfs)", OK, f"{len(b70)}x Arc Pro B70: {seen}")
@@ -283,7 +283,7 @@ def check_runtime(host: Host, preset: Preset) -> Finding:
     cr = next((f"{p} {pkgs[p]}" for p in COMPUTE_RUNTIME_PKGS if p in pkgs), None)
     l0 = next((f"{p} {pkgs[p]}" for p in LEVEL_ZERO_PKGS if p in pkgs), None)
     seen = f"compute-runtime: {cr or 'absent'}; level-zero: {l0 or 'absent'}"
-    if cr and l0 and preset.device != "cpu":
+    if cr and l0 and preset.flavor != "cpu":
         version = version_tuple(cr.split(" ", 1)[1])
         if version < MIN_COMPUTE_RUNTIME_G31:
             want = ".".join(map(str, MIN_COMPUTE_RUNTIME_G31))
@@ -296,7 +296,7 @@ def check_runtime(host: Host, preset: Preset) -> Finding:
             )
     if cr and l0:
         return Finding("GPU user-space", OK, seen)
-    if preset.device == "cpu":
+    if preset.flavor == "cpu":
         return Finding("GPU user-space", OK, f"{seen} (not needed: CPU preset)")
     if host.in_container():
         return Finding(
@@ -322,7 +322,7 @@ def check_sycl_ls(host: Host, preset: Preset) -> Finding:
     gpus = [line.strip() for line in out.splitlines() if "level_zero:gpu" in line]
     if rc == 0 and gpus:
         return Finding("sycl-ls", OK, "; ".join(gpus))
-    if preset.device == "cpu":
+    if preset.flavor == "cpu":
         return Finding("sycl-ls", WARN, f"no Level Zero GPU (rc {rc}; not needed: CPU preset)")
     return Finding(
         "sycl-ls",
@@ -341,7 +341,7 @@ def check_xpu_smi(host: Host, preset: Preset) -> Finding:
     names = [ln.strip(" |") for ln in out.splitlines() if "Device Name" in ln]
     if rc == 0 and names:
         return Finding("xpu-smi", OK, "; ".join(names))
-    status = WARN if preset.device == "cpu" else FAIL
+    status = WARN if preset.flavor == "cpu" else FAIL
     if rc == 0:
         return Finding(
             "xpu-smi",
@@ -422,7 +422,7 @@ def check_kernel(host: Host, preset: Preset) -> Finding:
         return Finding("kernel", WARN, "cannot read /proc/sys/kernel/osrelease")
     gpus = [g for g in intel_gpus(host) if g.is_battlemage]
     seen = f"Linux {release}"
-    if preset.device == "cpu":
+    if preset.flavor == "cpu":
         return Finding("kernel", OK, f"{seen} (not needed: CPU preset)")
     if version_tuple(release)[:2] < MIN_KERNEL:
         return Finding(
@@ -462,14 +462,14 @@ def firmware_file(host: Host, name: str) -> str | None:
 def check_firmware(host: Host, preset: Preset) -> Finding:
     """GuC and HuC blobs the xe driver loads on Battlemage: a host file, not an image one."""
     if not any(g.is_battlemage for g in intel_gpus(host)):
-        return Finding("GPU firmware", WARN if preset.device != "cpu" else OK, "no Battlemage GPU")
+        return Finding("GPU firmware", WARN if preset.flavor != "cpu" else OK, "no Battlemage GPU")
     if host.in_container():
         return Finding("GPU firmware", WARN, "in a container", "run doctor on the host to check it")
     found = {kind: firmware_file(host, name) for kind, name in FIRMWARE.items()}
     missing = [f"{kind} ({FIRMWARE[kind]})" for kind, path in found.items() if path is None]
     seen = "; ".join(f"{kind}: {path or 'missing'}" for kind, path in found.items())
     if missing:
-        status = FAIL if preset.device != "cpu" else WARN
+        status = FAIL if preset.flavor != "cpu" else WARN
         return Finding(
             "GPU firmware",
             status,
@@ -484,14 +484,14 @@ def check_bar(host: Host, preset: Preset) -> Finding:
     """Resizable BAR: the largest BAR of each Battlemage GPU should map its whole VRAM."""
     gpus = [g for g in intel_gpus(host) if g.is_battlemage]
     if not gpus:
-        return Finding("resizable BAR", WARN if preset.device != "cpu" else OK, "no Battlemage GPU")
+        return Finding("resizable BAR", WARN if preset.flavor != "cpu" else OK, "no Battlemage GPU")
     if any(not g.bars for g in gpus):
         return Finding("resizable BAR", WARN, "cannot read the PCI resources in sysfs")
     seen = ", ".join(f"{g.slot}: {gib(max(g.bars))}" for g in gpus)
     small = [g for g in gpus if max(g.bars) < FULL_BAR]
     if not small:
         return Finding("resizable BAR", OK, f"largest BAR {seen}")
-    status = WARN if preset.device == "cpu" else FAIL
+    status = WARN if preset.flavor == "cpu" else FAIL
     return Finding(
         "resizable BAR",
         status,
@@ -506,7 +506,7 @@ def check_level_zero(host: Host, preset: Preset) -> Finding:
     devices = level_zero_devices(host)
     mask, source = affinity_mask(host, preset)
     seen = ", ".join(f"{i}: {g.slot} {g.name} ({node})" for i, (g, node) in enumerate(devices))
-    if preset.device == "cpu":
+    if preset.flavor == "cpu":
         return Finding("Level Zero", OK, f"{seen or 'no Intel GPU node'} (not needed: CPU preset)")
     if not devices:
         return Finding("Level Zero", WARN, "no Intel GPU with a render node here")
