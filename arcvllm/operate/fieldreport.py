@@ -32,6 +32,7 @@ from pathlib import Path
 from arcvllm import options
 from arcvllm.engine import docker_binary
 from arcvllm.errors import UsageError
+from arcvllm.operate.host import api_key_file
 from arcvllm.paths import checkout_root
 
 SECRET_KEYS = ("VLLM_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
@@ -191,14 +192,11 @@ def host_versions() -> str:
     return "\n".join(lines) + "\n"
 
 
-def key_file_secret(path: str) -> set[str]:
-    """The key in the settings file's VLLM_API_KEY_FILE (relative: to docker/, as compose
-    reads it), to redact; nothing when it cannot be read."""
-    if not path:
-        return set()
-    file = Path(path)
-    if not file.is_absolute():
-        file = checkout_root() / "docker" / file
+def key_file_secret(settings: Mapping[str, str]) -> set[str]:
+    """The key in the file compose hands out as the secret `api-key` (operate.host's
+    api_key_file: the shell's VLLM_API_KEY_FILE, else the settings file's, else compose's
+    default, a relative one read from docker/), to redact; nothing when it cannot be read."""
+    file = api_key_file(settings, checkout_root() / "docker", os.environ)
     try:
         return {options.read_key(file)}
     except ValueError:
@@ -209,7 +207,7 @@ def collect(opts: argparse.Namespace, settings: Mapping[str, str]) -> Collector:
     c = Collector(opts.compose, opts.service, secrets_from({**os.environ, **settings}))
     key = opts.api_key or settings.get("VLLM_API_KEY", "")
     c.secrets |= {key} if key else set()
-    c.secrets |= key_file_secret(settings.get("VLLM_API_KEY_FILE", ""))
+    c.secrets |= key_file_secret(settings)
     me = f"{shlex.quote(sys.executable)} -m arcvllm"
     preset = opts.preset or c.exec("preset.txt", "printenv ARCVLLM_PRESET").stdout.strip()
     # With the deployment's settings file: its RENDER_GID is checked against the host's nodes.
