@@ -35,6 +35,7 @@ COMMANDS = (
     "operate.gpus",
     "operate.fieldreport",
     "operate.scale",
+    "operate.deploy",
     "builder.tinymodel",
 )
 

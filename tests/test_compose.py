@@ -5,6 +5,7 @@ engine with the compose v2 plugin."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -295,15 +296,34 @@ def make_dry(*args: str, path: str | None = None) -> str:
     return done.stdout
 
 
+def menu_dry(target: str, *args: str, env: dict[str, str] | None = None) -> str:
+    """The one command the menu runs for TARGET (make -n), run with --dry-run: the compose
+    command lines it would run."""
+    (command,) = [line for line in make_dry(target, *args).splitlines() if " deploy " in line]
+    done = subprocess.run(
+        f"{command} --dry-run",
+        shell=True,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 def test_make_up_checks_the_file_and_hands_compose_one_absolute_path(tmp_path):
     mine = tmp_path / "mine.env"
     mine.write_text("PORT=8123\n")
-    out = make_dry("up", "FLAVOR=cpu", f"ENV_FILE={mine}", "COMPOSE=docker-compose")
-    assert f"arcvllm settings check {mine}" in out
-    up = next(line for line in out.splitlines() if " up -d " in line)
+    assert f"deploy up --env-file {mine} --flavor cpu" in make_dry(
+        "up", "FLAVOR=cpu", f"ENV_FILE={mine}"
+    )
+    up = menu_dry("up", "FLAVOR=cpu", f"ENV_FILE={mine}", env={"COMPOSE": "docker-compose"})
     assert f"ENV_FILE={mine} " in up and f"--env-file {mine} " in up
-    assert "PORT=8123 " in up  # the file's PORT, not the Makefile's default
-    relative = make_dry("up", "FLAVOR=cpu", "ENV_FILE=docker/arcvllm.env")
+    assert "PORT=8123 " in up  # the file's PORT, not compose's default
+    assert " docker-compose -p arcvllm " in up
+    relative = menu_dry("up", "FLAVOR=cpu", "ENV_FILE=docker/arcvllm.env")
     assert f"ENV_FILE={ROOT}/docker/arcvllm.env " in relative
 
 
@@ -318,7 +338,7 @@ def fake_docker(tmp_path: Path, has_plugin: bool) -> Path:
 
 def test_make_runs_the_compose_v2_plugin(tmp_path):
     docker = fake_docker(tmp_path, has_plugin=True)
-    out = make_dry("up", "FLAVOR=cpu", f"DOCKER={docker}")
+    out = menu_dry("up", "FLAVOR=cpu", env={"DOCKER": str(docker)})
     assert f"{docker} compose -p arcvllm " in out
     assert "docker-compose" not in out
 
@@ -354,20 +374,29 @@ def test_make_up_refuses_an_unknown_setting_before_compose_runs(tmp_path):
     assert "RAN" not in done.stdout
 
 
-def test_smoke_check_goes_through_the_gateway_with_a_key_file_never_a_key(tmp_path):
+def test_smoke_check_runs_its_own_project_with_a_throwaway_key_file_never_a_key(tmp_path):
+    """`make smoke-check` is `arcvllm deploy smoke`: its own project and port, the key and
+    certificate it makes (build/smoke-gateway/), the gateway's diagnostic routes on."""
     mine = tmp_path / "mine.env"
     mine.write_text("VLLM_API_KEY=k-zz9-secret\n")
-    out = make_dry("smoke-check", "FLAVOR=cpu", f"ENV_FILE={mine}")
-    smoke = next(line for line in out.splitlines() if " smoke --base-url " in line)
-    assert "--base-url https://127.0.0.1:8001 " in smoke
-    assert f"--api-key-file {ROOT}/build/smoke-gateway/api-key" in out
-    assert f"--ca-cert {ROOT}/build/smoke-gateway/cert.pem" in out
-    assert "--api-key " not in out and "k-zz9-secret" not in out
-    assert "up -d vllm-cpu gateway" in out and "GATEWAY_DIAGNOSTIC_ROUTES=1 " in out
+    make = make_dry("smoke-check", "FLAVOR=cpu", f"ENV_FILE={mine}")
+    assert f"deploy smoke --env-file {mine} --flavor cpu " in make and " --port 8001 " in make
+    done = subprocess.run(
+        [str(ROOT / ".venv/bin/arcvllm"), "deploy", "smoke", "--dry-run", "--flavor", "cpu",
+         "--env-file", str(mine)], capture_output=True, text=True, check=True, cwd=ROOT,
+    )  # fmt: skip
+    up, log, down = done.stdout.splitlines()
+    secrets = ROOT / "build" / "smoke-gateway"
+    assert f"VLLM_API_KEY_FILE={secrets}/api-key " in up
+    assert f"GATEWAY_TLS_CERT={secrets}/cert.pem " in up and "GATEWAY_DIAGNOSTIC_ROUTES=1 " in up
+    assert " PORT=8001 " in up and " -p arcvllm-smoke " in up
+    assert up.endswith(" up -d vllm-cpu gateway") and down.endswith(" down -v")
+    assert log.endswith(" logs --no-color vllm-cpu > reports/smoke-cpu.log")
+    assert "k-zz9-secret" not in done.stdout + make
 
 
 def up_line(*args: str) -> str:
-    return next(line for line in make_dry("up", *args).splitlines() if " up -d " in line)
+    return next(line for line in menu_dry("up", *args).splitlines() if " up -d " in line)
 
 
 def test_make_up_runs_the_settings_files_image_and_the_command_line_wins(tmp_path):
@@ -381,8 +410,8 @@ def test_make_up_runs_the_settings_files_image_and_the_command_line_wins(tmp_pat
 
 
 def test_make_builds_and_runs_the_default_stack_of_each_flavour(tmp_path):
-    """The Makefile's STACK default and configs/stacks.yaml's `defaults:` agree, so the
-    image `make up` runs is the one compose alone defaults to."""
+    """The flavour's default stack is configs/stacks.yaml's `defaults:` (the Makefile names
+    none), so the image `make up` runs is the one compose alone defaults to."""
     mine = tmp_path / "mine.env"
     mine.write_text("PORT=8123\n")
     for flavor, stack in stack_defaults().items():
@@ -390,11 +419,18 @@ def test_make_builds_and_runs_the_default_stack_of_each_flavour(tmp_path):
 
 
 def test_make_doctor_checks_the_settings_file_of_make_up(tmp_path):
+    """`make doctor` checks the deployment's settings file for the flavour's preset."""
     mine = tmp_path / "mine.env"
     mine.write_text("RENDER_GID=993\n")
-    assert f"doctor --preset tiny-hybrid-cpu --env-file {mine}" in make_dry(
-        "doctor", "FLAVOR=cpu", f"ENV_FILE={mine}"
+    (command,) = make_dry("doctor", "FLAVOR=cpu", f"ENV_FILE={mine}").strip().splitlines()
+    assert command.endswith(f"arcvllm deploy doctor --env-file {mine} --flavor cpu")
+    done = subprocess.run(
+        f"{command.lstrip('@')} --json", shell=True, cwd=ROOT, capture_output=True, text=True
     )
+    doc = json.loads(done.stdout)
+    assert doc["preset"] == "tiny-hybrid-cpu", done.stderr
+    (gid,) = [r for r in doc["rows"] if r["check"] == "RENDER_GID"]
+    assert "993" in gid["seen"]
 
 
 def test_make_up_refuses_a_missing_key_file_before_compose_runs(tmp_path):
@@ -413,7 +449,7 @@ def test_make_up_refuses_a_missing_key_file_before_compose_runs(tmp_path):
 
     refused = up()
     assert refused.returncode != 0
-    said = f"make up: VLLM_API_KEY_FILE={tmp_path / 'no-key'} is not a readable file"
+    said = f"arcvllm: VLLM_API_KEY_FILE={tmp_path / 'no-key'} is not a readable file"
     assert said in refused.stderr, refused.stderr
     assert "RAN" not in refused.stdout
     (tmp_path / "no-key").write_text("k-1\n")
@@ -483,3 +519,48 @@ def test_make_up_refuses_a_key_file_that_breaks_the_key_rule(tmp_path):
     )
     assert done.returncode != 0 and "RAN" not in done.stdout
     assert KEY_RULE in done.stderr, done.stderr
+
+
+# ---- the argv of a project (arcvllm/operate/compose.py), as pure functions ----
+
+
+def test_a_projects_argv_names_the_settings_file_the_files_and_the_profiles(monkeypatch):
+    from arcvllm.operate import compose
+
+    monkeypatch.setenv("COMPOSE", "docker compose")
+    project = compose.Project(
+        "p", Path("/s/mine.env"), (Path("/d/compose.yaml"),), ("cpu",), {"PORT": "8123"}
+    )
+    assert project.argv("up", "-d", "vllm-cpu", profiles=("monitoring",)) == [
+        *("docker", "compose", "-p", "p", "--env-file", "/s/mine.env", "-f", "/d/compose.yaml"),
+        *("--profile", "cpu", "--profile", "monitoring", "up", "-d", "vllm-cpu"),
+    ]
+    assert project.environ({"PATH": "/bin", "PORT": "1"}) == {
+        "PATH": "/bin",
+        "ENV_FILE": "/s/mine.env",
+        "PORT": "8123",
+    }
+    assert project.shell("logs", "vllm-cpu") == (
+        "ENV_FILE=/s/mine.env PORT=8123 docker compose -p p --env-file /s/mine.env "
+        "-f /d/compose.yaml --profile cpu logs vllm-cpu"
+    )
+
+
+def test_the_single_server_is_the_cpu_profile_or_the_xpu_service_with_its_gpus_file():
+    from arcvllm.operate import compose
+
+    cpu = compose.server("arcvllm", Path("/s/e.env"), "cpu", {})
+    assert cpu.files == (COMPOSE_FILE,) and cpu.profiles == ("cpu",)
+    xpu = compose.server("arcvllm", Path("/s/e.env"), "xpu", {}, gpus=Path("/b/gpus.yaml"))
+    assert xpu.files == (COMPOSE_FILE, Path("/b/gpus.yaml")) and xpu.profiles == ()
+    assert compose.server("a", Path("/e"), "xpu", {}).files[1] == ROOT / "build" / "gpus.yaml"
+
+
+def test_a_missing_compose_tool_is_one_line(monkeypatch):
+    from arcvllm.errors import Unavailable
+    from arcvllm.operate import compose
+
+    monkeypatch.setenv("COMPOSE", "/nonexistent/compose")
+    project = compose.Project("p", Path("/e"), (COMPOSE_FILE,))
+    with pytest.raises(Unavailable, match="no compose tool: /nonexistent/compose not found"):
+        project.run("ps")

@@ -9,24 +9,26 @@ container's environment, which is that file, leaves the TP=2 preset both GPUs
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import ssl
 import subprocess
+import sys
 from pathlib import Path
 from typing import NamedTuple
 
 import pytest
 from conftest import ROOT, free_port
 from support.engine import docker
-from support.scale import build_target
+from support.scale import build_target, side_image
 
 from arcvllm.server.client import wait_until
 
 TEMPLATE = ROOT / "docker" / "arcvllm.env"
 KEY = "k-7f3e9a1c2b"
 MODEL = "tiny-hybrid"
-GATEWAY_IMAGE = os.environ.get("ARCVLLM_TEST_GATEWAY_IMAGE", "arcvllm-gateway:1.22.1")
+GATEWAY_IMAGE = os.environ.get("ARCVLLM_TEST_GATEWAY_IMAGE") or side_image("gateway")
 
 
 def make(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -205,3 +207,136 @@ def test_field_report_tarball_has_every_part_and_never_the_key(keyed_service, tm
     failed = blobs["summary.txt"].decode().rsplit("failed steps: ", 1)[1].strip()
     assert failed in ("none", "smoke/smoke.txt"), blobs["summary.txt"]
     assert b"Application startup complete" in blobs["server.log"]
+
+
+# ---- the deployment as named (arcvllm/operate/deploy.py), no engine ----
+
+
+def names(**given) -> argparse.Namespace:
+    fields = dict(env_file=TEMPLATE, flavor=None, stack=None, preset=None, image=None)
+    fields |= dict(gateway_image=None, port=None, project="arcvllm", gpus_file=None)
+    return argparse.Namespace(**{**fields, **given})
+
+
+def test_a_deployment_named_by_flavour_alone_is_its_default_stack_and_the_stacks_preset(tmp_path):
+    from arcvllm.builder.stack import load, side_images
+    from arcvllm.operate import deploy
+
+    defaults = load()[1]
+    cpu = deploy.resolve(names(flavor="cpu"), environ={}, dri_dir=tmp_path)
+    assert (cpu.stack, cpu.preset, cpu.service) == (defaults["cpu"], "tiny-hybrid-cpu", "vllm-cpu")
+    assert cpu.image == f"arcvllm:{defaults['cpu']}" and cpu.port == "8443"
+    assert cpu.gateway_image == side_images()["gateway"].ref
+    assert cpu.render_gid == ""  # no render node under tmp_path
+    xpu = deploy.resolve(names(flavor="xpu"), environ={}, dri_dir=tmp_path)
+    assert (xpu.stack, xpu.service) == (defaults["xpu"], "vllm")
+    assert deploy.resolve(names(stack="cpu"), environ={}, dri_dir=tmp_path).flavor == "cpu"
+
+
+def test_the_image_and_port_are_the_shells_then_the_settings_files_then_the_flag_wins(tmp_path):
+    from arcvllm.operate import deploy
+
+    mine = tmp_path / "mine.env"
+    mine.write_text("IMAGE=foo:bar\nPORT=8123\n")
+    single = deploy.resolve(names(env_file=mine, flavor="cpu"), environ={}, dri_dir=tmp_path)
+    assert (single.image, single.port) == ("foo:bar", "8123")
+    shell = {"IMAGE": "baz:qux", "PORT": "7443", "RENDER_GID": "993"}
+    single = deploy.resolve(names(env_file=mine, flavor="cpu"), environ=shell, dri_dir=tmp_path)
+    assert (single.image, single.port, single.render_gid) == ("baz:qux", "7443", "993")
+    given = names(env_file=mine, flavor="cpu", image="a:b", port="1")
+    assert deploy.resolve(given, environ=shell, dri_dir=tmp_path).image == "a:b"
+    assert single.variables()["RENDER_GID"] == "993"
+
+
+def test_a_stack_of_another_flavour_or_none_is_a_usage_error(tmp_path):
+    from arcvllm.errors import UsageError
+    from arcvllm.operate import deploy
+
+    with pytest.raises(UsageError, match="stack cpu is cpu, not xpu"):
+        deploy.resolve(names(flavor="xpu", stack="cpu"), environ={}, dri_dir=tmp_path)
+    with pytest.raises(UsageError, match="unknown stack 'nope'; stacks: "):
+        deploy.resolve(names(stack="nope"), environ={}, dri_dir=tmp_path)
+
+
+def test_the_throwaway_secrets_are_a_key_by_the_key_rule_and_a_certificate_for_localhost(tmp_path):
+    from arcvllm import options
+    from arcvllm.operate import deploy
+
+    folder = tmp_path / "smoke-gateway"
+    key = deploy.make_secrets(folder)
+    assert options.read_key(folder / "api-key") == key and len(key) == 48
+    assert folder.stat().st_mode & 0o777 == 0o700
+    assert all((folder / n).stat().st_mode & 0o777 == 0o644 for n in ("api-key", "key.pem"))
+    text = subprocess.run(
+        ["openssl", "x509", "-in", str(folder / "cert.pem"), "-noout", "-subject", "-ext",
+         "subjectAltName"], capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert "CN = localhost" in text and "IP Address:127.0.0.1" in text
+    assert deploy.make_secrets(folder) != key  # made anew each time
+
+
+def test_the_emulated_settings_have_the_emulation_on_once(tmp_path):
+    from arcvllm.operate import deploy
+
+    mine = tmp_path / "mine.env"
+    mine.write_text("PORT=8123\nARCVLLM_EMULATE_HIGH_ADDRESSES=0\n")
+    out = deploy.emulated(mine, tmp_path / "build" / "emulated.env")
+    assert out.read_text() == "PORT=8123\nARCVLLM_EMULATE_HIGH_ADDRESSES=1\n"
+
+
+FAKE_COMPOSE = """#!/bin/sh
+echo "$*" >> {calls}
+case " $* " in *" logs "*) echo "the server's log line";; esac
+exit 0
+"""
+
+
+def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "arcvllm", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={**os.environ, **env},
+    )
+
+
+def test_the_smoke_test_of_a_server_that_never_answers_saves_its_log_and_removes_it_all(
+    tmp_path,
+):
+    """The lifecycle of `make smoke-check`: compose up, no /health in time, then the log
+    into the report's .log, `down -v`, and the secrets removed; exit 1."""
+    calls, fake = tmp_path / "calls", tmp_path / "compose"
+    fake.write_text(FAKE_COMPOSE.format(calls=calls))
+    fake.chmod(0o755)
+    secrets, report = tmp_path / "secrets", tmp_path / "reports" / "smoke.json"
+    done = run_cli(
+        "deploy", "smoke", "--flavor", "cpu", "--port", str(free_port()),
+        "--secrets", str(secrets), "--out", str(report), "--health-timeout", "1",
+        env={"COMPOSE": str(fake)},
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    said = calls.read_text().splitlines()
+    assert said[0].endswith("--profile cpu up -d vllm-cpu gateway")
+    assert said[-1].endswith("--profile cpu down -v --remove-orphans")
+    assert report.with_suffix(".log").read_text() == "the server's log line\n"
+    assert json.loads(report.read_text())["failed"] == ["server start"]
+    assert not secrets.exists()
+
+
+def test_make_up_refuses_a_bad_key_file_before_compose_runs(tmp_path):
+    calls, fake = tmp_path / "calls", tmp_path / "compose"
+    fake.write_text(FAKE_COMPOSE.format(calls=calls))
+    fake.chmod(0o755)
+    mine = tmp_path / "mine.env"
+    mine.write_text(f"VLLM_API_KEY_FILE={tmp_path / 'none'}\n")
+    done = run_cli("deploy", "up", "--flavor", "cpu", "--env-file", str(mine),
+                   env={"COMPOSE": str(fake)})  # fmt: skip
+    assert done.returncode == 3 and "is not a readable file" in done.stderr
+    assert not calls.exists()
+    (tmp_path / "none").write_text("k-1\n")
+    done = run_cli("deploy", "up", "--flavor", "cpu", "--env-file", str(mine),
+                   env={"COMPOSE": str(fake)})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert calls.read_text().strip().endswith("--profile cpu up -d vllm-cpu gateway")

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from arcvllm.operate import doctor as D
+from arcvllm.operate import host as H
 from arcvllm.presets import get_preset
 
 XPU1 = get_preset("qwen3.6-35b-a3b-w4a16-1xb70")
@@ -41,10 +42,10 @@ def build(
     disk_free_gib: float = 500,
     environ: dict[str, str] | None = None,
     kernel: str = "6.17.0-13-generic",
-    xe_ids: frozenset[int] | None = D.BATTLEMAGE,
+    xe_ids: frozenset[int] | None = H.BATTLEMAGE,
     firmware: tuple[str, ...] = ("xe/bmg_guc_70.bin.zst", "xe/bmg_huc.bin.zst"),
     bar_gib: float = 32,
-) -> D.Host:
+) -> H.Host:
     """A fake machine under tmp_path/root: the files doctor reads, and nothing else."""
     root = tmp_path / "root"
     (root / "dev/dri").mkdir(parents=True)
@@ -123,7 +124,7 @@ def build(
             return int(shm_gib * GIB), 0, int(shm_gib * GIB)
         return int(disk_free_gib * GIB), 0, int(disk_free_gib * GIB)
 
-    return D.Host(
+    return H.Host(
         root=root,
         environ={"PATH": "/usr/bin", "HOME": "/home/vllm", **(environ or {})},
         uid=uid,
@@ -133,7 +134,7 @@ def build(
     )
 
 
-def finding(host: D.Host, check, preset=XPU1) -> D.Finding:
+def finding(host: H.Host, check, preset=XPU1) -> D.Finding:
     return check(host, preset)
 
 
@@ -456,9 +457,9 @@ def test_json_is_one_report_with_every_row(tmp_path):
 
 
 def test_battlemage_ids_are_the_kernels_lists():
-    assert {0xE20B, 0xE212, 0xE216} <= D.BMG_G21
-    assert {0xE220, 0xE221, 0xE222, 0xE223} == D.BMG_G31
-    assert D.B70 in D.BATTLEMAGE and 0x56A0 not in D.BATTLEMAGE  # Alchemist A770
+    assert {0xE20B, 0xE212, 0xE216} <= H.BMG_G21
+    assert {0xE220, 0xE221, 0xE222, 0xE223} == H.BMG_G31
+    assert H.B70 in H.BATTLEMAGE and 0x56A0 not in H.BATTLEMAGE  # Alchemist A770
 
 
 def test_another_battlemage_warns_and_needs_xe(tmp_path):
@@ -477,7 +478,7 @@ def test_kernel_too_old_fails(tmp_path):
 
 def test_kernel_whose_xe_does_not_list_the_b70_fails(tmp_path):
     host = build(
-        tmp_path, kernel="6.12.25", xe_ids=D.BMG_G21, gpus=(("0000:03:00.0", D.B70, None),)
+        tmp_path, kernel="6.12.25", xe_ids=H.BMG_G21, gpus=(("0000:03:00.0", H.B70, None),)
     )
     r = finding(host, D.check_kernel)
     assert r.status == D.FAIL and "8086:e223" in r.seen

@@ -227,3 +227,19 @@ def test_field_report_takes_no_option_it_never_reads():
     root = ROOT
     dry = subprocess.run(["make", "-n", "field-report"], cwd=root, capture_output=True, text=True)
     assert "--base-url" not in dry.stdout and "--scratch" not in dry.stdout
+
+
+def test_the_key_compose_hands_out_is_redacted_whoever_names_it(tmp_path, monkeypatch):
+    """The key file as operate.host finds it: the shell's VLLM_API_KEY_FILE over the
+    settings file's; an unreadable one redacts nothing (and stops nothing)."""
+    from arcvllm.operate.fieldreport import key_file_secret
+
+    mine, theirs = tmp_path / "mine", tmp_path / "theirs"
+    mine.write_text("k-mine\n")
+    theirs.write_text("k-theirs\n")
+    monkeypatch.delenv("VLLM_API_KEY_FILE", raising=False)
+    assert key_file_secret({"VLLM_API_KEY_FILE": str(mine)}) == {"k-mine"}
+    monkeypatch.setenv("VLLM_API_KEY_FILE", str(theirs))
+    assert key_file_secret({"VLLM_API_KEY_FILE": str(mine)}) == {"k-theirs"}
+    monkeypatch.setenv("VLLM_API_KEY_FILE", str(tmp_path / "none"))
+    assert key_file_secret({}) == set()

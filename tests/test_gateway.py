@@ -27,7 +27,7 @@ import pytest
 from conftest import ROOT, assert_drained, drain_stream, free_port
 from support.compose import compose_binary
 from support.engine import docker, docker_client
-from support.scale import build_target
+from support.scale import build_target, side_image
 
 from arcvllm import options
 from arcvllm.server.client import Client, WaitTimeout, wait_until
@@ -242,7 +242,7 @@ def test_in_every_profile_only_the_gateway_publishes_a_port(bind):
 
 PROJECT = "arcvllm-gw-test"
 PORT = int(os.environ.get("ARCVLLM_TEST_GATEWAY_PORT", "18443"))
-GATEWAY_IMAGE = os.environ.get("ARCVLLM_TEST_GATEWAY_IMAGE", "arcvllm-gateway:1.22.1")
+GATEWAY_IMAGE = os.environ.get("ARCVLLM_TEST_GATEWAY_IMAGE") or side_image("gateway")
 MAX_BODY_BYTES = 64 * 1024
 RATE, BURST = 20, 20
 MODEL = "tiny-hybrid"

@@ -492,3 +492,76 @@ def test_a_runtime_without_the_toolchain_fails_in_one_line(cpu_image):
     assert result.returncode == 3
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "arcvllm:" in lines[0], result.stderr
+
+
+# ---- what `make build` asks of the one build command, no engine ----
+
+
+def test_no_named_stack_is_the_flavours_default_the_flavour_the_hosts(monkeypatch):
+    from arcvllm.builder import image, stack
+    from arcvllm.operate import host
+
+    defaults = stack.load()[1]
+    assert image.default_stack("xpu") == defaults["xpu"]
+    monkeypatch.setattr(host, "default_flavor", lambda: "cpu")
+    assert image.default_stack(None) == defaults["cpu"]
+
+
+def test_the_server_image_is_tagged_the_settings_image_the_shells_first(tmp_path, monkeypatch):
+    from arcvllm.builder import image
+
+    monkeypatch.delenv("IMAGE", raising=False)
+    mine = tmp_path / "mine.env"
+    mine.write_text("PORT=8123\n")
+    assert image.tag_for("cpu", None) == image.tag_for("cpu", mine) == "arcvllm:cpu"
+    mine.write_text("IMAGE=foo:bar\n")
+    assert image.tag_for("cpu", mine) == "foo:bar"
+    monkeypatch.setenv("IMAGE", "baz:qux")
+    assert image.tag_for("cpu", mine) == "baz:qux"
+
+
+def test_the_wheelhouse_links_every_wheel_once(tmp_path):
+    from arcvllm.builder import image
+
+    source, dest = tmp_path / "wheels", tmp_path / "build" / "wheelhouse"
+    source.mkdir()
+    (source / "a-1-py3-none-any.whl").write_text("a")
+    (source / "notes.txt").write_text("not a wheel")
+    assert [p.name for p in image.wheelhouse(source, dest)] == ["a-1-py3-none-any.whl"]
+    wheel = "a-1-py3-none-any.whl"
+    assert (dest / wheel).stat().st_ino == (source / wheel).stat().st_ino  # linked
+    assert [p.name for p in image.wheelhouse(source, dest)] == ["a-1-py3-none-any.whl"]
+    assert sorted(p.name for p in dest.iterdir()) == ["a-1-py3-none-any.whl"]
+
+
+def built_argvs(monkeypatch, *args: str) -> list[list[str]]:
+    """What `arcvllm image build ARGS` would build (each docker argv), nothing built."""
+    from arcvllm.builder import image
+    from arcvllm.cli import main
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(image, "run", lambda argv, cwd: seen.append(list(argv)))
+    assert main(["image", "build", *args]) == 0
+    return seen
+
+
+def test_several_side_images_are_built_one_after_the_other_each_its_own_tag(monkeypatch):
+    from arcvllm.builder import stack
+
+    sides = stack.side_images()
+    argvs = built_argvs(monkeypatch, "--side", "router", "--side", "prometheus")
+    assert [a[a.index("--target") + 1] for a in argvs] == ["router", "prometheus"]
+    assert [a[a.index("-t") + 1] for a in argvs] == [sides["router"].ref, sides["prometheus"].ref]
+
+
+def test_the_rehearsal_builds_the_vllm_stage_and_the_runtimes_user_of_the_xpu_stack(monkeypatch):
+    from arcvllm.builder import image, stack
+
+    build = image.spec_for("cpu")
+    monkeypatch.setattr(image, "spec_for", lambda *a, **k: image.Build(build.stack, "runtime"))
+    argvs = built_argvs(monkeypatch, "--rehearsal")
+    default = stack.load()[1]["xpu"]
+    assert [(a[a.index("--target") + 1], a[a.index("-t") + 1]) for a in argvs] == [
+        ("vllm", f"arcvllm:{default}-ci"),
+        ("runtime-user", f"arcvllm:{default}-ci-user"),
+    ]

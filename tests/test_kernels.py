@@ -180,7 +180,7 @@ def test_the_committed_presets_list_only_stacks_whose_kernels_pass(tmp_path):
     assert code == 0, out + err[-3000:]
     rows = [ln.split() for ln in out.splitlines() if ln.startswith(tuple(P.load_all()))]
     kernel_rows = [r for r in rows if len(r) > 2 and r[1].startswith("xpu-")]
-    xpu_presets = [p for p in P.load_all().values() if p.device == "xpu"]
+    xpu_presets = [p for p in P.load_all().values() if p.flavor == "xpu"]
     assert len(kernel_rows) == len(xpu_presets) * 3, out
     for row in kernel_rows:
         listed = row[-1] == "yes"

@@ -31,7 +31,7 @@ def minimal(**overrides) -> dict:
         "description": "d",
         "model": "/m",
         "served_model_name": "m",
-        "device": "cpu",
+        "flavor": "cpu",
         "gpus": 0,
         "stacks": ["cpu"],
     }
@@ -66,7 +66,7 @@ def test_tensor_parallel_presets_match_their_gpu_count_and_affinity():
     for preset in P.load_all().values():
         tp = int(P.flag_values(P.server_command(preset).args).get("tensor-parallel-size", 1))
         assert tp == max(preset.gpus, 1), preset.name
-        if preset.device == "xpu":
+        if preset.flavor == "xpu":
             assert len(preset.env["ZE_AFFINITY_MASK"].split(",")) == preset.gpus
             assert preset.env["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
         if preset.gpus > 1:
@@ -143,7 +143,7 @@ def test_a_preset_or_extra_args_with_mamba_block_size_in_align_mode_do_not_rende
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        (minimal(device="gpu"), "device must be one of"),
+        (minimal(flavor="gpu"), "flavor must be one of"),
         (minimal(stacks=[]), "stacks must be"),
         (minimal(colour="red"), "unknown key"),
         (minimal(vllm_args={"--port": 1}), "without dashes"),
@@ -213,7 +213,7 @@ def test_every_preset_drains_on_stop_with_its_shutdown_timeout(name):
     args = P.server_command(preset, vllm_version="0.20.2").args
     assert P.flag_values(args)["shutdown-timeout"] == str(preset.shutdown_timeout)
     assert args.count("--shutdown-timeout") == 1
-    assert preset.shutdown_timeout == (120 if preset.device == "xpu" else 30)
+    assert preset.shutdown_timeout == (120 if preset.flavor == "xpu" else 30)
 
 
 def test_extra_args_win_over_the_presets_shutdown_timeout():
@@ -374,7 +374,7 @@ def test_a_presets_reference_exists_and_names_it():
 
 def test_every_xpu_preset_names_its_checkpoint_and_commits_a_config_excerpt():
     for preset in P.load_all().values():
-        if preset.device != "xpu":
+        if preset.flavor != "xpu":
             continue
         assert preset.checkpoint["format"] and "repo" in preset.checkpoint, preset.name
         text = preset.model_config.get("text_config") or preset.model_config
@@ -383,9 +383,21 @@ def test_every_xpu_preset_names_its_checkpoint_and_commits_a_config_excerpt():
         assert (text.get("num_experts") or text.get("num_local_experts")) > 0, preset.name
 
 
+def test_the_old_device_key_is_refused_naming_flavor():
+    """Presets and stacks say `flavor` for one concept (cpu, xpu); a preset still saying
+    `device` is told so in its one line."""
+    old = minimal()
+    old["device"] = old.pop("flavor")
+    with pytest.raises(ArcvllmError, match=r"^mine.yaml: missing key\(s\): flavor \(`device` is"):
+        P.preset_from_mapping(old, "mine.yaml")
+    old["flavor"] = "cpu"
+    with pytest.raises(ArcvllmError, match=r"unknown key\(s\): device \(`device` is `flavor`"):
+        P.preset_from_mapping(old, "mine.yaml")
+
+
 def test_an_xpu_preset_without_a_config_excerpt_is_refused():
     with pytest.raises(ArcvllmError, match="needs model_config"):
-        P.preset_from_mapping(minimal(device="xpu", gpus=1, stacks=["xpu-0.23"]))
+        P.preset_from_mapping(minimal(flavor="xpu", gpus=1, stacks=["xpu-0.23"]))
 
 
 def test_the_vlm_presets_serve_the_language_model_only():
@@ -458,4 +470,4 @@ def test_the_json_list_is_the_table(capsys):
     assert [p["name"] for p in listed] == list(P.load_all())
     assert {p["name"] for p in listed} >= REQUIRED
     tiny = next(p for p in listed if p["name"] == "tiny-hybrid-cpu")
-    assert (tiny["device"], tiny["gpus"], tiny["stacks"]) == ("cpu", 0, ["cpu"])
+    assert (tiny["flavor"], tiny["gpus"], tiny["stacks"]) == ("cpu", 0, ["cpu"])

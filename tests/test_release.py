@@ -76,7 +76,33 @@ def test_side_images_are_declared_once_and_compose_defaults_to_them():
         defaults = re.findall(rf"{side.image}:([\w.]+)\}}", compose)
         assert defaults and set(defaults) == {side.tag}, (side, defaults)
     makefile = (ROOT / "Makefile").read_text()
-    assert f"GATEWAY_IMAGE ?= {sides['gateway'].ref}" in makefile
+    assert not [s.tag for s in sides.values() if s.tag in makefile]  # read from here only
+
+
+def kustomize_tags(root: Path = ROOT / "deploy" / "kubernetes") -> dict[str, set[str]]:
+    """Image name -> every newTag the kustomizations give it (kustomize reads no YAML of
+    ours: its tags are literals)."""
+    found: dict[str, set[str]] = {}
+    for path in sorted(root.rglob("kustomization.yaml")):
+        for entry in yaml.safe_load(path.read_text()).get("images") or []:
+            if "newTag" in entry:
+                found.setdefault(entry["name"], set()).add(str(entry["newTag"]))
+    return found
+
+
+def test_the_kustomizations_tag_each_side_image_as_stacks_yaml_does():
+    sides = {s.image: s.tag for s in stack.side_images().values()}
+    tags = {name: seen for name, seen in kustomize_tags().items() if name in sides}
+    assert tags and all(seen == {sides[name]} for name, seen in tags.items()), tags
+
+
+def test_a_kustomization_tag_that_drifted_is_caught(tmp_path):
+    mine = tmp_path / "base"
+    mine.mkdir()
+    text = (ROOT / "deploy/kubernetes/base/kustomization.yaml").read_text()
+    gateway = stack.side_images()["gateway"]
+    (mine / "kustomization.yaml").write_text(text.replace(f'"{gateway.tag}"', '"0.0.1"'))
+    assert kustomize_tags(tmp_path)[gateway.image] == {"0.0.1"}
 
 
 def test_an_unknown_side_image_is_a_usage_error():
@@ -504,3 +530,44 @@ def engine():
     socket = Path("/run/arcvllm-docker/docker.sock")
     if "DOCKER_HOST" not in os.environ and socket.exists():
         os.environ["DOCKER_HOST"] = f"unix://{socket}"
+
+
+def test_a_keyed_release_needs_the_public_key_beside_the_private_one(tmp_path):
+    key = tmp_path / "cosign.key"
+    key.write_text("private")
+    with pytest.raises(ArcvllmError, match=r"no public key .*cosign\.pub beside"):
+        release.release("1.0", "registry.example.org/a", key, tmp_path / "out")
+
+
+def test_reproducible_builds_each_image_twice_uncompressed_with_no_cache_and_compares(
+    tmp_path, monkeypatch, capsys
+):
+    built = []
+
+    def fake_build(spec, root=None, dry_run=False):
+        built.append((spec.target, spec.oci_layout.name, spec.flags, spec.layer_compression))
+        spec.oci_layout.mkdir(parents=True)
+        return []
+
+    monkeypatch.setattr(image, "build", fake_build)
+    monkeypatch.setattr(release, "compare", lambda a, b: ["etc/x"] if "router" in a.name else [])
+    monkeypatch.setattr(release, "layout_digest", lambda layout: "sha256:1")
+    differ = release.reproducible(["cpu", "router"], ["1", "2"], tmp_path)
+    assert differ == ["router"]
+    assert built == [
+        ("runtime", "cpu-1", ["--no-cache"], "uncompressed"),
+        ("runtime", "cpu-2", ["--no-cache"], "uncompressed"),
+        ("router", "router-1", ["--no-cache"], "uncompressed"),
+        ("router", "router-2", ["--no-cache"], "uncompressed"),
+    ]
+    assert list(tmp_path.iterdir()) == []  # the layouts go
+    out = capsys.readouterr().out
+    assert "reproducible cpu:\n" in out and "the same image: one digest" in out
+    assert "  differs: etc/x" in out
+
+
+def test_reproducible_second_build_alone_needs_the_first_layout(tmp_path):
+    with pytest.raises(ArcvllmError, match=r"no .*cpu-1 layout for build 2"):
+        release.reproducible(["cpu"], ["2"], tmp_path)
+    with pytest.raises(ArcvllmError, match="builds '1'"):
+        release.reproducible(["cpu"], ["1"], tmp_path)

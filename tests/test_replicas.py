@@ -19,15 +19,16 @@ from support.hosts import B70, B580, FOUR, IGPU, fake_host
 
 from arcvllm.builder import stack
 from arcvllm.errors import Unavailable
+from arcvllm.operate import host as hosts
 from arcvllm.operate import replicas
 
 SCALE = ROOT / "docker" / "compose.scale.yaml"
 
 
 def test_every_b70_is_a_card_with_its_own_node_gid_and_by_path_entry(tmp_path):
-    cards = replicas.b70s(fake_host(tmp_path, FOUR))
+    cards = hosts.b70s(fake_host(tmp_path, FOUR))
     assert [c.render_node for c in cards] == [f"/dev/dri/renderD{128 + i}" for i in range(4)]
-    assert cards[1] == replicas.Card(
+    assert cards[1] == hosts.Card(
         "0000:04:00.0", "/dev/dri/renderD129", 992, ("pci-0000:04:00.0-render",)
     )
 
@@ -38,7 +39,7 @@ def test_an_igpu_and_another_battlemage_are_not_b70s(tmp_path):
         [("0000:00:02.0", IGPU, "renderD128"), ("0000:03:00.0", B580, "renderD129"),
          ("0000:04:00.0", B70, "renderD130")],
     )  # fmt: skip
-    assert [c.slot for c in replicas.b70s(host)] == ["0000:04:00.0"]
+    assert [c.slot for c in hosts.b70s(host)] == ["0000:04:00.0"]
     with pytest.raises(Unavailable) as failure:
         replicas.pick(host, 2)
     assert str(failure.value) == (
@@ -52,7 +53,7 @@ def test_a_b70_without_a_bound_driver_has_no_node_and_does_not_count(tmp_path):
     host = fake_host(tmp_path, FOUR[:2])
     for node in (host.root / "sys/bus/pci/devices/0000:04:00.0/drm").iterdir():
         node.rmdir()
-    assert [c.slot for c in replicas.b70s(host)] == ["0000:03:00.0"]
+    assert [c.slot for c in hosts.b70s(host)] == ["0000:03:00.0"]
 
 
 @pytest.mark.parametrize("count", [1, 3, 4])

@@ -31,6 +31,7 @@ from support.scale import (
     compose_config,
     ports,
     services,
+    side_image,
 )
 
 from arcvllm.server.client import WaitTimeout, wait_until
@@ -156,7 +157,7 @@ def test_prometheus_mounts_the_targets_of_its_n(four):
 
 PROJECT = "arcvllm-scale-ci"
 HEALTH_TIMEOUT = 600
-PROMETHEUS_IMAGE = "arcvllm-prometheus:2.42"
+PROMETHEUS_IMAGE = side_image("prometheus")
 CHECK_INTERVAL, FAILURE_THRESHOLD = 2, 2  # the router's health checking in this test
 API_KEY = "scale-test-key"  # the replicas' key (the clients' Bearer passes the router)
 MEASURED: dict[str, object] = {}  # printed at the end (docs/scale.md quotes it)

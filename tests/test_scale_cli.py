@@ -17,7 +17,7 @@ import yaml
 from conftest import ROOT, free_port
 from support.engine import docker
 from support.hosts import B70, FOUR, IGPU, fake_host
-from support.scale import ROUTER_IMAGE, SCALE, build_target
+from support.scale import ROUTER_IMAGE, SCALE, build_target, side_image
 
 from arcvllm import options
 from arcvllm.errors import ArcvllmError
@@ -71,15 +71,13 @@ def test_a_key_file_that_is_missing_or_empty_is_one_line_and_starts_nothing(
 
 
 def test_a_relative_key_file_is_read_from_the_compose_folder(tmp_path, monkeypatch):
-    from arcvllm.operate.settings import api_key_file
+    from arcvllm.operate.host import api_key_file
 
-    env_file = tmp_path / "mine.env"
-    env_file.write_text("VLLM_API_KEY_FILE=../secrets/mine\n")
+    settings = {"VLLM_API_KEY_FILE": "../secrets/mine"}
     docker_dir = ROOT / "docker"
-    assert api_key_file(env_file, docker_dir, {}) == docker_dir / "../secrets/mine"
-    assert api_key_file(env_file, docker_dir, {"VLLM_API_KEY_FILE": "/k"}) == Path("/k")
-    env_file.write_text("")
-    assert api_key_file(env_file, docker_dir, {}) == docker_dir / "../secrets/api-key"
+    assert api_key_file(settings, docker_dir, {}) == docker_dir / "../secrets/mine"
+    assert api_key_file(settings, docker_dir, {"VLLM_API_KEY_FILE": "/k"}) == Path("/k")
+    assert api_key_file({}, docker_dir, {}) == docker_dir / "../secrets/api-key"
 
 
 def test_more_replicas_than_b70s_is_one_line_and_starts_nothing(tmp_path, state):
@@ -420,7 +418,7 @@ def test_a_replica_that_dies_at_start_is_stopped_alone_the_other_serves_volumes_
     (as a replica that crashes on start); `scale up` names it, exits 4, and the router
     serves through the gateway with vllm-cpu-0. The named volumes (compile cache) stay."""
     build_target("router", ROUTER_IMAGE)
-    build_target("gateway", "arcvllm-gateway:1.22.1")
+    build_target("gateway", side_image("gateway"))
     project, port = "arcvllm-scale-degraded", free_port()
     env = {"CPU_IMAGE": cpu_image, "PORT": str(port), "BIND_ADDRESS": "127.0.0.1"}
     labels = [f"label=com.docker.compose.project={project}"]
@@ -490,8 +488,9 @@ def test_a_router_with_no_healthy_worker_is_one_line():
 
 @pytest.mark.parametrize("answer, ok", [("200", True), ("503", False), ("0", False)])
 def test_the_routers_readiness_is_asked_inside_its_container(tmp_path, monkeypatch, answer, ok):
-    """The router publishes no port: `compose exec -T router python3 -c CODE URL` prints the
-    status (0: no answer). A stand-in compose prints ANSWER and records its arguments."""
+    """The router publishes no port: `compose exec -T router arcvllm-healthcheck --status URL`
+    prints the status (0: no answer). A stand-in compose prints ANSWER and records its
+    arguments."""
     args = tmp_path / "args"
     monkeypatch.setenv("COMPOSE", f"sh -c 'echo \"$*\" > {args}; echo {answer}' compose")
     dep = scale.Deployment(ROOT / "docker" / "arcvllm.env")
@@ -503,5 +502,5 @@ def test_the_routers_readiness_is_asked_inside_its_container(tmp_path, monkeypat
             scale.wait_router("http://127.0.0.1:8000", timeout=1, interval=0.2, status=status)
         seen = "no answer" if answer == "0" else f"HTTP {answer}"
         assert str(failure.value).endswith(f"(/readiness: {seen})")
-    assert "exec -T router-cpu python3 -c" in args.read_text()
+    assert "exec -T router-cpu arcvllm-healthcheck --status" in args.read_text()
     assert args.read_text().rstrip().endswith("http://127.0.0.1:8000/readiness")

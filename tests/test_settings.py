@@ -177,11 +177,12 @@ def test_no_render_gid_is_built_into_the_template_or_compose(name):
 def test_the_published_port_is_the_settings_files_unless_the_shell_sets_one(tmp_path):
     """`scale up` printed the gateway's port from the shell only: a settings file with
     PORT=9443 printed 8443 (compose publishes the file's)."""
-    from arcvllm.operate.settings import effective
+    from arcvllm.operate.host import effective
+    from arcvllm.operate.settings import load
 
     mine = tmp_path / "mine.env"
     mine.write_text("PORT=9443\n")
-    assert effective("PORT", mine, {}, "8443") == "9443"
-    assert effective("PORT", mine, {"PORT": "7443"}, "8443") == "7443"
+    assert effective("PORT", load(mine), {}, "8443") == "9443"
+    assert effective("PORT", load(mine), {"PORT": "7443"}, "8443") == "7443"
     (tmp_path / "none.env").write_text("")
-    assert effective("PORT", tmp_path / "none.env", {}, "8443") == "8443"
+    assert effective("PORT", load(tmp_path / "none.env"), {}, "8443") == "8443"

@@ -318,8 +318,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_replot(args: argparse.Namespace) -> int:
-    source = Path(args.path)
+def replot(source: Path) -> Path:
+    """bench.png drawn from a bench.json (here, where matplotlib is): its path."""
     try:
         report = json.loads(source.read_text())
         missing = [k for k in ("runs", "model", "block_size") if k not in report]
@@ -329,6 +329,11 @@ def _cmd_replot(args: argparse.Namespace) -> int:
         raise UsageError(f"cannot read {source} as a bench.json: no {', '.join(missing)}")
     png = source.with_suffix(".png")
     plot_report(report, png)
+    return png
+
+
+def _cmd_replot(args: argparse.Namespace) -> int:
+    png = replot(Path(args.path))
     print(json.dumps({"png": str(png)}) if args.json else f"wrote {png}")
     return 0
 

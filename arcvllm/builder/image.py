@@ -11,6 +11,7 @@ fails with that error alone is run once more, from its cache, and says so.
 
 from __future__ import annotations
 
+import argparse
 import os
 import shlex
 import subprocess
@@ -75,6 +76,7 @@ class Build:
     extra_args: Mapping[str, str] = field(default_factory=dict)
     oci_layout: Path | None = None  # reproducible export (rewrite-timestamp) instead of load
     flags: Sequence[str] = ()
+    layer_compression: str | None = None  # the layout's (COMPRESSIONS); None: compression()
 
     def argv(
         self, src: Source, docker: str | None = None, ca_bundle: str | None = None
@@ -105,7 +107,7 @@ class Build:
             argv += ["--provenance=false", "--output"]
             argv += [
                 f"type=oci,dest={self.oci_layout},tar=false,rewrite-timestamp=true,"
-                f"{compression()},force-compression=true{name}"
+                f"{compression(self.layer_compression)},force-compression=true{name}"
             ]
         else:
             # Into the engine's image store with the layers as they are: compressing them
@@ -128,9 +130,10 @@ COMPRESSIONS = {
 }
 
 
-def compression() -> str:
-    """The release layouts' layer compression: $ARCVLLM_LAYER_COMPRESSION, else zstd."""
-    name = os.environ.get("ARCVLLM_LAYER_COMPRESSION", "zstd")
+def compression(name: str | None = None) -> str:
+    """The layouts' layer compression NAME, by default $ARCVLLM_LAYER_COMPRESSION, else zstd
+    (the release's)."""
+    name = name or os.environ.get("ARCVLLM_LAYER_COMPRESSION", "zstd")
     if name not in COMPRESSIONS:
         raise UsageError(f"ARCVLLM_LAYER_COMPRESSION={name}: one of {', '.join(COMPRESSIONS)}")
     return COMPRESSIONS[name]
@@ -228,14 +231,84 @@ def spec_for(
     return Build(the_stack, target="runtime", args=args, extra_args={"ARCVLLM_PATCHES": plan})
 
 
+def default_stack(flavor: str | None, stacks_file: Path | None = None) -> str:
+    """The stack a build of no named stack builds: FLAVOR's default stack, FLAVOR by default
+    this host's (xpu where a render node is)."""
+    from arcvllm.builder import stack
+    from arcvllm.operate.host import default_flavor
+
+    return stack.load(stacks_file)[1][flavor or default_flavor()]
+
+
+def tag_for(stack_name: str, env_file: Path | None) -> str:
+    """The tag of a stack's server image: IMAGE (the shell's, else ENV_FILE's: the image
+    `make up` then runs), else arcvllm:STACK."""
+    if env_file is None:
+        return f"arcvllm:{stack_name}"
+    from arcvllm.operate.host import effective
+    from arcvllm.operate.settings import load
+
+    return effective("IMAGE", load(env_file), os.environ, f"arcvllm:{stack_name}")
+
+
+def unknown_stack(name: str | None, stacks_file: Path | None) -> bool:
+    """Whether NAME is a stack name the stacks file lacks: then the stacks are listed."""
+    from arcvllm.builder import stack
+
+    stacks, defaults = stack.load(stacks_file)
+    if name is None or name in stacks:
+        return False
+    print(stack.render_table(stacks, defaults))
+    return True
+
+
+# CI's rehearsal of an XPU stack's build (make build-xpu-ci): its `vllm` stage (vLLM
+# installed over the lock) and its runtime's user, each to the tag beside the target.
+REHEARSAL = (("vllm", "-ci"), ("runtime-user", "-ci-user"))
+
+
+def rehearse(args) -> int:
+    """The rehearsal of an XPU stack (default: the default XPU stack) with its stand-ins."""
+    from arcvllm.builder import stack
+
+    name = args.stack or stack.load(args.stacks_file)[1]["xpu"]
+    unknown_stack(name, args.stacks_file)
+    built = []
+    for target, suffix in REHEARSAL:
+        spec = spec_for(name, ci=True, flavor="xpu", stacks_file=args.stacks_file)
+        spec.target, spec.tags = target, [f"arcvllm:{name}{suffix}"]
+        spec.flags = shlex.split(args.docker_flags)
+        built.append(
+            {"target": target, "tag": spec.tags[0], "argv": build(spec, dry_run=args.dry_run)}
+        )
+    if args.json:
+        import json
+
+        print(json.dumps({"stack": name, "built": not args.dry_run, "images": built}))
+    elif args.dry_run:
+        print("\n".join(shlex.join(b["argv"]) for b in built))
+    return 0
+
+
 def _cmd(args) -> int:
-    spec = spec_for(args.stack, args.side, args.ci, args.flavor, args.stacks_file)
+    if args.rehearsal:
+        return rehearse(args)
+    if len(args.side or ()) > 1:  # the side images one after the other, each its own tag
+        if args.tag or args.stack or args.target:
+            raise UsageError("several --side images take no stack, --tag or --target")
+        return max(_cmd(argparse.Namespace(**{**vars(args), "side": [s]})) for s in args.side)
+    side = args.side[0] if args.side else None
+    name = args.stack
+    if name is None and side is None:
+        name = default_stack(args.flavor, args.stacks_file)
+    unknown_stack(name, args.stacks_file)
+    spec = spec_for(name, side, args.ci, args.flavor, args.stacks_file)
     if args.target:
         spec.target = args.target
     if args.tag:
         spec.tags = args.tag
     elif not spec.tags:
-        spec.tags = [f"arcvllm:{spec.stack.name}"]
+        spec.tags = [tag_for(spec.stack.name, args.env_file)]
     spec.oci_layout = args.oci_layout
     spec.flags = shlex.split(args.docker_flags)
     argv = build(spec, dry_run=args.dry_run)
@@ -245,6 +318,42 @@ def _cmd(args) -> int:
         print(json.dumps({"tags": list(spec.tags), "built": not args.dry_run, "argv": argv}))
     elif args.dry_run:
         print(shlex.join(argv))
+    return 0
+
+
+def wheelhouse(source: Path | None, dest: Path) -> list[Path]:
+    """DEST (the build context's build/wheelhouse) with every wheel of SOURCE linked in (or
+    copied, across file systems): wheels no index has, e.g. torch +cpu. SOURCE: pip's
+    find-links here, else /opt/wheels."""
+    import shutil
+
+    if source is None:
+        from arcvllm.builder import index
+
+        links = [p for p in index.pip_config().get("find-links", []) if "://" not in p]
+        source = Path(links[0].removeprefix("file:")) if links else Path("/opt/wheels")
+    dest.mkdir(parents=True, exist_ok=True)
+    made = []
+    for wheel in sorted(source.glob("*.whl")):
+        target = dest / wheel.name
+        if target.exists() and target.stat().st_size == wheel.stat().st_size:
+            made.append(target)
+            continue
+        target.unlink(missing_ok=True)
+        try:
+            os.link(wheel, target)
+        except OSError:
+            shutil.copy2(wheel, target)
+        made.append(target)
+    return made
+
+
+def _cmd_wheelhouse(args) -> int:
+    made = wheelhouse(args.source, args.dest or checkout_root() / "build" / "wheelhouse")
+    if args.json:
+        import json
+
+        print(json.dumps({"wheels": [str(p) for p in made]}))
     return 0
 
 
@@ -276,10 +385,35 @@ def register(subparsers) -> None:
     parser.set_defaults(func=lambda a: parser.print_help() or 2)
     sub = parser.add_subparsers(dest="action", metavar="ACTION")
     b = sub.add_parser("build", help="build one image")
-    b.add_argument("stack", nargs="?", help="the stack (default: the CPU default stack)")
-    b.add_argument("--side", help="a side image of configs/stacks.yaml (side_images)")
+    b.add_argument(
+        "stack",
+        nargs="?",
+        help="the stack (default: the --flavor's default stack, the flavour by default xpu "
+        "where this host has a render node, else cpu)",
+    )
+    b.add_argument(
+        "--side",
+        action="append",
+        help="a side image of configs/stacks.yaml (side_images); repeat for several",
+    )
     b.add_argument("--target", help="a Dockerfile target other than the image's own")
-    b.add_argument("--tag", action="append", help="the image's tag (repeatable)")
+    b.add_argument(
+        "--tag",
+        action="append",
+        help="the image's tag (repeatable; default: IMAGE of --env-file or the shell, else "
+        "arcvllm:STACK; a side image's own)",
+    )
+    b.add_argument(
+        "--env-file",
+        type=options.existing_file,
+        help="the settings file whose IMAGE tags the server image (the one `make up` runs)",
+    )
+    b.add_argument(
+        "--rehearsal",
+        action="store_true",
+        help="CI: an XPU stack (default: the default one) with its stand-ins, stage for stage: "
+        "arcvllm:STACK-ci (the vllm stage) and arcvllm:STACK-ci-user (the runtime's user)",
+    )
     b.add_argument("--flavor", choices=("cpu", "xpu"), help="fail unless the stack is this")
     b.add_argument("--ci", action="store_true", help="CI: an XPU stack with its stand-ins")
     b.add_argument("--oci-layout", type=Path, help="export an OCI layout directory (reproducible)")
@@ -296,5 +430,17 @@ def register(subparsers) -> None:
     )
     su.add_argument("stack")
     su.set_defaults(func=_cmd_sums)
-    for each in (b, su):
+    w = sub.add_parser(
+        "wheelhouse",
+        help="link the local wheel folder into the build context (build/wheelhouse)",
+    )
+    w.add_argument(
+        "--from",
+        dest="source",
+        type=options.existing_dir,
+        help="the wheel folder (default: pip's find-links here, else /opt/wheels)",
+    )
+    w.add_argument("--dest", type=Path, help="default: the checkout's build/wheelhouse")
+    w.set_defaults(func=_cmd_wheelhouse)
+    for each in (b, su, w):
         options.add_json(each)

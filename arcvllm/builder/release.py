@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -284,6 +285,9 @@ def release(
         raise UsageError(f"release: REGISTRY {registry!r} is not host[:port][/path]")
     if str(key) != KEYLESS and not key.is_file():
         raise UsageError(f"no cosign key at {key} (cosign generate-key-pair)")
+    public = key.with_suffix(".pub")
+    if str(key) != KEYLESS and not public.is_file():
+        raise UsageError(f"no public key {public} beside {key} (cosign generate-key-pair)")
     chosen = targets(stacks, sides)
     out.mkdir(parents=True, exist_ok=True)
     src = image.source()
@@ -296,7 +300,55 @@ def release(
         "images": [release_one(t, version, registry, key, out) for t in chosen],
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    if str(key) != KEYLESS:  # beside the manifest: what an operator verifies with
+        shutil.copyfile(public, out / "cosign.pub")
     return manifest
+
+
+def compared(first: Path, second: Path, limit: int = 40) -> list[str]:
+    """Both layouts' digests printed, and the files that differ (LIMIT of them named)."""
+    differ = compare(first, second)
+    print(f"{first.name}: {layout_digest(first)}\n{second.name}: {layout_digest(second)}")
+    for line in differ[:limit]:
+        print(f"  differs: {line}")
+    if len(differ) > limit:
+        print(f"  ... and {len(differ) - limit} more")
+    if not differ:
+        print("the same image: one digest")
+    return differ
+
+
+def reproducible(names: Sequence[str], builds: Sequence[str], out: Path) -> list[str]:
+    """Each image of NAMES (a stack or a side image) built as each of BUILDS ("1", "2")
+    with no cache, as an uncompressed OCI layout OUT/NAME-N, the two compared, then removed;
+    the names whose builds differ. Without build 1, OUT/NAME-1 is an earlier one (CI: the
+    release rehearsal's, built on a new engine)."""
+    from arcvllm.builder import stack
+
+    if sorted(builds) not in (["1", "2"], ["2"]):
+        raise UsageError(f"builds {' '.join(builds)!r}: `1 2`, or `2` beside an earlier NAME-1")
+    stacks, _ = stack.load()
+    out.mkdir(parents=True, exist_ok=True)
+    differ = []
+    for name in names:
+        first = out / f"{name}-1"
+        if "1" not in builds and not (first / "index.json").is_file():
+            raise UsageError(f"no {first} layout for build 2 to be compared with")
+        for n in builds:
+            if name in stacks:
+                spec = image.spec_for(name)
+                spec.tags = [f"arcvllm:{name}"]
+            else:
+                spec = image.spec_for(None, side=name)
+            spec.oci_layout, spec.flags = out / f"{name}-{n}", ["--no-cache"]
+            spec.layer_compression = "uncompressed"
+            image.build(spec)
+        print(f"reproducible {name}:")
+        if compared(first, out / f"{name}-2"):
+            differ.append(name)
+        shutil.rmtree(first, ignore_errors=True)
+        shutil.rmtree(out / f"{name}-2", ignore_errors=True)
+    return differ
 
 
 def verify_ref(ref: str, public_key: Path, attestation: bool = True) -> tuple[bool, str]:
@@ -341,19 +393,22 @@ def _names(raw: str | None) -> list[str] | None:
 
 def _cmd(args) -> int:
     if args.action == "compare":
-        differ = compare(args.first, args.second)
-        digests = (layout_digest(args.first), layout_digest(args.second))
         if args.json:
+            differ = compare(args.first, args.second)
+            digests = (layout_digest(args.first), layout_digest(args.second))
             print(json.dumps({"digests": digests, "differ": differ}, indent=2))
             return 1 if differ else 0
-        print(f"{args.first.name}: {digests[0]}\n{args.second.name}: {digests[1]}")
-        for line in differ[: args.limit]:
-            print(f"  differs: {line}")
-        if len(differ) > args.limit:
-            print(f"  ... and {len(differ) - args.limit} more")
+        differ = compared(args.first, args.second, args.limit)
         if differ:
             raise CheckFailed(f"the two builds differ in {len(differ)} files")
-        print("the same image: one digest")
+        return 0
+    if args.action == "reproducible":
+        names = [n for raw in args.images for n in raw.split(",") if n]
+        differ = reproducible(names, args.builds.split(), args.out)
+        if args.json:
+            print(json.dumps({"images": names, "differ": differ}))
+        if differ:
+            raise CheckFailed(f"two clean builds differ: {', '.join(differ)}")
         return 0
     if args.action == "entry":
         found = entry(args.manifest, args.name)
@@ -409,9 +464,16 @@ def register(subparsers) -> None:
     c.add_argument("first", type=options.existing_dir)
     c.add_argument("second", type=options.existing_dir)
     c.add_argument("--limit", type=int, default=40, help="how many differing files to name")
+    r = sub.add_parser(
+        "reproducible",
+        help="build images twice with no cache and compare the digests (names what differs)",
+    )
+    r.add_argument("images", nargs="+", help="stacks and side images (cpu, router, ...)")
+    r.add_argument("--builds", default="1 2", help="`1 2` (default), or `2` beside a NAME-1")
+    r.add_argument("--out", type=Path, default=Path("build/reproducible"), help="the layouts")
     e = sub.add_parser("entry", help="one field of one image's manifest entry (ref, layout, ...)")
     e.add_argument("manifest", type=options.existing_file)
     e.add_argument("name", help="a stack or side image (cpu, gateway, ...)")
     e.add_argument("field", help="ref, digest, layout, repository, ...")
-    for each in (b, v, c, e):
+    for each in (b, v, c, r, e):
         options.add_json(each)

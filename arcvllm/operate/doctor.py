@@ -13,30 +13,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import stat
-import subprocess
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
 
 from arcvllm import options
 from arcvllm.errors import CheckFailed
+from arcvllm.operate.host import (
+    Host,
+    intel_gpus,
+    level_zero_devices,
+    render_nodes,
+)
 from arcvllm.operate.settings import load as load_settings
 from arcvllm.operate.settings import render_gid_mismatch
 from arcvllm.presets import Preset, get_preset
 
-INTEL = 0x8086
-# Battlemage PCI device IDs as the Linux kernel lists them for the xe driver
-# (include/drm/intel/pciids.h: INTEL_BMG_G21_IDS, and INTEL_BMG_IDS adds the G31 IDs);
-# compute-runtime's shared/source/xe2_hpg_core/bmg/definitions/device_ids_configs_bmg.h
-# carries the same two lists (bmgG21DeviceIds, bmgG31DeviceIds).
-BMG_G21 = frozenset(
-    {0xE202, 0xE209, 0xE20B, 0xE20C, 0xE20D, 0xE210, 0xE211, 0xE212, 0xE215, 0xE216}
-)
-BMG_G31 = frozenset({0xE220, 0xE221, 0xE222, 0xE223})
-BATTLEMAGE = BMG_G21 | BMG_G31
-B70 = 0xE223  # Arc Pro B70 (BMG-G31), the GPU the presets are sized for
 GIB = 1024**3
 DEFAULT_PRESET = "qwen3.6-35b-a3b-w4a16-1xb70"
 
@@ -71,138 +63,7 @@ class Finding:
     fix: str = ""
 
 
-def _run(argv: Sequence[str], env: Mapping[str, str]) -> tuple[int, str]:
-    try:
-        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=30, env=dict(env))
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return 127, str(exc)
-    return done.returncode, (done.stdout + done.stderr).strip()
-
-
-def _groups() -> frozenset[int]:
-    return frozenset({os.getgid(), *os.getgroups()})
-
-
-@dataclass
-class Host:
-    """Where doctor looks; every edge is injectable so tests can build a fake machine."""
-
-    root: Path = Path("/")
-    environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
-    uid: int = field(default_factory=os.getuid)
-    gids: frozenset[int] = field(default_factory=_groups)
-    stat: Callable[[Path], os.stat_result] = os.stat
-    disk_usage: Callable[[Path], tuple[int, int, int]] = shutil.disk_usage
-    run: Callable[[Sequence[str], Mapping[str, str]], tuple[int, str]] = _run
-    # The settings file's values (--env-file); inside the container compose has handed
-    # them over as the environment.
-    settings: Mapping[str, str] = field(default_factory=dict)
-
-    def path(self, absolute: str) -> Path:
-        return self.root / absolute.lstrip("/")
-
-    def read(self, absolute: str) -> str | None:
-        try:
-            return self.path(absolute).read_text()
-        except OSError:
-            return None
-
-    def in_container(self) -> bool:
-        return self.path("/.dockerenv").exists() or self.path("/run/.containerenv").exists()
-
-    def which(self, tool: str) -> str | None:
-        """TOOL on $PATH, each entry read under the root (a tool outside it is not seen)."""
-        for entry in self.environ.get("PATH", os.defpath).split(os.pathsep):
-            if not entry.startswith("/"):
-                continue  # relative entries mean nothing under another root
-            candidate = self.path(entry) / tool
-            if candidate.is_file() and os.access(candidate, os.X_OK):
-                return str(candidate)
-        return None
-
-    def existing(self, absolute: str) -> Path | None:
-        """ABSOLUTE or its nearest existing parent, never above the root."""
-        probe = self.path(absolute)
-        while not probe.exists():
-            if probe == self.root or probe == probe.parent:
-                return None
-            probe = probe.parent
-        return probe
-
-    def kernel_release(self) -> str | None:
-        text = self.read("/proc/sys/kernel/osrelease")
-        return text.strip() if text else None
-
-
-@dataclass(frozen=True)
-class Gpu:
-    slot: str
-    device: int
-    driver: str | None
-    bars: tuple[int, ...] = ()  # sizes of the PCI BARs in bytes (sysfs `resource`)
-
-    @property
-    def is_b70(self) -> bool:
-        return self.device == B70
-
-    @property
-    def is_battlemage(self) -> bool:
-        return self.device in BATTLEMAGE
-
-    @property
-    def name(self) -> str:
-        if self.is_b70:
-            return "Arc Pro B70"
-        if self.device in BMG_G31:
-            return "Battlemage G31"
-        if self.device in BMG_G21:
-            return "Battlemage G21"
-        return "Intel GPU"
-
-
 # ---- what the files say (pure reads) ----
-
-
-def render_nodes(host: Host) -> list[Path]:
-    return sorted(host.path("/dev/dri").glob("renderD*"))
-
-
-def intel_gpus(host: Host) -> list[Gpu]:
-    """Intel display-class PCI devices from sysfs, with the kernel driver bound to each."""
-    gpus = []
-    for dev in sorted(host.path("/sys/bus/pci/devices").glob("*")):
-        try:
-            vendor = int((dev / "vendor").read_text().strip(), 16)
-            device = int((dev / "device").read_text().strip(), 16)
-            klass = int((dev / "class").read_text().strip(), 16)
-        except (OSError, ValueError):
-            continue
-        if vendor != INTEL or klass >> 16 != 0x03:
-            continue
-        driver = dev / "driver"
-        name = Path(os.readlink(driver)).name if driver.is_symlink() else None
-        gpus.append(Gpu(dev.name, device, name, bar_sizes(dev)))
-    return gpus
-
-
-def render_node(host: Host, gpu: Gpu) -> str | None:
-    """GPU's render node name (renderD129) from sysfs, or None (no driver bound)."""
-    drm = host.path(f"/sys/bus/pci/devices/{gpu.slot}/drm")
-    nodes = sorted(drm.glob("renderD*")) if drm.is_dir() else []
-    return nodes[0].name if nodes else None
-
-
-def level_zero_devices(host: Host) -> list[tuple[Gpu, str]]:
-    """The Intel GPUs Level Zero enumerates here, in order: those whose render node this
-    machine (or container: sysfs shows the host's PCI devices, /dev/dri only the nodes it
-    was given) can see, by PCI address, the order of /dev/dri/by-path that compute-runtime
-    walks (ZE_ENABLE_PCI_ID_DEVICE_ORDER=1 forces it). Index i is ZE_AFFINITY_MASK's i."""
-    found = []
-    for gpu in intel_gpus(host):
-        node = render_node(host, gpu)
-        if node and host.path(f"/dev/dri/{node}").exists():
-            found.append((gpu, node))
-    return found
 
 
 def affinity_mask(host: Host, preset: Preset) -> tuple[str | None, str]:
@@ -213,22 +74,6 @@ def affinity_mask(host: Host, preset: Preset) -> tuple[str | None, str]:
             return values["ZE_AFFINITY_MASK"], where
     value = preset.env.get("ZE_AFFINITY_MASK")
     return (str(value), "preset") if value else (None, "unset")
-
-
-def bar_sizes(dev: Path) -> tuple[int, ...]:
-    """Sizes of BARs 0-5 from sysfs `resource` (one `start end flags` line each)."""
-    sizes = []
-    try:
-        lines = (dev / "resource").read_text().splitlines()[:6]
-    except OSError:
-        return ()
-    for line in lines:
-        try:
-            start, end = (int(x, 16) for x in line.split()[:2])
-        except ValueError:
-            continue
-        sizes.append(end - start + 1 if end > start else 0)
-    return tuple(sizes)
 
 
 def version_tuple(text: str) -> tuple[int, ...]:
@@ -310,7 +155,7 @@ def check_render_nodes(host: Host, preset: Preset) -> Finding:
     nodes = render_nodes(host)
     if nodes:
         return Finding("render node", OK, " ".join(f"/dev/dri/{n.name}" for n in nodes))
-    if preset.device == "cpu":
+    if preset.flavor == "cpu":
         return Finding("render node", WARN, "no /dev/dri/renderD* (not needed: CPU preset)")
     fix = (
         "pass the GPU into the container (--device /dev/dri, compose `devices`)"
@@ -360,7 +205,7 @@ def check_render_gid(host: Host, preset: Preset) -> Finding:
         return Finding("RENDER_GID", OK, "not set: `make up` passes the render nodes' GID")
     nodes = {f"/dev/dri/{n.name}": host.stat(n).st_gid for n in render_nodes(host)}
     if not nodes:
-        status = OK if preset.device == "cpu" else WARN
+        status = OK if preset.flavor == "cpu" else WARN
         return Finding("RENDER_GID", status, f"RENDER_GID={value}; no render node to compare")
     mismatch = render_gid_mismatch(value, nodes)
     if mismatch is None:
@@ -382,7 +227,7 @@ def check_gpu_identity(host: Host, preset: Preset) -> Finding:
         ", ".join(f"{g.slot} 8086:{g.device:04x} ({g.name})" for g in gpus)
         or "no Intel GPU in sysfs"
     )
-    if preset.device == "cpu":
+    if preset.flavor == "cpu":
         return Finding("GPU (sysfs)", OK if b70 else WARN, f"{seen} (not needed: CPU preset)")
     if len(b70) >= need:
         return Finding("GPU (sysfs)", OK, f"{len(b70)}x Arc Pro B70: {seen}")
@@ -438,7 +283,7 @@ def check_runtime(host: Host, preset: Preset) -> Finding:
     cr = next((f"{p} {pkgs[p]}" for p in COMPUTE_RUNTIME_PKGS if p in pkgs), None)
     l0 = next((f"{p} {pkgs[p]}" for p in LEVEL_ZERO_PKGS if p in pkgs), None)
     seen = f"compute-runtime: {cr or 'absent'}; level-zero: {l0 or 'absent'}"
-    if cr and l0 and preset.device != "cpu":
+    if cr and l0 and preset.flavor != "cpu":
         version = version_tuple(cr.split(" ", 1)[1])
         if version < MIN_COMPUTE_RUNTIME_G31:
             want = ".".join(map(str, MIN_COMPUTE_RUNTIME_G31))
@@ -451,7 +296,7 @@ def check_runtime(host: Host, preset: Preset) -> Finding:
             )
     if cr and l0:
         return Finding("GPU user-space", OK, seen)
-    if preset.device == "cpu":
+    if preset.flavor == "cpu":
         return Finding("GPU user-space", OK, f"{seen} (not needed: CPU preset)")
     if host.in_container():
         return Finding(
@@ -477,7 +322,7 @@ def check_sycl_ls(host: Host, preset: Preset) -> Finding:
     gpus = [line.strip() for line in out.splitlines() if "level_zero:gpu" in line]
     if rc == 0 and gpus:
         return Finding("sycl-ls", OK, "; ".join(gpus))
-    if preset.device == "cpu":
+    if preset.flavor == "cpu":
         return Finding("sycl-ls", WARN, f"no Level Zero GPU (rc {rc}; not needed: CPU preset)")
     return Finding(
         "sycl-ls",
@@ -496,7 +341,7 @@ def check_xpu_smi(host: Host, preset: Preset) -> Finding:
     names = [ln.strip(" |") for ln in out.splitlines() if "Device Name" in ln]
     if rc == 0 and names:
         return Finding("xpu-smi", OK, "; ".join(names))
-    status = WARN if preset.device == "cpu" else FAIL
+    status = WARN if preset.flavor == "cpu" else FAIL
     if rc == 0:
         return Finding(
             "xpu-smi",
@@ -577,7 +422,7 @@ def check_kernel(host: Host, preset: Preset) -> Finding:
         return Finding("kernel", WARN, "cannot read /proc/sys/kernel/osrelease")
     gpus = [g for g in intel_gpus(host) if g.is_battlemage]
     seen = f"Linux {release}"
-    if preset.device == "cpu":
+    if preset.flavor == "cpu":
         return Finding("kernel", OK, f"{seen} (not needed: CPU preset)")
     if version_tuple(release)[:2] < MIN_KERNEL:
         return Finding(
@@ -617,14 +462,14 @@ def firmware_file(host: Host, name: str) -> str | None:
 def check_firmware(host: Host, preset: Preset) -> Finding:
     """GuC and HuC blobs the xe driver loads on Battlemage: a host file, not an image one."""
     if not any(g.is_battlemage for g in intel_gpus(host)):
-        return Finding("GPU firmware", WARN if preset.device != "cpu" else OK, "no Battlemage GPU")
+        return Finding("GPU firmware", WARN if preset.flavor != "cpu" else OK, "no Battlemage GPU")
     if host.in_container():
         return Finding("GPU firmware", WARN, "in a container", "run doctor on the host to check it")
     found = {kind: firmware_file(host, name) for kind, name in FIRMWARE.items()}
     missing = [f"{kind} ({FIRMWARE[kind]})" for kind, path in found.items() if path is None]
     seen = "; ".join(f"{kind}: {path or 'missing'}" for kind, path in found.items())
     if missing:
-        status = FAIL if preset.device != "cpu" else WARN
+        status = FAIL if preset.flavor != "cpu" else WARN
         return Finding(
             "GPU firmware",
             status,
@@ -639,14 +484,14 @@ def check_bar(host: Host, preset: Preset) -> Finding:
     """Resizable BAR: the largest BAR of each Battlemage GPU should map its whole VRAM."""
     gpus = [g for g in intel_gpus(host) if g.is_battlemage]
     if not gpus:
-        return Finding("resizable BAR", WARN if preset.device != "cpu" else OK, "no Battlemage GPU")
+        return Finding("resizable BAR", WARN if preset.flavor != "cpu" else OK, "no Battlemage GPU")
     if any(not g.bars for g in gpus):
         return Finding("resizable BAR", WARN, "cannot read the PCI resources in sysfs")
     seen = ", ".join(f"{g.slot}: {gib(max(g.bars))}" for g in gpus)
     small = [g for g in gpus if max(g.bars) < FULL_BAR]
     if not small:
         return Finding("resizable BAR", OK, f"largest BAR {seen}")
-    status = WARN if preset.device == "cpu" else FAIL
+    status = WARN if preset.flavor == "cpu" else FAIL
     return Finding(
         "resizable BAR",
         status,
@@ -661,7 +506,7 @@ def check_level_zero(host: Host, preset: Preset) -> Finding:
     devices = level_zero_devices(host)
     mask, source = affinity_mask(host, preset)
     seen = ", ".join(f"{i}: {g.slot} {g.name} ({node})" for i, (g, node) in enumerate(devices))
-    if preset.device == "cpu":
+    if preset.flavor == "cpu":
         return Finding("Level Zero", OK, f"{seen or 'no Intel GPU node'} (not needed: CPU preset)")
     if not devices:
         return Finding("Level Zero", WARN, "no Intel GPU with a render node here")
@@ -744,11 +589,11 @@ def report(host: Host, preset: Preset, rows: Sequence[Finding]) -> dict:
     }
 
 
-def _cmd_doctor(args: argparse.Namespace) -> int:
-    host = Host(root=args.root, settings=load_settings(args.env_file) if args.env_file else {})
-    preset = get_preset(args.preset or default_preset(host.environ))
+def preflight(host: Host, preset_name: str | None, as_json: bool = False) -> int:
+    """The table (or JSON) for PRESET_NAME (default: the host's), CheckFailed on any fail."""
+    preset = get_preset(preset_name or default_preset(host.environ))
     rows = diagnose(host, preset)
-    if args.json:
+    if as_json:
         print(json.dumps(report(host, preset, rows), indent=2))
     else:
         where = "container" if host.in_container() else "host"
@@ -758,6 +603,11 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     if failed:
         raise CheckFailed(f"cannot serve {preset.name}: {', '.join(failed)}")
     return 0
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    host = Host(root=args.root, settings=load_settings(args.env_file) if args.env_file else {})
+    return preflight(host, args.preset, args.json)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -30,7 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from arcvllm import options
+from arcvllm.engine import docker_binary
 from arcvllm.errors import UsageError
+from arcvllm.operate.host import api_key_file
 from arcvllm.paths import checkout_root
 
 SECRET_KEYS = ("VLLM_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
@@ -53,10 +55,8 @@ FI_INFO = "/opt/venv/bin/libfabric/fi_info"
 # The compile caches on the volume: a warm restart loads them instead of compiling again.
 CACHE_ENV = ("NEO_CACHE_DIR", "SYCL_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
              "VLLM_CACHE_ROOT")  # fmt: skip
-HEALTH = (
-    'python3 -c "import urllib.request; '
-    "urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=4)\""
-)
+# The server's own health, asked in its container by the image's probe (docker/healthcheck.py).
+HEALTH = "arcvllm-healthcheck http://127.0.0.1:8000/health"
 
 
 def libfabric_command(roots: tuple[str, ...] = ("/opt", "/usr"), fi_info: str = FI_INFO) -> str:
@@ -160,14 +160,15 @@ class Collector:
 def host_versions() -> str:
     """Kernel, xe driver, GPU firmware and GPUs of the host, read from /proc, /sys, /lib."""
     from arcvllm.operate import doctor
+    from arcvllm.operate import host as hosts
 
-    host = doctor.Host()
+    host = hosts.Host()
     lines = [
         f"kernel: {host.kernel_release() or platform.release()}",
         f"/proc/version: {(host.read('/proc/version') or '?').strip()}",
         f"xe module: {(host.read('/sys/module/xe/srcversion') or 'not loaded').strip()}",
     ]
-    for gpu in doctor.intel_gpus(host):
+    for gpu in hosts.intel_gpus(host):
         bar = doctor.gib(max(gpu.bars)) if gpu.bars else "?"
         lines.append(
             f"gpu {gpu.slot}: 8086:{gpu.device:04x} {gpu.name}, driver {gpu.driver}, "
@@ -191,14 +192,11 @@ def host_versions() -> str:
     return "\n".join(lines) + "\n"
 
 
-def key_file_secret(path: str) -> set[str]:
-    """The key in the settings file's VLLM_API_KEY_FILE (relative: to docker/, as compose
-    reads it), to redact; nothing when it cannot be read."""
-    if not path:
-        return set()
-    file = Path(path)
-    if not file.is_absolute():
-        file = checkout_root() / "docker" / file
+def key_file_secret(settings: Mapping[str, str]) -> set[str]:
+    """The key in the file compose hands out as the secret `api-key` (operate.host's
+    api_key_file: the shell's VLLM_API_KEY_FILE, else the settings file's, else compose's
+    default, a relative one read from docker/), to redact; nothing when it cannot be read."""
+    file = api_key_file(settings, checkout_root() / "docker", os.environ)
     try:
         return {options.read_key(file)}
     except ValueError:
@@ -209,7 +207,7 @@ def collect(opts: argparse.Namespace, settings: Mapping[str, str]) -> Collector:
     c = Collector(opts.compose, opts.service, secrets_from({**os.environ, **settings}))
     key = opts.api_key or settings.get("VLLM_API_KEY", "")
     c.secrets |= {key} if key else set()
-    c.secrets |= key_file_secret(settings.get("VLLM_API_KEY_FILE", ""))
+    c.secrets |= key_file_secret(settings)
     me = f"{shlex.quote(sys.executable)} -m arcvllm"
     preset = opts.preset or c.exec("preset.txt", "printenv ARCVLLM_PRESET").stdout.strip()
     # With the deployment's settings file: its RENDER_GID is checked against the host's nodes.
@@ -217,10 +215,10 @@ def collect(opts: argparse.Namespace, settings: Mapping[str, str]) -> Collector:
     c.shell("host/doctor.json", f"{me} doctor --json --preset {shlex.quote(preset)}{env_file}")
     c.exec("container/doctor.json", "arcvllm doctor --json")
     c.add("host/versions.txt", "read /proc, /sys, /lib/firmware, dpkg", host_versions())
+    docker = shlex.quote(opts.docker or docker_binary())
     labels = c.shell(
         "image/labels.json",
-        f"{opts.docker} image inspect --format '{{{{json .Config.Labels}}}}' "
-        f"{shlex.quote(opts.image)}",
+        f"{docker} image inspect --format '{{{{json .Config.Labels}}}}' {shlex.quote(opts.image)}",
     )
     manifest = _label(labels.stdout, "org.arcvllm.patches.manifest")
     if manifest:
@@ -348,7 +346,8 @@ def write(path: Path, c: Collector, text_summary: str) -> list[str]:
     return names
 
 
-def _cmd(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
+    """The report of ARGS (add_options' and --compose, --service, --image): the tarball."""
     from arcvllm.operate.settings import load
 
     settings = load(args.env_file) if args.env_file else {}
@@ -369,15 +368,8 @@ def _cmd(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "field-report",
-        help="one tarball for a bug report: doctor, image, smoke, bench, logs (secrets redacted)",
-        description=__doc__.split("\n\n")[1],
-    )
-    p.add_argument("--compose", required=True, help="compose command prefix of the deployment")
-    p.add_argument("--service", required=True, help="compose service (vllm, vllm-cpu)")
-    p.add_argument("--image", required=True, help="the service's image")
+def add_options(p: argparse.ArgumentParser) -> None:
+    """What the report takes beside the deployment (its compose command, service, image)."""
     # Smoke and bench run inside the container against the server itself (no gateway, no
     # TLS): no URL to give. The key is asked for only to redact it from every file.
     key = p.add_mutually_exclusive_group()
@@ -389,15 +381,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="the server's key, redacted from every file (default: $VLLM_API_KEY_FILE)",
     )
     key.add_argument("--api-key", dest="api_key", metavar="KEY", help="the key itself")
-    p.add_argument("--preset", help="default: the container's $ARCVLLM_PRESET")
-    p.add_argument(
-        "--env-file",
-        type=options.existing_file,
-        help="the settings file: its secrets are redacted, its VLLM_API_KEY is the default key",
-    )
-    p.add_argument("--out", default="reports/field-report.tar.gz", help="the tarball (*.tar.gz)")
     options.add_json(p, help="print the tarball's path and each step's exit code as JSON")
-    p.add_argument("--docker", default="docker", help="docker client")
+    p.add_argument("--docker", default=None, help="docker client (default: arcvllm's one choice)")
     p.add_argument("--bench-args", default=SHORT_BENCH, help=f"default: {SHORT_BENCH}")
     p.add_argument("--no-smoke", action="store_true", help="skip the smoke test")
     p.add_argument("--no-bench", action="store_true", help="skip the bench")
@@ -406,4 +391,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="last, restart the service and time it to healthy on its warm compile caches",
     )
-    p.set_defaults(func=_cmd)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "field-report",
+        help="one tarball for a bug report: doctor, image, smoke, bench, logs (secrets redacted)",
+        description=__doc__.split("\n\n")[1],
+    )
+    p.add_argument("--compose", required=True, help="compose command prefix of the deployment")
+    p.add_argument("--service", required=True, help="compose service (vllm, vllm-cpu)")
+    p.add_argument("--image", required=True, help="the service's image")
+    p.add_argument("--preset", help="default: the container's $ARCVLLM_PRESET")
+    p.add_argument(
+        "--env-file",
+        type=options.existing_file,
+        help="the settings file: its secrets are redacted, its VLLM_API_KEY is the default key",
+    )
+    p.add_argument("--out", default="reports/field-report.tar.gz", help="the tarball (*.tar.gz)")
+    add_options(p)
+    p.set_defaults(func=run)

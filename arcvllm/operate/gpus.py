@@ -18,7 +18,9 @@ from pathlib import Path
 from arcvllm import options
 from arcvllm.errors import Unavailable
 from arcvllm.operate import replicas
-from arcvllm.operate.doctor import DEFAULT_PRESET, Host, default_preset, level_zero_devices
+from arcvllm.operate.compose import gpus_file
+from arcvllm.operate.doctor import DEFAULT_PRESET, default_preset
+from arcvllm.operate.host import Card, Host, b70s, level_zero_devices
 from arcvllm.operate.settings import load as load_settings
 from arcvllm.presets import get_preset
 
@@ -26,7 +28,7 @@ from arcvllm.presets import get_preset
 def table(host: Host) -> list[dict]:
     """One row per Intel GPU Level Zero enumerates here; `server` is its index in the
     single server's container (B70s only), None for a GPU the server is not given."""
-    cards = {c.slot: (i, c) for i, c in enumerate(replicas.b70s(host))}
+    cards = {c.slot: (i, c) for i, c in enumerate(b70s(host))}
     rows = []
     for index, (gpu, node) in enumerate(level_zero_devices(host)):
         server, card = cards.get(gpu.slot, (None, None))
@@ -45,9 +47,9 @@ def table(host: Host) -> list[dict]:
     return rows
 
 
-def compose(host: Host, gpus: int, out: Path) -> list[replicas.Card]:
+def compose(host: Host, gpus: int, out: Path) -> list[Card]:
     """Write OUT for the host's B70s (at least GPUS of them); the cards it names."""
-    cards = replicas.b70s(host)
+    cards = b70s(host)
     if len(cards) < max(gpus, 1):
         raise Unavailable(
             f"the preset needs {gpus} Arc Pro B70(s); this host has {len(cards)} with a render "
@@ -57,15 +59,21 @@ def compose(host: Host, gpus: int, out: Path) -> list[replicas.Card]:
     return cards
 
 
+def write_for(host: Host, out: Path, preset: str | None = None) -> list[Card]:
+    """OUT for the server of PRESET (default: the settings' ARCVLLM_PRESET, else the host's
+    default preset): `make up` and the smoke test write it before compose starts `vllm`."""
+    name = preset or host.settings.get("ARCVLLM_PRESET") or default_preset(host.environ)
+    return compose(host, get_preset(name).gpus, out)
+
+
 def _cmd(args: argparse.Namespace) -> int:
     settings = load_settings(args.env_file) if args.env_file else {}
     host = Host(root=args.root, settings=settings)
     rows = table(host)
     out = None
     if args.compose:
-        name = args.preset or settings.get("ARCVLLM_PRESET") or default_preset(host.environ)
         out = args.compose.resolve()
-        compose(host, get_preset(name).gpus, out)
+        write_for(host, out, args.preset)
     if args.json:
         print(json.dumps({"gpus": rows, "compose": str(out) if out else None}, indent=2))
         return 0
@@ -93,9 +101,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--compose",
         type=Path,
+        nargs="?",
+        const=gpus_file(),
         metavar="FILE",
         help="write compose.yaml's `vllm` its GPUs: every B70, nothing else (exit 3 when "
-        "fewer than the preset needs)",
+        f"fewer than the preset needs); FILE: {gpus_file()} unless given",
     )
     parser.add_argument(
         "--preset", help=f"default: the settings' or $ARCVLLM_PRESET, else {DEFAULT_PRESET}"

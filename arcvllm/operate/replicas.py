@@ -14,51 +14,18 @@ deployment's state folder; `arcvllm scale render` prints it for compose by hand.
 from __future__ import annotations
 
 import copy
-import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from arcvllm.errors import Unavailable, UsageError
-from arcvllm.operate.doctor import Host, intel_gpus, render_node
+from arcvllm.operate.host import Card, Host, b70s
 
 TEMPLATE_KEY = "x-xpu-replica"
 # The variable vLLM's XPU platform reads to pick its GPUs (vllm/platforms/xpu.py,
 # XPUPlatform.device_control_env_var, in each XPU stack's release: tests/test_replicas.py).
 AFFINITY_ENV = "ZE_AFFINITY_MASK"
 TARGETS_IN_CONTAINER = "/etc/arcvllm/prometheus/targets/replicas.yml"
-
-
-@dataclass(frozen=True)
-class Card:
-    """One B70 as a replica gets it: PCI slot, render node, its GID, its by-path names."""
-
-    slot: str
-    render_node: str  # /dev/dri/renderD129
-    gid: int
-    by_path: tuple[str, ...]  # e.g. ("pci-0000:04:00.0-render",)
-
-
-def b70s(host: Host) -> list[Card]:
-    """The B70s in sysfs with the render node each one has, in PCI slot order."""
-    cards = []
-    by_path_dir = host.path("/dev/dri/by-path")
-    links = sorted(by_path_dir.iterdir()) if by_path_dir.is_dir() else []
-    for gpu in intel_gpus(host):
-        if not gpu.is_b70:
-            continue
-        name = render_node(host, gpu)
-        if name is None:
-            continue  # no driver bound: doctor says why
-        names = tuple(
-            link.name
-            for link in links
-            if link.is_symlink() and Path(os.readlink(link)).name == name
-        )
-        gid = host.stat(host.path(f"/dev/dri/{name}")).st_gid
-        cards.append(Card(gpu.slot, f"/dev/dri/{name}", gid, names))
-    return cards
 
 
 def pick(host: Host, replicas: int) -> list[Card]:

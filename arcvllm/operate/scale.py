@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import shutil
 import subprocess
 import sys
@@ -28,11 +27,9 @@ import yaml
 from arcvllm import options
 from arcvllm.engine import docker_binary
 from arcvllm.errors import Degraded, Unavailable, UsageError
-from arcvllm.operate import replicas
-from arcvllm.operate.doctor import Host
-from arcvllm.operate.settings import api_key_file, check_api_key_file, effective
+from arcvllm.operate import compose, replicas
+from arcvllm.operate.host import DEFAULT_PORT, Host, api_key_file, check_api_key_file, effective
 from arcvllm.operate.settings import load as load_settings
-from arcvllm.paths import checkout_root
 from arcvllm.server.client import Client, WaitTimeout, wait_until
 
 PROJECT = "arcvllm-scale"
@@ -41,11 +38,8 @@ EXIT_ROWS = "  4  degraded: serving with fewer replicas than asked (the others s
 
 
 def docker_dir() -> Path:
-    """The checkout's docker/ (compose files are not part of the wheel)."""
-    here = checkout_root() / "docker"
-    if not (here / "compose.scale.yaml").is_file():
-        raise Unavailable(f"no {here / 'compose.scale.yaml'}: run arcvllm scale from a checkout")
-    return here
+    """The checkout's docker/ with compose.scale.yaml."""
+    return compose.docker_dir("compose.scale.yaml")
 
 
 @dataclass(frozen=True)
@@ -92,13 +86,6 @@ def state_dir(project: str) -> Path:
     return Path(base) / project
 
 
-def compose_command() -> list[str]:
-    """Compose v2, the docker CLI's plugin (`docker compose`); $COMPOSE overrides it."""
-    if override := os.environ.get("COMPOSE"):
-        return shlex.split(override)
-    return [docker_binary(), "compose"]
-
-
 @dataclass
 class Deployment:
     """One compose project of compose.yaml + compose.scale.yaml (+ the XPU replicas' file
@@ -119,44 +106,31 @@ class Deployment:
         doc = yaml.safe_load(self.replicas_file.read_text()) or {}
         return tuple(s for s in doc.get("services", {}) if s.startswith("vllm-"))
 
-    def command(self, profiles: tuple[str, ...] = ()) -> list[str]:
+    def compose(self) -> compose.Project:
+        """compose.yaml + compose.scale.yaml (+ the replicas' file while it is there), with
+        SETTINGS (what `scale` decided, e.g. the router's workers) over the caller's
+        environment."""
         files = docker_dir()
-        cmd = [*compose_command(), "-p", self.project, "--env-file", str(self.env_file)]
-        cmd += ["-f", str(files / "compose.yaml"), "-f", str(files / "compose.scale.yaml")]
-        if self.replicas_file.is_file():
-            cmd += ["-f", str(self.replicas_file)]
-        for profile in profiles:
-            cmd += ["--profile", profile]
-        return cmd
+        made = (self.replicas_file,) if self.replicas_file.is_file() else ()
+        paths = (files / "compose.yaml", files / "compose.scale.yaml", *made)
+        return compose.Project(self.project, self.env_file, paths, env=dict(self.settings))
+
+    def command(self, profiles: tuple[str, ...] = ()) -> list[str]:
+        return self.compose().argv(profiles=profiles)
 
     def env(self) -> dict[str, str]:
-        """The environment compose interpolates: SETTINGS (what `scale` decided, e.g. the
-        router's workers) over the caller's."""
-        return {**os.environ, **self.settings, "ENV_FILE": str(self.env_file)}
+        return self.compose().environ()
 
     def run(self, *args: str, profiles: tuple[str, ...] = (), timeout: float = 600):
-        command = [*self.command(profiles), *args]
-        try:
-            return subprocess.run(
-                command, capture_output=True, text=True, timeout=timeout, env=self.env()
-            )
-        except FileNotFoundError:
-            raise Unavailable(f"no compose tool: {command[0]} not found (make tools)") from None
+        return self.compose().run(*args, profiles=profiles, timeout=timeout)
 
     def down(self, profiles: tuple[str, ...], purge: bool = False) -> subprocess.CompletedProcess:
-        """Stop and remove the containers; the named volumes too only with PURGE.
-
-        No `-t`: each service's stop_grace_period (longer than its server's drain) holds.
-        """
-        volumes = ("-v",) if purge else ()
-        return self.run("down", *volumes, "--remove-orphans", profiles=profiles)
+        """Stop and remove the containers; the named volumes too only with PURGE."""
+        return self.compose().down(volumes=purge, profiles=profiles)
 
     def stop(self, services: tuple[str, ...], profiles: tuple[str, ...]) -> None:
         """`compose stop SERVICE...`: they stay stopped (restart: unless-stopped)."""
-        result = self.run("stop", *services, profiles=profiles)
-        if result.returncode != 0:
-            lines = result.stderr.strip().splitlines() or ["(no output)"]
-            raise Unavailable(f"compose stop failed: {lines[-1]}")
+        self.compose().stop(*services, profiles=profiles)
 
     def state(self, service: str, profiles: tuple[str, ...]) -> dict:
         """Docker's State of SERVICE's container ({} when it has none)."""
@@ -229,17 +203,13 @@ def http_status(url: str) -> int | None:
 
 
 def status_inside(dep: Deployment, service: str, profiles: tuple[str, ...]):
-    """A status function like http_status, run in SERVICE's container (the router publishes
-    no port: the gateway in front serves none of its paths)."""
-    code = (
-        "import sys, urllib.request, urllib.error\n"
-        "try:\n    print(urllib.request.urlopen(sys.argv[1], timeout=5).status)\n"
-        "except urllib.error.HTTPError as e:\n    print(e.code)\n"
-        "except Exception:\n    print(0)\n"
-    )
+    """A status function like http_status, asked in SERVICE's container by its health probe
+    (docker/healthcheck.py: the router publishes no port, and the gateway in front serves
+    none of its paths)."""
 
     def status(url: str) -> int | None:
-        done = dep.run("exec", "-T", service, "python3", "-c", code, url, profiles=profiles)
+        probe = ("exec", "-T", service, "arcvllm-healthcheck", "--status", url)
+        done = dep.run(*probe, profiles=profiles)
         answer = done.stdout.strip()
         return int(answer) if done.returncode == 0 and answer.isdigit() and answer != "0" else None
 
@@ -280,14 +250,15 @@ def up(args: argparse.Namespace, health: Health | None = None, status=None) -> i
     Docker and the router's container; tests pass their own."""
     p = layout(args.replicas, args.cpu, args.monitoring)
     # The replicas and the gateway get the key as the compose secret `api-key`.
-    check_api_key_file(api_key_file(args.env_file.resolve(), docker_dir(), os.environ))
+    values = load_settings(args.env_file.resolve())
+    check_api_key_file(api_key_file(values, docker_dir(), os.environ))
     if args.monitoring:
         check_alert_receiver(args.env_file.resolve())
     dep = Deployment(args.env_file.resolve(), project=args.project)
     if not args.cpu:
         cards = replicas.pick(Host(root=Path(args.dev_root)), args.replicas)
         replicas.write(cards, docker_dir() / "compose.scale.yaml", state_dir(args.project))
-    port = effective("PORT", args.env_file.resolve(), os.environ, "8443")
+    port = effective("PORT", values, os.environ, DEFAULT_PORT)
     try:
         # The replicas first, with compose.yaml's gateway (https, the key: the published
         # port); the router last, told only the replicas that became healthy: at its start
@@ -329,10 +300,7 @@ def up(args: argparse.Namespace, health: Health | None = None, status=None) -> i
 
 def compose_up(dep: Deployment, profiles: tuple[str, ...], *services: str) -> None:
     """`compose up -d SERVICES`, or one line naming compose's last word on why not."""
-    result = dep.run("up", "-d", *services, profiles=profiles, timeout=1800)
-    if result.returncode != 0:
-        lines = result.stderr.strip().splitlines() or ["(no output)"]
-        raise Unavailable(f"compose up failed: {lines[-1]}")
+    dep.compose().up(*services, profiles=profiles)
 
 
 def write_replicas_file(args: argparse.Namespace) -> int:

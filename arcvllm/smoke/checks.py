@@ -13,6 +13,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from typing import Protocol
 
 from arcvllm.errors import ArcvllmError, Unavailable
 from arcvllm.server import metrics as m
@@ -185,6 +186,35 @@ def tokens_of(base: list[int], length: int, shift: int = 0) -> list[int]:
 # ---------------------------------------------------------------- the edges
 
 
+class Lifecycle(Protocol):
+    """A server the smoke test starts before its checks and stops after them, pass or fail:
+    shell commands (ShellLifecycle), or a compose project (arcvllm.operate.deployment)."""
+
+    def start(self) -> None:
+        """Start the server detached; Unavailable when it cannot be started."""
+
+    def stop(self) -> None:
+        """Stop what start began, also after a start that failed half-way."""
+
+
+@dataclass(frozen=True)
+class ShellLifecycle:
+    """`--start-cmd` / `--stop-cmd`: shell commands, e.g. `docker run -d` / `docker rm -f`."""
+
+    start_cmd: str
+    stop_cmd: str | None = None
+
+    def start(self) -> None:
+        try:
+            subprocess.run(self.start_cmd, shell=True, check=True)
+        except subprocess.CalledProcessError as exc:
+            raise Unavailable(f"--start-cmd failed with exit code {exc.returncode}") from exc
+
+    def stop(self) -> None:
+        if self.stop_cmd:
+            subprocess.run(self.stop_cmd, shell=True, check=False)
+
+
 @dataclass(frozen=True)
 class SmokeOptions:
     """What `arcvllm smoke` was asked: the server, the model, the log, the start/stop."""
@@ -194,8 +224,7 @@ class SmokeOptions:
     preset: str | None = None
     api_key: str | None = None
     log: LogSource = field(default_factory=LogSource)
-    start_cmd: str | None = None
-    stop_cmd: str | None = None
+    lifecycle: Lifecycle | None = None  # None: the server runs already
     health_timeout: float = 300.0
     request_timeout: float = 300.0
     metrics_urls: tuple[str, ...] = ()
@@ -486,9 +515,9 @@ def run(opts: SmokeOptions) -> SmokeReport:
     model = requested_model(opts.model, opts.preset)  # a bad preset stops here, nothing started
     started = False
     try:
-        if opts.start_cmd:
-            started = True  # a start command that fails half-way still gets its stop command
-            if not _start(opts, client, report, t0):
+        if opts.lifecycle is not None:
+            started = True  # a start that fails half-way still gets its stop
+            if not _start(opts, opts.lifecycle, client, report, t0):
                 return _finish(report, opts, t0)
         elif not client.healthy():
             raise Unavailable(f"no vLLM server answers {client.root}/health")
@@ -507,16 +536,16 @@ def run(opts: SmokeOptions) -> SmokeReport:
         report.checks.append(Check("block size", "read from the server", seen, None))
         Smoke(client, served.model, p, report, expects_speculation(opts.preset)).run()
         return _finish(report, opts, t0)
-    except subprocess.CalledProcessError as exc:
-        raise Unavailable(f"--start-cmd failed with exit code {exc.returncode}") from exc
     finally:
-        if started and opts.stop_cmd:
-            subprocess.run(opts.stop_cmd, shell=True, check=False)
+        if started and opts.lifecycle is not None:
+            opts.lifecycle.stop()
 
 
-def _start(opts: SmokeOptions, client: Client, report: SmokeReport, t0: float) -> bool:
-    """Run the start command and wait for /health: the "server start" check."""
-    subprocess.run(opts.start_cmd, shell=True, check=True)
+def _start(
+    opts: SmokeOptions, server: Lifecycle, client: Client, report: SmokeReport, t0: float
+) -> bool:
+    """Start the server and wait for /health: the "server start" check."""
+    server.start()
     try:
         client.wait_healthy(opts.health_timeout)
         ok = True

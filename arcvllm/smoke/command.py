@@ -8,7 +8,7 @@ from pathlib import Path
 
 from arcvllm.options import add_json, add_server, url
 from arcvllm.server.log import LogSource
-from arcvllm.smoke.checks import SmokeOptions, run
+from arcvllm.smoke.checks import ShellLifecycle, SmokeOptions, run
 from arcvllm.smoke.report import table
 
 DESCRIPTION = """\
@@ -19,20 +19,25 @@ concurrent streams crossing boundaries all complete. Optionally starts and stops
 server itself (--start-cmd / --stop-cmd), e.g. a container."""
 
 
-def _cmd(args: argparse.Namespace) -> int:
-    opts = SmokeOptions(
-        base_url=args.base_url,
-        model=args.model,
-        preset=args.preset,
-        api_key=args.api_key,
-        log=LogSource(file=args.log_file, cmd=args.log_cmd),
-        start_cmd=args.start_cmd,
-        stop_cmd=args.stop_cmd,
-        health_timeout=args.health_timeout,
-        request_timeout=args.request_timeout,
-        metrics_urls=tuple(args.metrics_url or ()),
-        ca_cert=str(args.ca_cert) if args.ca_cert else None,
-    )
+def options_from(args: argparse.Namespace, **given) -> SmokeOptions:
+    """The checks' options from `smoke`'s arguments (add_checks); GIVEN wins (a deployment
+    sets the server, the key, the log and the lifecycle itself)."""
+    fields = {
+        "base_url": getattr(args, "base_url", None),
+        "model": args.model,
+        "preset": args.preset,
+        "api_key": getattr(args, "api_key", None),
+        "log": LogSource(file=getattr(args, "log_file", None), cmd=getattr(args, "log_cmd", None)),
+        "health_timeout": args.health_timeout,
+        "request_timeout": args.request_timeout,
+        "metrics_urls": tuple(args.metrics_url or ()),
+        "ca_cert": str(args.ca_cert) if getattr(args, "ca_cert", None) else None,
+    }
+    return SmokeOptions(**{**fields, **given})
+
+
+def finish(args: argparse.Namespace, opts: SmokeOptions):
+    """Run the checks, print the table (or JSON), write --out: the report."""
     report = run(opts)
     if args.json:
         sys.stdout.write(report.to_json())
@@ -42,26 +47,23 @@ def _cmd(args: argparse.Namespace) -> int:
         path = Path(args.out)
         report.write(path)
         print(f"report: {path}", file=sys.stderr)
+    return report
+
+
+def _cmd(args: argparse.Namespace) -> int:
+    lifecycle = ShellLifecycle(args.start_cmd, args.stop_cmd) if args.start_cmd else None
+    report = finish(args, options_from(args, lifecycle=lifecycle))
     return 0 if report.verdict == "pass" else 1
 
 
-def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "smoke",
-        help="check a vLLM server: decode across mamba blocks, prefix cache, concurrency",
-        description=DESCRIPTION,
-    )
-    add_server(parser)
+def add_checks(parser: argparse.ArgumentParser, health_timeout: float | None = 300.0) -> None:
+    """The options of the checks themselves, for `smoke` and a deployment's smoke test."""
     parser.add_argument("--model", help="served model name (default: the only one served)")
     parser.add_argument("--preset", help="take the served model name from this preset")
     parser.add_argument("--out", metavar="PATH", help="write the JSON report to this file")
     add_json(parser)
-    logs = parser.add_mutually_exclusive_group()
-    logs.add_argument("--log-file", help="the server's log file (tail shown on failure)")
-    logs.add_argument("--log-cmd", help="command printing the server log, e.g. 'docker logs X'")
-    parser.add_argument("--start-cmd", help="shell command that starts the server (detached)")
-    parser.add_argument("--stop-cmd", help="shell command that stops it again (after --start-cmd)")
-    parser.add_argument("--health-timeout", type=float, default=300.0, help="seconds (300)")
+    what = f"seconds ({health_timeout:.0f})" if health_timeout else "seconds"
+    parser.add_argument("--health-timeout", type=float, default=health_timeout, help=what)
     parser.add_argument("--request-timeout", type=float, default=300.0, help="seconds (300)")
     parser.add_argument(
         "--metrics-url",
@@ -71,4 +73,19 @@ def register(subparsers) -> None:
         help="a replica's root URL whose /metrics to read (repeat for each replica behind a "
         "router; their counters are summed); default: --base-url",
     )
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "smoke",
+        help="check a vLLM server: decode across mamba blocks, prefix cache, concurrency",
+        description=DESCRIPTION,
+    )
+    add_server(parser)
+    add_checks(parser)
+    logs = parser.add_mutually_exclusive_group()
+    logs.add_argument("--log-file", help="the server's log file (tail shown on failure)")
+    logs.add_argument("--log-cmd", help="command printing the server log, e.g. 'docker logs X'")
+    parser.add_argument("--start-cmd", help="shell command that starts the server (detached)")
+    parser.add_argument("--stop-cmd", help="shell command that stops it again (after --start-cmd)")
     parser.set_defaults(func=_cmd)

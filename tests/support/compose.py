@@ -15,9 +15,9 @@ ENV_FILE = ROOT / "docker" / "arcvllm.env"
 
 
 def compose_binary() -> list[str]:
-    """The compose the project uses (arcvllm.operate.scale: the v2 plugin); a failure when it does
+    """The compose the project uses (arcvllm.operate.compose: the v2 plugin); a failure when it does
     not answer (scripts/ci/engine.sh up installs it)."""
-    from arcvllm.operate.scale import compose_command
+    from arcvllm.operate.compose import compose_command
 
     command = compose_command()
     if subprocess.run([*command, "version"], capture_output=True).returncode != 0:

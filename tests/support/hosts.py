@@ -6,7 +6,7 @@ import os
 import stat
 from pathlib import Path
 
-from arcvllm.operate.doctor import Host
+from arcvllm.operate.host import Host
 
 B70, IGPU, B580 = 0xE223, 0x7D67, 0xE20B
 

@@ -59,7 +59,15 @@ def ports(service: dict) -> list[tuple[str, int, int]]:
     return out
 
 
-ROUTER_IMAGE = "arcvllm-router:0.1.17"
+def side_image(name: str) -> str:
+    """A side image's tag as configs/stacks.yaml declares it (`side_images:`, read by the one
+    stacks loader): what `make` builds and compose runs."""
+    from arcvllm.builder.stack import side_images
+
+    return side_images()[name].ref
+
+
+ROUTER_IMAGE = side_image("router")
 
 
 def build_target(target: str, tag: str) -> None:

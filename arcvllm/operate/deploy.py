@@ -1,0 +1,479 @@
+"""`arcvllm deploy`: compose.yaml's single server and its gateway, as `make up` runs them.
+
+A deployment is named by the settings file (docker/arcvllm.env), the flavour (default:
+xpu where this host has a render node, else cpu), the stack (default: the flavour's
+default stack), the preset (default: the stack's), the image, the gateway image and the
+port (each: the shell's, else the settings file's, else arcvllm:STACK, the side image of
+configs/stacks.yaml, 8443), and a compose project. `up` checks the settings file and the
+key file before compose starts anything; `smoke` starts a project of its own on its own
+port with a throwaway key and self-signed certificate (made here, the one place), runs
+the smoke test through the gateway, saves the server's log beside the report and removes
+the project with its volumes and the secrets, pass or fail. `bench`, `doctor` and
+`field-report` take the same names. `--dry-run` prints the compose commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from arcvllm import options
+from arcvllm.builder import stack
+from arcvllm.engine import docker_binary
+from arcvllm.errors import ArcvllmError, CheckFailed, Unavailable, UsageError
+from arcvllm.operate import compose, gpus, settings
+from arcvllm.operate.host import (
+    DEFAULT_PORT,
+    DRI_DIR,
+    Host,
+    api_key_file,
+    check_api_key_file,
+    default_flavor,
+    effective,
+    render_gid,
+    render_node_gids,
+)
+from arcvllm.paths import checkout_root
+from arcvllm.serving.emulation import BANNER, ENV
+
+PROJECT = "arcvllm"
+SMOKE_PROJECT = "arcvllm-smoke"
+SMOKE_PORT = "8001"
+# Model load and warm-up before the first /health 200: the B70 preset's is the longer.
+SMOKE_HEALTH_TIMEOUT = {"xpu": 900.0, "cpu": 600.0}
+# The emulation's banner, as the server logs it at start (up to its first variable part).
+EMULATION_BANNER = BANNER.split(" (")[0]
+
+
+@dataclass(frozen=True)
+class Single:
+    """compose.yaml's single server as named: what compose runs and interpolates."""
+
+    env_file: Path  # absolute: compose resolves a relative ENV_FILE against docker/
+    settings: Mapping[str, str]
+    flavor: str
+    stack: str
+    preset: str
+    image: str
+    port: str
+    gateway_image: str
+    project: str
+    gpus_file: Path
+    render_gid: str  # "" on a host without a render node
+
+    @property
+    def service(self) -> str:
+        return compose.SERVICES[self.flavor]
+
+    def variables(self) -> dict[str, str]:
+        """What compose interpolates for it beyond the settings file."""
+        env = {"IMAGE": self.image, "PORT": self.port, "GATEWAY_IMAGE": self.gateway_image}
+        return env | ({"RENDER_GID": self.render_gid} if self.render_gid else {})
+
+    def compose(self, env_file: Path | None = None, **extra: str) -> compose.Project:
+        return compose.server(
+            self.project,
+            env_file or self.env_file,
+            self.flavor,
+            {**self.variables(), **extra},
+            self.gpus_file,
+        )
+
+
+def resolve(
+    args: argparse.Namespace,
+    environ: Mapping[str, str] = os.environ,
+    dri_dir: Path = DRI_DIR,
+    strict: bool = True,
+) -> Single:
+    """The deployment ARGS name (add_names). STRICT: the settings file must pass its check
+    (anything that starts a server); else an unreadable one is compose's to report."""
+    env_file = Path(args.env_file).resolve()
+    try:
+        values = settings.load(env_file)
+    except ArcvllmError:
+        if strict:
+            raise
+        values = {}
+    stacks, defaults = stack.load()
+    if args.stack is not None and args.stack not in stacks:
+        raise UsageError(f"unknown stack {args.stack!r}; stacks: {', '.join(stacks)}")
+    flavor = args.flavor or (stacks[args.stack].flavor if args.stack else default_flavor(dri_dir))
+    name = args.stack or defaults[flavor]
+    if stacks[name].flavor != flavor:
+        raise UsageError(f"stack {name} is {stacks[name].flavor}, not {flavor}")
+    gateway = stack.side_images()["gateway"].ref
+    return Single(
+        env_file=env_file,
+        settings=values,
+        flavor=flavor,
+        stack=name,
+        preset=args.preset or stacks[name].build_args()["PRESET"],
+        image=args.image or effective("IMAGE", values, environ, f"arcvllm:{name}"),
+        port=str(args.port or effective("PORT", values, environ, DEFAULT_PORT)),
+        gateway_image=args.gateway_image or effective("GATEWAY_IMAGE", values, environ, gateway),
+        project=args.project,
+        gpus_file=Path(args.gpus_file).resolve() if args.gpus_file else compose.gpus_file(),
+        render_gid=environ.get("RENDER_GID") or render_gid(dri_dir),
+    )
+
+
+def check(single: Single, environ: Mapping[str, str] = os.environ, dri_dir: Path = DRI_DIR):
+    """Before compose starts the server: a RENDER_GID that is the render nodes' group, and a
+    key file compose can hand out (one line each; `arcvllm settings check`'s checks)."""
+    source = str(single.env_file)
+    settings.check_render_gid(settings.read(single.env_file), render_node_gids(dri_dir), source)
+    check_api_key_file(api_key_file(single.settings, compose.docker_dir(), environ))
+
+
+def write_gpus(single: Single) -> None:
+    """XPU: the file of this host's B70s compose.yaml's `vllm` needs (`arcvllm gpus`)."""
+    if single.flavor == "xpu":
+        gpus.write_for(Host(settings=single.settings), single.gpus_file)
+
+
+def passed_through(project: compose.Project, *args: str) -> int:
+    """Compose ARGS with their output passed through: compose's exit status."""
+    return project.run(*args, timeout=None, capture=False).returncode
+
+
+# ---- the smoke test's own project ----
+
+
+def make_secrets(folder: Path) -> str:
+    """FOLDER (0700) with a throwaway API key and a self-signed certificate for localhost,
+    readable by the containers' UID 1000: the key."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True, mode=0o700)
+    key = secrets.token_hex(24)
+    (folder / "api-key").write_text(f"{key}\n")
+    argv = [
+        *("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256"),
+        *("-nodes", "-days", "2", "-subj", "/CN=localhost"),
+        *("-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"),
+        *("-keyout", str(folder / "key.pem"), "-out", str(folder / "cert.pem")),
+    ]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        raise Unavailable("no openssl: the smoke test's certificate is made with it") from None
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines() or ["(no output)"]
+        raise Unavailable(f"openssl could not make the smoke test's certificate: {lines[-1]}")
+    for name in ("api-key", "key.pem", "cert.pem"):
+        (folder / name).chmod(0o644)
+    return key
+
+
+def emulated(env_file: Path, out: Path) -> Path:
+    """OUT: the settings of ENV_FILE with the high-address emulation on (mamba copy
+    pointers get bit 63 in the container, as on XPU)."""
+    kept = [line for line in env_file.read_text().splitlines() if not line.startswith(f"{ENV}=")]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join([*kept, f"{ENV}=1"]) + "\n")
+    return out
+
+
+@dataclass(frozen=True)
+class ComposeServer:
+    """The smoke test's lifecycle (arcvllm.smoke.checks.Lifecycle) of a compose project:
+    `up -d` the server and the gateway; at the end the server's whole log into LOG, then
+    `down -v` (the project's volumes too)."""
+
+    project: compose.Project
+    service: str
+    log: Path
+
+    def start(self) -> None:
+        self.project.up(self.service, compose.GATEWAY)
+
+    def stop(self) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        self.log.write_text(self.project.logs(self.service))
+        self.project.down(volumes=True)
+
+
+def smoke_report(single: Single, given: str | None, emulate: bool) -> Path:
+    """The report's path: GIVEN, else reports/smoke-STACK[-emulated].json."""
+    return Path(given or f"reports/smoke-{single.stack}{'-emulated' if emulate else ''}.json")
+
+
+def smoke_project(single: Single, folder: Path, env_file: Path) -> compose.Project:
+    """The smoke test's project: the gateway's diagnostic routes on (the test reads
+    /tokenize and /metrics), the throwaway key and certificate of FOLDER, the preset."""
+    extra = {
+        "GATEWAY_DIAGNOSTIC_ROUTES": "1",
+        "VLLM_API_KEY_FILE": str(folder / "api-key"),
+        "GATEWAY_TLS_CERT": str(folder / "cert.pem"),
+        "GATEWAY_TLS_KEY": str(folder / "key.pem"),
+    }
+    if single.flavor == "cpu":
+        extra["CPU_PRESET"] = single.preset
+    return single.compose(env_file, **extra)
+
+
+def smoke(args: argparse.Namespace) -> int:
+    from arcvllm.server.log import LogSource
+    from arcvllm.smoke.command import finish, options_from
+
+    single = resolve(args)
+    folder = Path(args.secrets).resolve()
+    out = smoke_report(single, args.out, args.emulate_high_addresses)
+    log = out.with_suffix(".log")
+    env_file = single.env_file
+    if args.emulate_high_addresses:
+        env_file = emulated(env_file, checkout_root() / "build" / "smoke-emulated.env")
+    project = smoke_project(single, folder, env_file)
+    if args.dry_run:
+        for line in (
+            project.shell("up", "-d", single.service, compose.GATEWAY),
+            f"{project.shell('logs', '--no-color', single.service)} > {shlex.quote(str(log))}",
+            project.shell("down", "-v"),
+        ):
+            print(line)
+        return 0
+    args.out = str(out)
+    try:
+        key = make_secrets(folder)
+        write_gpus(single)
+        opts = options_from(
+            args,
+            base_url=f"https://127.0.0.1:{single.port}",
+            preset=single.preset,
+            api_key=key,
+            ca_cert=str(folder / "cert.pem"),
+            log=LogSource(cmd=project.shell("logs", "--no-color", single.service)),
+            lifecycle=ComposeServer(project, single.service, log),
+            health_timeout=args.health_timeout or SMOKE_HEALTH_TIMEOUT[single.flavor],
+        )
+        report = finish(args, opts)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    print(f"server log: {log}", file=sys.stderr)
+    if report.verdict != "pass":
+        return CheckFailed.exit_code
+    if args.emulate_high_addresses:
+        if EMULATION_BANNER not in log.read_text(errors="replace"):
+            raise CheckFailed(f"no emulation banner in {log}: the emulation was not on")
+        print(f"smoke: pass, emulation banner in {log}", file=sys.stderr)
+    return 0
+
+
+# ---- the other actions ----
+
+
+def said(single: Single, project: compose.Project, args: tuple[str, ...], ran: bool) -> None:
+    """--json: the deployment and the compose command (run, or not with --dry-run)."""
+    doc = {"project": single.project, "service": single.service, "image": single.image}
+    doc |= {"port": single.port, "command": project.argv(*args), "ran": ran}
+    print(json.dumps(doc))
+
+
+def up(args: argparse.Namespace) -> int:
+    single = resolve(args, strict=not args.dry_run)
+    project = single.compose()
+    start = ("up", "-d", single.service, compose.GATEWAY)
+    if not args.dry_run:
+        check(single)
+        write_gpus(single)
+        status = passed_through(project, *start)
+        if status != 0:
+            raise Unavailable(
+                f"compose up of {single.service} and the gateway failed (exit {status})"
+            )
+    if args.json:
+        said(single, project, start, not args.dry_run)
+    elif args.dry_run:
+        print(project.shell(*start))
+    return 0
+
+
+def down(args: argparse.Namespace) -> int:
+    single = resolve(args, strict=False)
+    stop = ("down", *(("-v",) if args.volumes else ()))
+    status = 0 if args.dry_run else passed_through(single.compose(), *stop)
+    if args.json:
+        said(single, single.compose(), stop, not args.dry_run)
+    elif args.dry_run:
+        print(single.compose().shell(*stop))
+    return status
+
+
+def logs(args: argparse.Namespace) -> int:
+    single = resolve(args, strict=False)
+    follow = ("logs", "-f", f"--tail={args.tail}", single.service)
+    if args.json or args.dry_run:
+        if args.json:
+            said(single, single.compose(), follow, False)
+        else:
+            print(single.compose().shell(*follow))
+        return 0
+    return passed_through(single.compose(), *follow)
+
+
+def doctor(args: argparse.Namespace) -> int:
+    from arcvllm.operate.doctor import preflight
+
+    single = resolve(args)
+    return preflight(Host(settings=single.settings), single.preset, args.json)
+
+
+BENCH_SCRATCH = "/tmp/arcvllm-bench"  # inside the container
+
+
+def bench(args: argparse.Namespace) -> int:
+    """The benchmark inside the running service (where vLLM, the tokenizer and matplotlib
+    are), its results copied out to --out; with --vllm-python, from this host instead."""
+    single = resolve(args)
+    out = Path(args.out)
+    extra = [*shlex.split(args.bench_args), *(["--json"] if args.json else [])]
+    if args.vllm_python:
+        argv = [sys.executable, "-m", "arcvllm", "bench", "--base-url"]
+        argv += [f"http://127.0.0.1:{single.port}", "--preset", single.preset]
+        argv += ["--vllm-python", args.vllm_python, "--out", str(out)]
+        argv += ["--tokenizer", args.tokenizer] if args.tokenizer else []
+        return subprocess.run([*argv, *extra]).returncode
+    project = single.compose()
+    inside = ("exec", "-T", single.service, "arcvllm", "bench", "--base-url")
+    inside += ("http://127.0.0.1:8000", "--preset", single.preset, "--out", BENCH_SCRATCH)
+    status = passed_through(project, *inside, *extra)
+    if status != 0:
+        return status
+    cid = project.run("ps", "-q", single.service, timeout=60).stdout.strip()
+    if not cid:
+        raise Unavailable(f"no container of {single.service} in project {single.project}")
+    out.mkdir(parents=True, exist_ok=True)
+    copy = [docker_binary(), "cp", f"{cid}:{BENCH_SCRATCH}/.", f"{out}/"]
+    if subprocess.run(copy).returncode != 0:
+        raise Unavailable(f"docker cp of {BENCH_SCRATCH} out of {cid} failed")
+    if not (out / "bench.png").exists():  # the image may carry no matplotlib: drawn here
+        from arcvllm.bench.command import replot
+
+        replot(out / "bench.json")
+    print(f"bench results in {out}", file=sys.stderr)
+    return 0
+
+
+def field_report(args: argparse.Namespace) -> int:
+    from arcvllm.operate import fieldreport
+
+    single = resolve(args)
+    args.compose = single.compose().shell()
+    args.service = single.service
+    args.image = single.image
+    args.env_file = single.env_file
+    args.out = args.out or f"reports/field-report-{single.stack}.tar.gz"
+    return fieldreport.run(args)
+
+
+# ---- the command ----
+
+
+def add_names(parser: argparse.ArgumentParser, project: str, port: str | None, preset=True):
+    """The options that name a deployment; PROJECT and PORT their defaults here."""
+    parser.add_argument(
+        "--env-file",
+        type=options.existing_file,
+        default="docker/arcvllm.env",
+        help="the settings file (docker/arcvllm.env)",
+    )
+    parser.add_argument("--flavor", choices=stack.FLAVORS, help="default: the stack's, else xpu "
+                        "where this host has a render node, else cpu")  # fmt: skip
+    parser.add_argument("--stack", help="default: the flavour's default stack")
+    if preset:
+        parser.add_argument("--preset", help="default: the stack's preset")
+    parser.add_argument("--image", help="default: IMAGE (shell, settings), else arcvllm:STACK")
+    parser.add_argument("--gateway-image", help="default: GATEWAY_IMAGE, else stacks.yaml's")
+    where = f"{port}" if port else f"PORT (shell, settings), else {DEFAULT_PORT}"
+    parser.add_argument("--port", default=port, help=f"the gateway's published port ({where})")
+    parser.add_argument(
+        "--project",
+        default=project,
+        help=f"the compose project: a second deployment on this host needs its own ({project})",
+    )
+    parser.add_argument(
+        "--gpus-file", help=f"XPU: the file of this host's B70s ({compose.gpus_file()})"
+    )
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "deploy",
+        help="compose.yaml's server and gateway: up, down, logs, smoke, bench, doctor, report",
+        description=__doc__.split("\n\n")[1],
+    )
+    sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    start = sub.add_parser("up", help="check the settings and the key file, then compose up -d")
+    stop = sub.add_parser("down", help="stop and remove the service (volumes kept unless -v)")
+    stop.add_argument(
+        "-v", "--volumes", action="store_true", help="the cache volumes too (compile caches)"
+    )
+    follow = sub.add_parser("logs", help="follow the server's log")
+    follow.add_argument("--tail", type=int, default=200, help="lines of the past first (200)")
+    for each in (start, stop, follow):
+        add_names(each, PROJECT, None)
+        each.add_argument("--dry-run", action="store_true", help="print the compose command")
+        options.add_json(each, help="the deployment and the compose command as JSON (logs: "
+                         "instead of following them)")  # fmt: skip
+    start.set_defaults(func=up)
+    stop.set_defaults(func=down)
+    follow.set_defaults(func=logs)
+
+    from arcvllm.smoke.command import add_checks
+
+    test = sub.add_parser(
+        "smoke",
+        help="the smoke test through the gateway, in a project of its own, stopped after",
+        description="Start the server and the gateway as their own compose project on their "
+        "own port (a throwaway key and self-signed certificate, the gateway's diagnostic "
+        "routes on), run the smoke test through the gateway, save the server's log beside "
+        "the report (.log), and remove the project, its volumes and the secrets, pass or fail.",
+    )
+    add_names(test, SMOKE_PROJECT, SMOKE_PORT, preset=False)
+    add_checks(test, health_timeout=None)
+    test.add_argument(
+        "--secrets",
+        default=str(checkout_root() / "build" / "smoke-gateway"),
+        help="where the throwaway key and certificate are made (removed at the end)",
+    )
+    test.add_argument(
+        "--emulate-high-addresses",
+        action="store_true",
+        help=f"{ENV}=1 in the container (XPU-like mamba copy pointers): must pass, "
+        "with the emulation's banner in the log (report: reports/smoke-STACK-emulated.json)",
+    )
+    test.add_argument("--dry-run", action="store_true", help="print the compose commands")
+    test.set_defaults(func=smoke)
+
+    check_host = sub.add_parser("doctor", help="host preflight for the deployment's preset")
+    add_names(check_host, PROJECT, None)
+    options.add_json(check_host)
+    check_host.set_defaults(func=doctor)
+
+    measure = sub.add_parser("bench", help="benchmark the running server: JSON + PNG in --out")
+    add_names(measure, PROJECT, None)
+    measure.add_argument("--out", default="reports/bench", help="results folder (reports/bench)")
+    measure.add_argument("--vllm-python", help="a Python with vLLM: run from this host instead")
+    measure.add_argument("--tokenizer", help="with --vllm-python: the model's tokenizer")
+    measure.add_argument("--bench-args", default="", help="more `arcvllm bench` options")
+    options.add_json(measure, help="what `arcvllm bench` prints with --json")
+    measure.set_defaults(func=bench)
+
+    from arcvllm.operate.fieldreport import add_options
+
+    report = sub.add_parser(
+        "field-report", help="the running service in one tarball (arcvllm field-report)"
+    )
+    add_names(report, PROJECT, None)
+    report.add_argument("--out", help="the tarball (reports/field-report-STACK.tar.gz)")
+    add_options(report)
+    report.set_defaults(func=field_report)
