@@ -33,8 +33,6 @@ tools: ## install the Debian tools the tests need (prometheus, promtool, alertma
 test: ## everything, set-up included: lint, unit, real vLLM code, every image (XPU rehearsals too), compose, smoke, emulation, the release pulled on a clean engine
 	scripts/ci/engine.sh run scripts/ci/pipeline.sh
 	scripts/ci/release-check.sh
-test-fast: $(VENV)/.stamp ## unit tests only (no vLLM, no Docker)
-	$(VENV)/bin/pytest -m 'not vllm and not docker and not server and not compose'
 
 # pytest's scratch and temporary files under build/, never in /tmp. Two workers, each
 # taking whole files: a module's server or deployment is started once (TEST_WORKERS=0: none).
@@ -45,6 +43,8 @@ PYTEST = mkdir -p $(BUILD)/tmp && TMPDIR=$(abspath $(BUILD))/tmp \
 	$(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) --basetemp=$(BUILD)/pytest
 test-host: $(VENV)/.stamp ## the tests that need no image (unit, real vLLM code, servers on the host, compose config)
 	$(PYTEST) -m 'not docker and not release'
+test-fast: $(VENV)/.stamp ## unit tests only (no vLLM, no Docker, no compose, no registry)
+	$(PYTEST) --basetemp=$(BUILD)/pytest-fast -m 'not vllm and not docker and not server and not compose and not release'
 test-unit: $(VENV)/.stamp ## the host tests that need neither a test venv nor an image
 	$(PYTEST) --basetemp=$(BUILD)/pytest-unit -m 'not docker and not vllm and not server and not release'
 test-vllm: $(VENV)/.stamp ## the host tests of real vLLM releases and servers (make test-venvs first)
