@@ -133,6 +133,23 @@ def test_no_test_module_imports_another():
     assert found == []
 
 
+# Folders of tests/ that hold no tests: what they share, patches and requirements they read.
+NOT_MIRRORS = {"support", "patches", "requirements"}
+
+
+def test_the_tests_mirror_the_package():
+    """Each folder of tests/ is a subpackage of arcvllm and holds its tests; the commands
+    every life shares (cli, errors, presets, the layout itself) are tested at the top."""
+    subpackages = {p.parent.name for p in (ROOT / "arcvllm").glob("*/__init__.py")}
+    folders = {p.name for p in (ROOT / "tests").iterdir() if p.is_dir()} - NOT_MIRRORS
+    folders.discard("__pycache__")
+    assert folders <= subpackages, folders - subpackages
+    for folder in folders:
+        assert list((ROOT / "tests" / folder).glob("test_*.py")), folder
+    top = sorted(p.name for p in (ROOT / "tests").glob("test_*.py"))
+    assert top == ["test_cli.py", "test_errors.py", "test_package.py", "test_presets.py"], top
+
+
 def test_without_the_ci_package_every_command_but_the_stand_ins_still_runs():
     """The wheel has no arcvllm.ci: `arcvllm` must still parse (the image's patch stage runs
     `arcvllm patches ...`), `standins` is not offered, and `stack build-args --ci` says why."""

@@ -23,7 +23,7 @@ from arcvllm.operate.host import Card, Host, b70s
 
 TEMPLATE_KEY = "x-xpu-replica"
 # The variable vLLM's XPU platform reads to pick its GPUs (vllm/platforms/xpu.py,
-# XPUPlatform.device_control_env_var, in each XPU stack's release: tests/test_replicas.py).
+# XPUPlatform.device_control_env_var, in each XPU stack's release: tests/operate/test_replicas.py).
 AFFINITY_ENV = "ZE_AFFINITY_MASK"
 TARGETS_IN_CONTAINER = "/etc/arcvllm/prometheus/targets/replicas.yml"
 

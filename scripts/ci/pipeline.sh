@@ -166,7 +166,7 @@ fi
 test_step make test-images-cpu
 touch "$cpu_tests_done"
 # The CPU image's smoke tests: with the high-address emulation; the MTP preset's
-# (speculative == plain token for token; tests/test_spec_server.py runs it emulated).
+# (speculative == plain token for token; tests/serving/test_spec_server.py runs it emulated).
 test_step make smoke-emulated STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu
 test_step make smoke-check STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu-mtp \
 	SMOKE_REPORT=reports/smoke-cpu-mtp.json

@@ -2,7 +2,7 @@
 # After the pipeline: the release scripts/ci/release-rehearsal.sh pushed, taken as an
 # operator takes it, on a Docker engine with a new, empty data root (nothing built, nothing
 # cached): every digest's signature and SBOM attestation verified (and a foreign-signed or
-# unsigned digest refused: tests/test_release.py -m release), the CPU image and the gateway
+# unsigned digest refused: tests/builder/test_release.py -m release), the CPU image and the gateway
 # pulled by digest, and `make smoke-check` passed on them with no build. Stops that engine,
 # removes its data root and stops the registry.
 set -euo pipefail

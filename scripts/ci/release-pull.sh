@@ -14,6 +14,6 @@ gateway=$(ref gateway)
 /usr/bin/docker pull -q "$gateway"
 # (pytest's scratch under build/, as every other test step's: nothing left in /tmp)
 ARCVLLM_RELEASE_DIR=$out .venv/bin/pytest -q -p no:cacheprovider --basetemp=build/pytest-release \
-	-m release tests/test_release.py
+	-m release tests/builder/test_release.py
 make --no-print-directory smoke-check STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu \
 	IMAGE="$cpu" GATEWAY_IMAGE="$gateway" SMOKE_REPORT=reports/smoke-cpu-released.json

@@ -166,7 +166,7 @@ def test_a_dri_dir_that_does_not_exist_is_a_usage_error(tmp_path, capsys):
 def test_no_render_gid_is_built_into_the_template_or_compose(name):
     """A built-in GID (it was 992) is right on some hosts only: elsewhere the container
     cannot open the GPU and vLLM fails with an unclear platform error. (compose.scale.yaml's
-    replicas get each node's own GID from `arcvllm scale`: tests/test_replicas.py.)"""
+    replicas get each node's own GID from `arcvllm scale`: tests/operate/test_replicas.py.)"""
     text = (TEMPLATE.parent / name).read_text()
     assert "RENDER_GID" in text or name == "compose.scale.yaml"
     assert not re.search(r"^\s*RENDER_GID=\s*\d", text, flags=re.M)

@@ -4,7 +4,7 @@ file of their own (ENV_FILE) under its own compose project and port, then torn d
 Proves the settings file reaches the deployment: the key file it names (VLLM_API_KEY_FILE)
 makes the API answer 401 without the key and 200 with it, through the gateway; and the
 container's environment, which is that file, leaves the TP=2 preset both GPUs
-(ZE_AFFINITY_MASK empty). tests/test_gateway.py looks at the gateway itself.
+(ZE_AFFINITY_MASK empty). tests/operate/test_gateway.py looks at the gateway itself.
 """
 
 from __future__ import annotations

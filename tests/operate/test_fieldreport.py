@@ -1,6 +1,6 @@
 """field-report: secrets never reach the tarball; the summary reads the collected files.
 
-The end-to-end run against the CPU service is in tests/test_deploy.py."""
+The end-to-end run against the CPU service is in tests/operate/test_deploy.py."""
 
 from __future__ import annotations
 

@@ -78,7 +78,7 @@ def test_a_broken_scale_file_fails_validation(tmp_path):
 
 
 def test_one_b70_per_replica_no_host_ports_behind_the_router(four):
-    """(Each replica's own render node: tests/test_replicas.py.)"""
+    """(Each replica's own render node: tests/operate/test_replicas.py.)"""
     env = {"BIND_ADDRESS": "0.0.0.0", "PORT": "8080"}
     svc = services("scale", env=env, extra=(four,))
     masks = [svc[f"vllm-{i}"]["environment"]["ZE_AFFINITY_MASK"] for i in range(4)]
@@ -127,7 +127,7 @@ def test_cpu_replicas_answer_as_vllm_0_and_1_with_scale_out_and_a_cpu_set_each()
 
 
 def test_prometheus_publishes_no_port():
-    """It has no authentication (tests/test_gateway.py: only the gateway is published)."""
+    """It has no authentication (tests/operate/test_gateway.py: only the gateway is published)."""
     svc = services("monitoring", env={"BIND_ADDRESS": "0.0.0.0"})
     assert ports(svc["prometheus"]) == []
     assert [str(p) for p in svc["prometheus"]["expose"]] == ["9090"]
@@ -224,7 +224,7 @@ def wait_for(condition, timeout: float, what: str, deployment: Deployment | None
 
 @pytest.fixture(scope="module")
 def deployment(request, tmp_path_factory):
-    image = request.getfixturevalue("cpu_image")  # tests/test_image.py: make build's image
+    image = request.getfixturevalue("cpu_image")  # tests/builder/test_image.py: make build's image
     start = t0 = time.monotonic()
     build_target("router", ROUTER_IMAGE)
     build_target("prometheus", PROMETHEUS_IMAGE)
@@ -248,7 +248,7 @@ def deployment(request, tmp_path_factory):
         "ROUTER_HEALTH_FAILURE_THRESHOLD": str(FAILURE_THRESHOLD),
     }
     # The router and Prometheus publish no port (the gateway is the way in:
-    # tests/test_gateway.py); this test measures routing and reads Prometheus, so it
+    # tests/operate/test_gateway.py); this test measures routing and reads Prometheus, so it
     # publishes both on loopback for itself.
     published = tmp_path_factory.mktemp("scale") / "router-published.yaml"
     published.write_text(

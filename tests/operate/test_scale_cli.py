@@ -452,7 +452,8 @@ def test_a_replica_that_dies_at_start_is_stopped_alone_the_other_serves_volumes_
             f"https://127.0.0.1:{port}/v1/completions",
             json={"model": "tiny-hybrid", "prompt": "one left", "max_tokens": 4},
             headers={"Authorization": f"Bearer {key_file.read_text().strip()}"},
-            verify=False,  # the gateway's self-signed certificate (TLS: tests/test_gateway.py)
+            # the gateway's self-signed certificate (TLS: tests/operate/test_gateway.py)
+            verify=False,
             timeout=120,
         )
         assert served.status_code == 200, served.text[:500]

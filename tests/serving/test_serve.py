@@ -1,5 +1,6 @@
-"""`arcvllm serve`: the rendered command, dry run, refusals. The real server of the CPU preset,
-and `arcvllm bench` against it, are in tests/test_emulation_server.py (its `stock` server)."""
+"""`arcvllm serve`: the rendered command, dry run, refusals. The real server of the CPU
+preset, and `arcvllm bench` against it, are in tests/serving/test_emulation_server.py (its
+`stock` server)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """bench: the pure arithmetic, vLLM's own bench parser, and whole runs against the fake
 server (tests/support/fakeserver.py) with a stand-in for vLLM's bench; the run against a
-real server is tests/test_emulation_server.py's: it shares that module's stock server."""
+real server is tests/serving/test_emulation_server.py's: it shares that module's stock server."""
 
 from __future__ import annotations
 

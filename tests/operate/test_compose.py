@@ -46,7 +46,7 @@ def test_a_broken_compose_file_fails_validation(tmp_path):
 @pytest.mark.compose
 def test_xpu_service_has_the_gpu_and_the_render_group(rendered):
     """Its device is the placeholder `arcvllm gpus --compose` replaces with the B70s' render
-    nodes (never all of /dev/dri: tests/test_gpus.py)."""
+    nodes (never all of /dev/dri: tests/operate/test_gpus.py)."""
     vllm = rendered["services"]["vllm"]
     sources = [d["source"] if isinstance(d, dict) else str(d) for d in vllm["devices"]]
     assert sources and all(s.startswith("/dev/dri/") for s in sources), sources
