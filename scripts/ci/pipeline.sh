@@ -7,10 +7,10 @@
 #     and its tests (once the test venvs are made: they run real vLLM releases' Python
 #     from build/venvs), the CPU image's second clean build (one digest with the
 #     release's);
-#   tests (foreground): the unit tests while the test venvs are made, the tests of real
-#     vLLM releases (`presets --check` among them), those of the CPU images (the
-#     deployments), the CPU image's smoke tests (emulated; the MTP preset), the router's
-#     two clean builds.
+#   tests (foreground): the unit tests and the router's two clean builds while the test
+#     venvs are made, the tests of real vLLM releases (`presets --check` among them), those
+#     of the CPU images (the deployments), the CPU image's smoke tests (emulated; the MTP
+#     preset).
 # Every test step runs even after a failed one; the exit status is the first failure's.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -147,6 +147,9 @@ images >"$TMPDIR/images.log" 2>&1 &
 images_pid=$!
 trap 'kill "$images_pid" "$venvs_pid" 2>/dev/null || true' EXIT
 test_step make test-unit
+# Two clean builds of the router (apt, a venv, pip, a user): one digest. (Here, while the
+# test venvs are still made: the unit tests end ~100 s before them.)
+test_step make reproducible REPRO_IMAGES=router
 echo "==> waiting for the test venvs"
 if ! venvs_ok; then
 	tail -n 100 "$TMPDIR/venvs.log"
@@ -170,9 +173,6 @@ touch "$cpu_tests_done"
 test_step make smoke-emulated STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu
 test_step make smoke-check STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu-mtp \
 	SMOKE_REPORT=reports/smoke-cpu-mtp.json
-# Two clean builds of the router (apt, a venv, pip, a user): one digest. (Here: this stream
-# ends first, the images stream has the CPU image's second clean build still to make.)
-test_step make reproducible REPRO_IMAGES=router
 echo "==> waiting for the images stream (release rehearsal, XPU rehearsal, the CPU image built again)"
 wait "$images_pid" || true
 trap - EXIT
