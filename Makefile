@@ -31,8 +31,7 @@ lint: $(VENV)/.stamp ## ruff, shellcheck, hadolint, actionlint
 tools: ## install the Debian tools the tests need (prometheus, promtool, alertmanager, kubectl) when run as root
 	scripts/ci/tools.sh
 test: ## everything, set-up included: lint, unit, real vLLM code, every image (XPU rehearsals too), compose, smoke, emulation, the release pulled on a clean engine
-	scripts/ci/engine.sh run scripts/ci/pipeline.sh
-	scripts/ci/release-check.sh
+	scripts/ci/test.sh
 
 # pytest's scratch and temporary files under build/, never in /tmp. Two workers, each
 # taking whole files: a module's server or deployment is started once (TEST_WORKERS=0: none).

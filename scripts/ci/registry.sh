@@ -17,8 +17,14 @@ answers() { curl -fsS -o /dev/null "http://$address/v2/" 2>/dev/null; }
 
 up() {
 	if answers; then
-		echo "REGISTRY=$address"
-		return
+		# Ours (its pidfile, a live process): reused. Anything else there holds another
+		# checkout's images, or an operator's.
+		if [[ -f $pidfile ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
+			echo "REGISTRY=$address"
+			return
+		fi
+		echo "registry: $address answers but is not the registry of $dir (REGISTRY_PORT=N for another port)" >&2
+		exit 3
 	fi
 	command -v docker-registry >/dev/null || {
 		echo "registry: no docker-registry (scripts/ci/engine.sh up installs it)" >&2

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT
+from conftest import ROOT, QuietHandler
 
 from arcvllm.builder import image, release, sbom, stack
 from arcvllm.engine import docker_binary
@@ -571,3 +571,24 @@ def test_reproducible_second_build_alone_needs_the_first_layout(tmp_path):
         release.reproducible(["cpu"], ["2"], tmp_path)
     with pytest.raises(ArcvllmError, match="builds '1'"):
         release.reproducible(["cpu"], ["1"], tmp_path)
+
+
+class _Registry(QuietHandler):
+    def do_GET(self) -> None:
+        self.send(200, "{}")
+
+
+def test_the_rehearsals_registry_refuses_one_it_did_not_start(http_server, tmp_path):
+    """A registry already answering on the port (another checkout's, an operator's) is not
+    used: it holds someone else's images, and its storage is not this run's."""
+    port = http_server(_Registry).rsplit(":", 1)[1]
+    env = {**os.environ, "REGISTRY_PORT": port, "REGISTRY_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [str(ROOT / "scripts" / "ci" / "registry.sh"), "up"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert f"127.0.0.1:{port} answers but is not the registry of {tmp_path}" in done.stderr
