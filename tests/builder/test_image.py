@@ -561,6 +561,8 @@ def test_the_probe_torch_stage_installs_the_lock_of_the_stacks_torch_and_no_laye
     and the patch and models stages only bind-mount it (PYTHONPATH for one command)."""
     text = (ROOT / "docker" / "Dockerfile").read_text()
     assert "FROM probe-torch-${PROBE_TORCH:-none} AS probe-torch" in text
+    # A FROM line sees only the ARGs declared before the first FROM.
+    assert "\nARG PROBE_TORCH\n" in text.split("\nFROM ", 1)[0]
     assert "/tmp/locks/probe-torch-${TORCH_VERSION%%+*}.txt" in text
     stage = lambda name: text.split(f" AS {name}\n", 1)[1].split("\nFROM ", 1)[0]  # noqa: E731
     for name in ("patch", "models"):
