@@ -544,11 +544,15 @@ def test_the_rehearsal_runs_the_probes_with_the_locks_torch_version(name):
 
     the_stack = stack_module.get(name)
     lock = (ROOT / the_stack.build_args()["XPU_LOCK"]).read_text()
-    torch = re.search(r"^torch==(\S+)", lock, re.MULTILINE).group(1)
-    base = torch.split("+")[0]
+
+    def base_version(name: str) -> str:
+        return re.search(rf"^{name}==(\S+)", lock, re.MULTILINE).group(1).split("+")[0]
+
+    base = base_version("torch")
     probe = (ROOT / "configs" / "locks" / f"probe-torch-{base}.txt").read_text()
     pins = [line for line in probe.splitlines() if line and not line.startswith("#")]
-    assert f"torch=={base}" in [line.split()[0] for line in pins], pins
+    for name in ("torch", "torchvision"):  # the stand-ins transformers and dynamo import
+        assert f"{name}=={base_version(name)}" in [line.split()[0] for line in pins], pins
     assert all(re.search(r" --hash=sha256:[0-9a-f]{64}$", line) for line in pins), pins
     assert the_stack.build_args()["PROBE_TORCH"] == "none"
     config = standins.load()
