@@ -551,8 +551,8 @@ def test_the_rehearsal_runs_the_probes_with_the_locks_torch_version(name):
     base = base_version("torch")
     probe = (ROOT / "configs" / "locks" / f"probe-torch-{base}.txt").read_text()
     pins = [line for line in probe.splitlines() if line and not line.startswith("#")]
-    for name in ("torch", "torchvision"):  # the stand-ins transformers and dynamo import
-        assert f"{name}=={base_version(name)}" in [line.split()[0] for line in pins], pins
+    for dist in ("torch", "torchvision"):  # the stand-ins transformers and dynamo import
+        assert f"{dist}=={base_version(dist)}" in [line.split()[0] for line in pins], pins
     assert all(re.search(r" --hash=sha256:[0-9a-f]{64}$", line) for line in pins), pins
     assert the_stack.build_args()["PROBE_TORCH"] == "none"
     config = standins.load()
