@@ -162,6 +162,8 @@ def overrides(stack: str, config: Config, root: Path = DEFAULT_DIR) -> dict[str,
                 values[key] = " ".join(f"{_sum_of(f)}  {f.name}" for f in files)
         elif name == "xpu-index":
             values[key] = f"{IN_BUILD}/{entry['dir']}/"
+        elif name == "probe-torch":
+            values[key] = str(entry["stage"])
         elif "wheel" in entry:
             wheel = _wheel(entry["wheel"])
             path = root / "wheels" / wheel.filename

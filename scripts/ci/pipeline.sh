@@ -58,11 +58,12 @@ test_step() {
 }
 
 # Room on the engine's disk before the big builds (measured here): an XPU rehearsal peaks
-# at ~25 GB (its lock alone unpacks to 13 GB) and leaves ~17 GB of build cache after its
-# images go; the CPU image's --no-cache build makes its layers again and a 3.9 GB layout.
+# at ~25 GB (its lock alone unpacks to 13 GB), and its probe torch (the patch and models
+# stages) adds ~7 GB of cache, which stays after its images go; the CPU image's --no-cache
+# build makes its layers again and a 2.9 GB layout.
 # Short of room, the build cache goes, once the CPU image's tests (the only builds beside
 # this stream, all cache hits) are done.
-XPU_ROOM_GB=30
+XPU_ROOM_GB=36
 REPRO_ROOM_GB=20
 RELEASE_CHECK_ROOM_GB=20
 # (Its own function: a redirect on `step` would swallow the step's timing lines too.)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import urllib.request
@@ -20,6 +21,7 @@ from conftest import ROOT, free_port
 from support.engine import docker, docker_client, xpu_ci_image
 from support.entrypoint import ENTRYPOINT
 
+from arcvllm.builder import stack as stack_module
 from arcvllm.server.client import WaitTimeout, wait_until
 
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
@@ -327,9 +329,6 @@ def test_container_turns_healthy_and_serves_completions(cpu_image):
 
 
 XPU_CI_STACKS = [("xpu-0.20", "0.20.2"), ("xpu-0.23", "0.23.0"), ("xpu-0.33", "0.33.0")]
-# The interpreter that runs the patch probes on the XPU build's vLLM: CPU torch with vLLM's
-# import closure (a test venv), standing in for torch +xpu (configs/ci-standins.yaml).
-PROBE_VERSION = {"0.20.2": "0.20.2", "0.23.0": "0.23.0", "0.33.0": "0.32.0"}
 SITE = "/opt/venv/lib/python3.12/site-packages"
 
 
@@ -404,45 +403,6 @@ def test_the_xpu_build_patches_are_the_plan(engine, stack, version):
     assert not docker(
         "run", "--rm", xpu_ci_image(stack), "find", f"{SITE}/vllm", "-name", "spinloop*.so"
     ).stdout.strip()  # fmt: skip
-
-
-@pytest.mark.xpu_ci
-@pytest.mark.docker
-@pytest.mark.vllm
-@pytest.mark.parametrize("stack,version", XPU_CI_STACKS)
-def test_the_series_applies_to_the_xpu_builds_vllm(engine, stack, version, tmp_path):
-    """The image's patch step (arcvllm patches apply --expect PLAN) on the vLLM the XPU build
-    installed, its probes run by CPU torch standing in for torch +xpu."""
-    from conftest import vllm_env
-
-    image = xpu_ci_image(stack)
-    cid = docker("create", image).stdout.strip()
-    try:
-        docker("cp", f"{cid}:{SITE}/vllm", str(tmp_path / "vllm"))
-        dist = docker("run", "--rm", image, "sh", "-c", f"ls -d {SITE}/vllm-*.dist-info").stdout
-        docker("cp", f"{cid}:{dist.strip()}", str(tmp_path))
-    finally:
-        docker("rm", cid, check=False)
-    plan = subprocess.run(
-        [tool("arcvllm"), "patches", "plan", "--vllm-version", version],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    probe_python = vllm_env(PROBE_VERSION[version]).python
-    applied = subprocess.run(
-        [tool("arcvllm"), "patches", "apply", "--target", str(tmp_path), "--json",
-         "--python", str(probe_python), "--expect", plan, "--out", str(tmp_path / "m.json")],
-        capture_output=True,
-        text=True,
-    )  # fmt: skip
-    assert applied.returncode == 0, applied.stderr
-    manifest = json.loads(applied.stdout)
-    assert manifest["summary"] == plan
-    assert manifest["vllm"]["version"] == f"{version}+xpu"
-    if stack == "xpu-0.23":  # the flagship carries both pointer bugs
-        states = dict(item.split("=") for item in manifest["summary"].split(","))
-        assert states["mamba-copy-uint64"] == states["mamba-fused-u64"] == "applied"
 
 
 @pytest.mark.xpu_ci
@@ -554,14 +514,63 @@ def test_several_side_images_are_built_one_after_the_other_each_its_own_tag(monk
     assert [a[a.index("-t") + 1] for a in argvs] == [sides["router"].ref, sides["prometheus"].ref]
 
 
-def test_the_rehearsal_builds_the_vllm_stage_and_the_runtimes_user_of_the_xpu_stack(monkeypatch):
+def test_the_rehearsal_builds_every_stage_up_to_models_and_the_runtimes_user(monkeypatch):
+    """The `vllm` stage and the runtime's user to their tags, and the `models` stage (the
+    patch series applied and probed, the tiny model built) checked by its own steps in the
+    build cache, nothing exported: every stage of the XPU image that needs no GPU."""
     from arcvllm.builder import image, stack
 
     build = image.spec_for("cpu")
     monkeypatch.setattr(image, "spec_for", lambda *a, **k: image.Build(build.stack, "runtime"))
     argvs = built_argvs(monkeypatch, "--rehearsal")
     default = stack.load()[1]["xpu"]
-    assert [(a[a.index("--target") + 1], a[a.index("-t") + 1]) for a in argvs] == [
+
+    def output(argv: list[str]) -> str:
+        return argv[argv.index("-t") + 1] if "-t" in argv else argv[argv.index("--output") + 1]
+
+    assert [(a[a.index("--target") + 1], output(a)) for a in argvs] == [
         ("vllm", f"arcvllm:{default}-ci"),
+        ("models", "type=cacheonly"),
         ("runtime-user", f"arcvllm:{default}-ci-user"),
     ]
+
+
+@pytest.mark.parametrize("name", ["xpu-0.20", "xpu-0.23", "xpu-0.33"])
+def test_the_rehearsal_runs_the_probes_with_the_locks_torch_version(name):
+    """CI's stand-in for torch +xpu where the build runs torch (configs/ci-standins.yaml
+    probe-torch): the package index's build of the lock's torch version, every file
+    sha256-pinned; a real build runs its own (PROBE_TORCH=none)."""
+    from arcvllm.ci import standins
+
+    the_stack = stack_module.get(name)
+    lock = (ROOT / the_stack.build_args()["XPU_LOCK"]).read_text()
+
+    def base_version(name: str) -> str:
+        return re.search(rf"^{name}==(\S+)", lock, re.MULTILINE).group(1).split("+")[0]
+
+    base = base_version("torch")
+    probe = (ROOT / "configs" / "locks" / f"probe-torch-{base}.txt").read_text()
+    pins = [line for line in probe.splitlines() if line and not line.startswith("#")]
+    for dist in ("torch", "torchvision"):  # the stand-ins transformers and dynamo import
+        assert f"{dist}=={base_version(dist)}" in [line.split()[0] for line in pins], pins
+    assert all(re.search(r" --hash=sha256:[0-9a-f]{64}$", line) for line in pins), pins
+    assert the_stack.build_args()["PROBE_TORCH"] == "none"
+    config = standins.load()
+    assert config.entry(config.stacks[name]["PROBE_TORCH"])["stage"] == "pypi"
+    assert "FROM base-xpu AS probe-torch-pypi" in (ROOT / "docker" / "Dockerfile").read_text()
+
+
+def test_the_probe_torch_stage_installs_the_lock_of_the_stacks_torch_and_no_layer_keeps_it():
+    """docker/Dockerfile: the stage CI's PROBE_TORCH names installs probe-torch-VERSION.txt,
+    and the patch and models stages only bind-mount it (PYTHONPATH for one command)."""
+    text = (ROOT / "docker" / "Dockerfile").read_text()
+    assert "FROM probe-torch-${PROBE_TORCH:-none} AS probe-torch" in text
+    # A FROM line sees only the ARGs declared before the first FROM.
+    assert "\nARG PROBE_TORCH\n" in text.split("\nFROM ", 1)[0]
+    assert "/tmp/locks/probe-torch-${TORCH_VERSION%%+*}.txt" in text
+    stage = lambda name: text.split(f" AS {name}\n", 1)[1].split("\nFROM ", 1)[0]  # noqa: E731
+    for name in ("patch", "models"):
+        body = stage(name)
+        assert "--mount=type=bind,from=probe-torch,target=/probe" in body, name
+        assert 'env ${probe:+PYTHONPATH="$probe"}' in body, name
+        assert "COPY --from=probe-torch" not in text
