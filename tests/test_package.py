@@ -176,3 +176,20 @@ def test_without_the_ci_package_every_command_but_the_stand_ins_still_runs():
     assert ci.stderr.strip().splitlines() == [
         "arcvllm: CI's stand-ins come with a checkout of arcvllm, not with its wheel"
     ]
+
+
+# The one place each side names the Docker client: the engine's provisioning (which installs
+# Debian's and exports it as DOCKER to what it runs) and arcvllm.engine (which takes DOCKER).
+DOCKER_CHOICES = {"scripts/ci/engine.sh", "arcvllm/engine.py"}
+
+
+def test_one_choice_of_the_docker_client():
+    found = set()
+    for pattern in ("**/*.py", "**/*.sh", "Makefile", ".ci/run"):
+        for path in ROOT.glob(pattern):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel.startswith((".venv/", "build/", ".git/")) or rel.startswith("tests/"):
+                continue
+            if re.search(r"/usr/bin/docker(?![-\w])", path.read_text(errors="replace")):
+                found.add(rel)
+    assert found == DOCKER_CHOICES

@@ -3,8 +3,10 @@
 #   engine.sh up          install the engine if missing, start dockerd if none answers,
 #                         import the Debian base image if absent; prints DOCKER_HOST=...
 #   engine.sh down        stop dockerd, only if `up` started it (by its pidfile)
-#   engine.sh run CMD...  up, run CMD with DOCKER_HOST exported, then stop what up started
+#   engine.sh run CMD...  up, run CMD with DOCKER_HOST and DOCKER (the client) exported,
+#                         then stop what up started
 #   engine.sh env         print the DOCKER_HOST line for this engine
+#   engine.sh answers     exit 0 when this engine answers
 # Settings (env): ARCVLLM_DOCKER_ROOT (data-root, outside the repo so layer caches survive),
 # ARCVLLM_DOCKER_RUN (socket, pidfile, exec-root), BASE_IMAGE (name the Dockerfile's FROM uses;
 # none: an engine that only pulls), ARCVLLM_DOCKER_BRIDGE (none: no default bridge, for a
@@ -28,7 +30,9 @@ suite=${BASE_SUITE:-bookworm}
 socket=$run_dir/docker.sock
 pidfile=$run_dir/dockerd.pid
 owner=$run_dir/started-by-engine-sh
-docker=/usr/bin/docker # Debian's client: BuildKit capable (secrets, mounts)
+# Debian's client (BuildKit capable: secrets, mounts), the one the scripts it runs use: `run`
+# exports it as DOCKER, which arcvllm's commands take too (arcvllm/engine.py).
+docker=/usr/bin/docker
 # An engine the caller already points at (DOCKER_HOST) is used as is; else ours.
 if [[ -n ${DOCKER_HOST:-} ]] && timeout 10 "$docker" version >/dev/null 2>&1; then
 	theirs=1
@@ -159,6 +163,7 @@ case ${1:-} in
 up) up ;;
 down) down ;;
 env) echo "DOCKER_HOST=$DOCKER_HOST" ;;
+answers) answers ;;
 run)
 	shift
 	[[ $# -gt 0 ]] || { log "usage: engine.sh run CMD..."; exit 2; }
@@ -168,10 +173,10 @@ run)
 	up >/dev/null
 	log "ready in $((SECONDS - start)) s"
 	if [[ $already == 0 ]]; then trap down EXIT; fi
-	"$@"
+	DOCKER=$docker "$@"
 	;;
 *)
-	echo "usage: engine.sh up|down|env|run CMD..." >&2
+	echo "usage: engine.sh up|down|env|answers|run CMD..." >&2
 	exit 2
 	;;
 esac

@@ -14,6 +14,7 @@
 # Every test step runs even after a failed one; the exit status is the first failure's.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+: "${DOCKER:?the Docker client: run this with scripts/ci/engine.sh run}"
 
 # Every step's temporary files (pip, vLLM, torch's Inductor cache) under build/, not /tmp.
 export TMPDIR=$PWD/build/tmp
@@ -68,10 +69,10 @@ REPRO_ROOM_GB=20
 RELEASE_CHECK_ROOM_GB=20
 # (Its own function: a redirect on `step` would swallow the step's timing lines too.)
 # shellcheck disable=SC2329 # run through step
-prune_build_cache() { /usr/bin/docker builder prune -af >/dev/null; }
+prune_build_cache() { "$DOCKER" builder prune -af >/dev/null; }
 make_room() {
 	local free
-	free=$(df --output=avail -BG "$(/usr/bin/docker info --format '{{.DockerRootDir}}')" | tail -n 1 | tr -dc 0-9)
+	free=$(df --output=avail -BG "$("$DOCKER" info --format '{{.DockerRootDir}}')" | tail -n 1 | tr -dc 0-9)
 	((free >= $1)) && return
 	echo "==> $free GB free, $1 wanted: the build cache goes after the CPU image's tests"
 	wait_for "$cpu_tests_done" "$main_pid" || true
@@ -114,7 +115,7 @@ print(*(s["name"] for s in json.load(sys.stdin) if s["flavor"] == "xpu" and not 
 		elif [[ $status == 0 ]]; then
 			status=1
 		fi
-		/usr/bin/docker image rm -f "arcvllm:$stack-ci" "arcvllm:$stack-ci-user" >/dev/null 2>&1 || true
+		"$DOCKER" image rm -f "arcvllm:$stack-ci" "arcvllm:$stack-ci-user" >/dev/null 2>&1 || true
 	done
 	# Two clean builds of the CPU image give one digest: the release rehearsal's layout (its
 	# layers from this run's first build, on a new engine) against one more with --no-cache.

@@ -11,7 +11,7 @@ cd "$(dirname "$0")/../.."
 out=${RELEASE_DIR:-$PWD/build/release/ci}
 root=$PWD/build/engine-clean
 # One engine at a time: a second dockerd removes the first one's docker0 bridge.
-if DOCKER_HOST=unix:///run/arcvllm-docker/docker.sock timeout 10 /usr/bin/docker version >/dev/null 2>&1; then
+if scripts/ci/engine.sh answers; then
 	echo "release-check: a Docker engine still answers on /run/arcvllm-docker: stop it first (scripts/ci/engine.sh down)" >&2
 	exit 3
 fi
