@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, free_port, stop_server, vllm_env, wait_healthy
+from conftest import ROOT, stop_server, vllm_env, wait_healthy
 from support.overlay import make_overlay
+from support.servers import smoke, start_preset_server
 
 from arcvllm.bench import command
 
@@ -52,54 +53,6 @@ class Run:
     extra: dict
 
 
-def start_server(
-    python: Path, model: Path, tmp: Path, env_extra: dict[str, str]
-) -> tuple[subprocess.Popen, str, Path]:
-    port = free_port()
-    for d in ("tmp", "cache"):
-        (tmp / d).mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ)
-    env.pop("PYTHONPATH", None)
-    env.update(
-        TMPDIR=str(tmp / "tmp"),
-        VLLM_CACHE_ROOT=str(tmp / "cache"),
-        XDG_CACHE_HOME=str(tmp / "cache"),
-        HF_HUB_OFFLINE="1",
-        VLLM_NO_USAGE_STATS="1",
-        VLLM_CPU_KVCACHE_SPACE="1",
-    )
-    env.update(env_extra)
-    log = tmp / "server.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [
-                str(python),
-                *("-m", "arcvllm", "serve", "--preset", PRESET, "--"),
-                *("--model", str(model), "--host", "127.0.0.1", "--port", str(port)),
-            ],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: killed as one at teardown
-        )
-    return proc, f"http://127.0.0.1:{port}", log
-
-
-def smoke(url: str, log: Path, report: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [
-            sys.executable,
-            *("-m", "arcvllm", "smoke", "--base-url", url),
-            *("--log-file", str(log), "--out", str(report)),
-            *extra,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-    )
-
-
 def serve_and_smoke(
     tmp: Path,
     model: Path,
@@ -113,7 +66,7 @@ def serve_and_smoke(
     if patches:
         overlay = make_overlay(env.python, tmp / "overlay", list(patches))
         extra_env["PYTHONPATH"] = str(overlay)
-    proc, url, log = start_server(env.python, model, tmp, extra_env)
+    proc, url, log = start_preset_server(env.python, PRESET, model, tmp, extra_env)
     try:
         wait_healthy(proc, url, log)
         result = smoke(url, log, tmp / "report.json", "--model", SERVED)

@@ -19,14 +19,14 @@ One server at a time, each started, checked and stopped inside its module fixtur
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, free_port, stop_server, vllm_env, wait_healthy
+from conftest import ROOT, stop_server, vllm_env, wait_healthy
+from support.overlay import make_overlay
+from support.servers import smoke, start_preset_server
 
 pytestmark = [pytest.mark.server, pytest.mark.vllm]
 
@@ -44,70 +44,12 @@ class Run:
     log: str
 
 
-def overlay(python: Path, dest: Path, patches: list[Path]) -> Path:
-    """A private vllm package (hard links of the venv's) with PATCHES applied."""
-    src = Path(
-        subprocess.run(
-            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    )
-    dest.mkdir(parents=True)
-    subprocess.run(["cp", "-al", str(src / "vllm"), str(dest / "vllm")], check=True)
-    for pyc in (dest / "vllm" / "v1" / "worker" / "__pycache__").glob("*.pyc"):
-        pyc.unlink()
-    for patch in patches:
-        subprocess.run(
-            ["patch", "-p1", "--fuzz=0", "--no-backup-if-mismatch", "-i", str(patch)],
-            cwd=dest,
-            check=True,
-            capture_output=True,
-        )
-    return dest
-
-
 def serve_and_smoke(tmp: Path, model: Path, env_extra: dict[str, str]) -> Run:
     python = vllm_env("0.32.0").python
-    port = free_port()
-    for d in ("tmp", "cache"):
-        (tmp / d).mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ)
-    env.pop("PYTHONPATH", None)
-    env.update(
-        TMPDIR=str(tmp / "tmp"),
-        VLLM_CACHE_ROOT=str(tmp / "cache"),
-        XDG_CACHE_HOME=str(tmp / "cache"),
-        **env_extra,
-    )
-    log = tmp / "server.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [
-                str(python),
-                *("-m", "arcvllm", "serve", "--preset", PRESET, "--"),
-                *("--model", str(model), "--host", "127.0.0.1", "--port", str(port)),
-            ],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}"
+    proc, url, log = start_preset_server(python, PRESET, model, tmp, env_extra)
     try:
         wait_healthy(proc, url, log)
-        result = subprocess.run(
-            [
-                sys.executable,
-                *("-m", "arcvllm", "smoke", "--base-url", url, "--preset", PRESET),
-                *("--log-file", str(log), "--out", str(tmp / "report.json")),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=900,
-            cwd=ROOT,
-        )
+        result = smoke(url, log, tmp / "report.json", "--preset", PRESET)
     finally:
         stop_server(proc)
     return Run(result, json.loads((tmp / "report.json").read_text()), log.read_text())
@@ -116,7 +58,7 @@ def serve_and_smoke(tmp: Path, model: Path, env_extra: dict[str, str]) -> Run:
 @pytest.fixture(scope="module")
 def corrupt(tmp_path_factory, tiny_model) -> Run:
     tmp = tmp_path_factory.mktemp("corrupt")
-    site = overlay(vllm_env("0.32.0").python, tmp / "overlay", [CORRUPT])
+    site = make_overlay(vllm_env("0.32.0").python, tmp / "overlay", [CORRUPT])
     return serve_and_smoke(tmp, tiny_model, {"PYTHONPATH": str(site)})
 
 
@@ -129,7 +71,7 @@ def emulated(tmp_path_factory, tiny_model) -> Run:
 @pytest.fixture(scope="module")
 def reverted(tmp_path_factory, tiny_model) -> Run:
     tmp = tmp_path_factory.mktemp("reverted")
-    site = overlay(vllm_env("0.32.0").python, tmp / "overlay", [REVERT])
+    site = make_overlay(vllm_env("0.32.0").python, tmp / "overlay", [REVERT])
     env = {"ARCVLLM_EMULATE_HIGH_ADDRESSES": "1", "PYTHONPATH": str(site)}
     return serve_and_smoke(tmp, tiny_model, env)
 

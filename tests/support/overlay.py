@@ -16,19 +16,30 @@ def site_packages(python: Path) -> Path:
     return Path(out.stdout.strip())
 
 
+def patched_files(patch: Path) -> list[str]:
+    """The files a unified diff changes, relative to its -p1 root (vllm/...)."""
+    return [
+        line.removeprefix("+++ b/").split("\t")[0]
+        for line in patch.read_text().splitlines()
+        if line.startswith("+++ b/")
+    ]
+
+
 def make_overlay(python: Path, dest: Path, patches: list[Path]) -> Path:
     """A private vllm package (hard links of the venv's), with PATCHES applied.
 
     GNU patch writes a new file and renames it over the link, so the venv's files keep
-    their content; the test checks that too.
+    their content; this checks that too, for every file a patch changes.
     """
-    src = site_packages(python) / "vllm"
+    src = site_packages(python)
     dest.mkdir(parents=True)
-    subprocess.run(["cp", "-al", str(src), str(dest / "vllm")], check=True)
-    target = dest / "vllm" / "v1" / "worker" / "mamba_utils.py"
-    for pyc in (target.parent / "__pycache__").glob("mamba_utils.*.pyc"):
-        pyc.unlink()
-    before = (src / "v1" / "worker" / "mamba_utils.py").read_bytes()
+    subprocess.run(["cp", "-al", str(src / "vllm"), str(dest / "vllm")], check=True)
+    targets = sorted({name for patch in patches for name in patched_files(patch)})
+    before = {name: (src / name).read_bytes() for name in targets}
+    for name in targets:
+        path = dest / name
+        for pyc in (path.parent / "__pycache__").glob(f"{path.stem}.*.pyc"):
+            pyc.unlink()
     for patch in patches:
         subprocess.run(
             ["patch", "-p1", "--fuzz=0", "--no-backup-if-mismatch", "-i", str(patch)],
@@ -36,6 +47,7 @@ def make_overlay(python: Path, dest: Path, patches: list[Path]) -> Path:
             check=True,
             capture_output=True,
         )
-    assert (src / "v1" / "worker" / "mamba_utils.py").read_bytes() == before
-    assert target.stat().st_ino != (src / "v1" / "worker" / "mamba_utils.py").stat().st_ino
+    for name in targets:
+        assert (src / name).read_bytes() == before[name], name
+        assert (dest / name).stat().st_ino != (src / name).stat().st_ino, name
     return dest

@@ -1,0 +1,62 @@
+"""Real vLLM servers of a preset on this host (`arcvllm serve --preset`), and the smoke
+test run against one: what the end-to-end server tests share."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import ROOT, free_port
+
+
+def start_preset_server(
+    python: Path, preset: str, model: Path, tmp: Path, env_extra: dict[str, str]
+) -> tuple[subprocess.Popen, str, Path]:
+    """PYTHON's `arcvllm serve --preset PRESET` on a free loopback port, with everything it
+    writes under TMP and ENV_EXTRA over this environment: (process, URL, its log)."""
+    port = free_port()
+    for d in ("tmp", "cache"):
+        (tmp / d).mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    env.update(
+        TMPDIR=str(tmp / "tmp"),
+        VLLM_CACHE_ROOT=str(tmp / "cache"),
+        XDG_CACHE_HOME=str(tmp / "cache"),
+        HF_HUB_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        VLLM_CPU_KVCACHE_SPACE="1",
+    )
+    env.update(env_extra)
+    log = tmp / "server.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [
+                str(python),
+                *("-m", "arcvllm", "serve", "--preset", preset, "--"),
+                *("--model", str(model), "--host", "127.0.0.1", "--port", str(port)),
+            ],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: killed as one at teardown
+        )
+    return proc, f"http://127.0.0.1:{port}", log
+
+
+def smoke(url: str, log: Path, report: Path, *extra: str) -> subprocess.CompletedProcess:
+    """`arcvllm smoke` against URL, the server's log as its log source, the report at REPORT."""
+    return subprocess.run(
+        [
+            sys.executable,
+            *("-m", "arcvllm", "smoke", "--base-url", url),
+            *("--log-file", str(log), "--out", str(report)),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+    )
