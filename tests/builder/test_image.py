@@ -220,9 +220,10 @@ def test_torch_compile_builds_and_runs_a_cpu_kernel_as_the_image_user(cpu_image)
     assert int(result.stdout.strip().splitlines()[-1]) >= 1
 
 
-def shadow(image: str) -> dict[str, list[str]]:
-    """IMAGE's /etc/shadow, by account."""
-    out = docker("run", "--rm", "--user", "0", "--entrypoint", "cat", image, "/etc/shadow").stdout
+def shadow(image: str, path: str = "/etc/shadow") -> dict[str, list[str]]:
+    """IMAGE's /etc/shadow (or its backup PATH, empty where there is none), by account."""
+    script = f"if [ -e {path} ]; then cat {path}; fi"
+    out = docker("run", "--rm", "--user", "0", "--entrypoint", "sh", image, "-c", script).stdout
     return {line.split(":")[0]: line.split(":") for line in out.splitlines() if line}
 
 
@@ -231,7 +232,8 @@ def shadow(image: str) -> dict[str, list[str]]:
 def test_no_account_the_image_adds_carries_the_day_it_was_built(cpu_image, side):
     """useradd writes the day it runs as the account's last password change (the third
     field of /etc/shadow): the same commit built on another day would be another image.
-    The accounts each image adds have none (their base's own keep the base's)."""
+    The accounts each image adds have none, in /etc/shadow and in the backup chage leaves
+    (their base's own keep the base's)."""
     from arcvllm.builder import image, stack
 
     if side is None:
@@ -245,6 +247,9 @@ def test_no_account_the_image_adds_carries_the_day_it_was_built(cpu_image, side)
     added = {user: fields for user, fields in shadow(name).items() if user not in base}
     assert added, f"{name}: adds no account"
     assert {user: fields[2] for user, fields in added.items()} == dict.fromkeys(added, ""), name
+    # chage keeps the file it rewrote as /etc/shadow-: useradd's dated line, in a layer.
+    backup = {user: f[2] for user, f in shadow(name, "/etc/shadow-").items() if user not in base}
+    assert backup == dict.fromkeys(backup, ""), f"{name}: /etc/shadow- {backup}"
 
 
 @pytest.mark.docker
