@@ -256,6 +256,12 @@ BAD_KEY_FILES = {
     "a bad character": b"k-with a space\n",
     "a carriage return": b"k-windows\r\n",
     "too long": b"k" * 257 + b"\n",
+    "a NUL byte": b"k-before\x00after\n",
+    "a leading space": b" k-spaced\n",
+    "a trailing space": b"k-spaced \n",
+    "a tab": b"k-tabbed\t\n",
+    "not ASCII": "k-clé\n".encode(),
+    "two newlines": b"k-blank-after\n\n",
 }
 
 

@@ -158,7 +158,8 @@ def check_render_nodes(host: Host, preset: Preset) -> Finding:
     if preset.flavor == "cpu":
         return Finding("render node", WARN, "no /dev/dri/renderD* (not needed: CPU preset)")
     fix = (
-        "pass the GPU into the container (--device /dev/dri, compose `devices`)"
+        "pass the B70s' nodes into the container, not all of /dev/dri (an iGPU would be"
+        " device 0): `arcvllm gpus --compose FILE`, or --device /dev/dri/renderD<B70>"
         if host.in_container()
         else "no Intel GPU node: install the GPU and a kernel with the xe driver"
     )

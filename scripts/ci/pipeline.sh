@@ -26,6 +26,9 @@ main_pid=$$
 images_status=$TMPDIR/images-status
 venvs_status=$TMPDIR/venvs-status
 rm -f "$cpu_ready" "$cpu_tests_done" "$images_status" "$venvs_status"
+# What the tests measured (tests/support/measured.py), printed at the end.
+export ARCVLLM_MEASURED=$PWD/reports/measured.txt
+rm -f "$ARCVLLM_MEASURED"
 
 # (The status is taken explicitly: a function run left of || runs without set -e.)
 step() {
@@ -192,6 +195,10 @@ fi
 free=$(df --output=avail -BG "$PWD" | tail -n 1 | tr -dc 0-9)
 ((free >= RELEASE_CHECK_ROOM_GB)) || step prune_build_cache || true
 df -h "$PWD" | tail -n 1
+if [[ -s $ARCVLLM_MEASURED ]]; then
+	echo "==> measured by the tests"
+	cat "$ARCVLLM_MEASURED"
+fi
 rm -rf "$TMPDIR"
 left=$(comm -13 <(echo "$before") <(ls -A /tmp))
 [[ -z $left ]] || echo "==> new in /tmp during the run: $left"

@@ -27,6 +27,7 @@ import pytest
 from conftest import ROOT, assert_drained, drain_stream, free_port
 from support.compose import compose_binary
 from support.engine import docker, docker_client
+from support.measured import measured
 from support.scale import build_target, side_image
 
 from arcvllm import options
@@ -368,7 +369,7 @@ def gateway(cpu_image, tmp_path_factory):
     finally:
         down = run("down", "-v", "--remove-orphans", "-t", "20")
         MEASURED["module_s"] = round(time.monotonic() - start, 1)
-        print(f"\ngateway measurements: {json.dumps(MEASURED)}")
+        measured(f"gateway measurements: {json.dumps(MEASURED)}")
         assert down.returncode == 0, down.stderr[-2000:]
 
 
@@ -948,8 +949,8 @@ def test_attack_a_flood_of_incomplete_connections_from_one_address_leaves_a_keye
         for sock in socks:
             sock.close()
     result = json.loads(client.stdout) if client.returncode == 0 else {}
-    print(
-        f"\nflood: {flood} connections opened in {opened_s:.2f} s from one address, "
+    measured(
+        f"flood: {flood} connections opened in {opened_s:.2f} s from one address, "
         f"{held} held by the gateway ({flood - held} refused at once), "
         f"{served_while_held} still held while a keyed client from another address got "
         f"{result.get('status')} in {result.get('seconds')} s; every held one closed by the "
@@ -987,5 +988,5 @@ def test_attack_a_body_trickled_slower_than_the_timeout_is_cut(attacked):
         except TimeoutError:
             answer = b"still open"
         waited = time.monotonic() - stopped
-    print(f"\ntrickle: the gateway closed a stalled body after {waited:.1f} s ({answer[:20]!r})")
+    measured(f"trickle: the gateway closed a stalled body after {waited:.1f} s ({answer[:20]!r})")
     assert 8 <= waited < 20, (waited, answer)

@@ -22,6 +22,7 @@ import yaml
 from conftest import ROOT, assert_drained, drain_stream, free_port
 from support.compose import compose_binary
 from support.engine import docker
+from support.measured import measured
 from support.scale import (
     BASE,
     ENV_FILE,
@@ -289,7 +290,7 @@ def deployment(request, tmp_path_factory):
             env=env,
         )
         MEASURED["total_s"] = round(time.monotonic() - start, 1)
-        print(f"\nscale-out measurements: {json.dumps(MEASURED)}")
+        measured(f"scale-out measurements: {json.dumps(MEASURED)}")
 
 
 def complete(url: str, prompt: str, max_tokens: int = 4) -> dict:
