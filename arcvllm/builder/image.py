@@ -23,7 +23,7 @@ from pathlib import Path
 from arcvllm import __version__, options
 from arcvllm.builder.stack import Stack
 from arcvllm.engine import docker_binary
-from arcvllm.errors import ArcvllmError, Unavailable, UsageError
+from arcvllm.errors import ArcvllmError, CheckFailed, Unavailable, UsageError
 from arcvllm.paths import checkout_root
 
 # Engine failures that a second run of the same build (from its cache) gets past: what
@@ -371,6 +371,12 @@ def _cmd_sums(args) -> int:
     the_stack = stack.get(args.stack)
     values = sums.apply(the_stack.name, the_stack.build_args())
     pinned = {k: values.get(k, "") for a, k in sums.PAIRS.items() if values.get(a)}
+    if args.write:
+        path = stack.stacks_file()
+        path.write_text(sums.pin(path.read_text(), the_stack.name, pinned))
+        if sums.unpinned(stack.get(the_stack.name).build_args()):
+            raise CheckFailed(f"{path}: {the_stack.name}'s sums did not all land in it")
+        print(f"arcvllm: {the_stack.name}: every download pinned in {path}", file=sys.stderr)
     if args.json:
         import json
 
@@ -436,6 +442,9 @@ def register(subparsers) -> None:
         "in configs/trusted-sums.txt (trust on first use)",
     )
     su.add_argument("stack")
+    su.add_argument(
+        "--write", action="store_true", help="pin them in configs/stacks.yaml (the release's PR)"
+    )
     su.set_defaults(func=_cmd_sums)
     w = sub.add_parser(
         "wheelhouse",

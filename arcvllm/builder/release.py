@@ -12,15 +12,18 @@ manifest's every digest against a public key: an unsigned or altered digest fail
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shutil
 import subprocess
 import sys
 import tarfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
 
 from arcvllm import options
 from arcvllm.builder import image
@@ -92,12 +95,27 @@ def _manifest(layout: Path) -> dict:
     return json.loads(_blob(layout, layout_digest(layout)).read_bytes())
 
 
-def _layer(path: Path) -> tarfile.TarFile:
-    """A layer blob as a tar (gzip or uncompressed; the standard library reads no zstd)."""
-    with path.open("rb") as head:
-        if head.read(4) == b"\x28\xb5\x2f\xfd":
-            raise ArcvllmError(f"{path.name}: zstd layers (read with gzip/uncompressed)")
-    return tarfile.open(path, "r:*")
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+@contextlib.contextmanager
+def _layer(path: Path) -> Iterator[tarfile.TarFile]:
+    """A layer blob as a tar read front to back: gzip, uncompressed or zstd (the release's
+    default; the standard library reads no zstd, the `stack` extra's zstandard does)."""
+    with path.open("rb") as blob:
+        if blob.read(4) != ZSTD_MAGIC:
+            blob.seek(0)
+            with tarfile.open(fileobj=blob, mode="r|*") as tar:
+                yield tar
+            return
+        import zstandard
+
+        blob.seek(0)
+        with (
+            zstandard.ZstdDecompressor().stream_reader(blob) as stream,
+            tarfile.open(fileobj=stream, mode="r|") as tar,
+        ):
+            yield tar
 
 
 def layout_files(layout: Path) -> dict[str, str]:
@@ -185,16 +203,17 @@ def layout_config(layout: Path) -> dict:
 
 def layout_file(layout: Path, path: str) -> bytes:
     """One file of the image in an OCI layout, from the last small layer that holds it."""
+    name = path.lstrip("/")
     for layer in reversed(_manifest(layout)["layers"]):
         if layer.get("size", 0) > 64 << 20:  # the SBOM's layer is small: skip big ones
             continue
+        found = None
         with _layer(_blob(layout, layer["digest"])) as inner:
-            try:
-                member = inner.extractfile(path.lstrip("/"))
-            except KeyError:
-                continue
-            if member is not None:
-                return member.read()
+            for member in inner:
+                if member.name == name and member.isfile():
+                    found = inner.extractfile(member).read()
+        if found is not None:
+            return found
     raise ArcvllmError(f"{layout.name}: no {path} in its layers")
 
 
@@ -268,6 +287,15 @@ def release_one(target: Target, version: str, registry: str, key: Path, out: Pat
     }
 
 
+def _is_version(text: str) -> bool:
+    """TEXT reads as a release number (1.2.0, 0.1.0rc1); a rehearsal's name (ci) does not."""
+    try:
+        Version(text)
+    except InvalidVersion:
+        return False
+    return True
+
+
 def release(
     version: str,
     registry: str,
@@ -281,6 +309,12 @@ def release(
 
     if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,100}", version):
         raise UsageError(f"release: VERSION {version!r} is not a tag (e.g. 1.2.0)")
+    package = image.__version__  # the images' org.opencontainers.image.version label
+    if _is_version(version) and Version(version) != Version(package):
+        raise UsageError(
+            f"release: VERSION {version} but arcvllm is {package} (the images' version "
+            f"label): set __version__ in arcvllm/__init__.py to {version} first"
+        )
     if not re.fullmatch(r"[A-Za-z0-9.-]+(:[0-9]+)?(/[a-z0-9._/-]+)?", registry):
         raise UsageError(f"release: REGISTRY {registry!r} is not host[:port][/path]")
     if str(key) != KEYLESS and not key.is_file():

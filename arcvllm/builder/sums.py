@@ -6,13 +6,14 @@ and the kernels wheel of the older stacks), the first `make build` fetches the f
 this host, records its sha256 in configs/trusted-sums.txt (kept out of git) and says so in
 one line; that build and every later one is checked against the recorded sum, so a file
 that changes upstream is refused. The hosted release workflow records the same sums and
-pins them in stacks.yaml (`arcvllm stack sums --write`), so operators of a release never
-need the local file.
+pins them in stacks.yaml (`arcvllm image sums STACK --write`, in a pull request it opens),
+so operators of a release never need the local file.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -136,3 +137,45 @@ def apply(
         else:
             values[sums_arg] = f"{values.get(sums_arg, '')} {trusted[d.url]} {d.name}".strip()
     return values
+
+
+def pin(text: str, stack_name: str, values: Mapping[str, str]) -> str:
+    """stacks.yaml's TEXT with STACK_NAME's *_SHA256 args set to VALUES' where they differ
+    (their `from` keeps what it said and adds that the release recorded the rest); the rest
+    of the file, comments included, as it was."""
+    import yaml
+
+    lines = text.splitlines(keepends=True)
+    start = lines.index(f"  {stack_name}:\n")
+    end = next((i for i in range(start + 1, len(lines)) if re.match(r"  \S", lines[i])), len(lines))
+    for sums_arg in PAIRS.values():
+        key = next(
+            (i for i in range(start, end) if lines[i].startswith(f"      {sums_arg}:")), None
+        )
+        if key is None:
+            continue
+        stop = key + 1
+        while stop < end and lines[stop].startswith("        "):
+            stop += 1
+        entry = yaml.safe_load("".join(line[6:] for line in lines[key:stop]))[sums_arg]
+        value = values.get(sums_arg, "")
+        if not value or value.split() == str(entry.get("value", "")).split():
+            continue
+        words = value.split()
+        said = " ".join(str(entry.get("from", "")).split()).rstrip(".")
+        recorded = (
+            "the release workflow fetched each file without a published sum once and "
+            f"recorded its sha256 (`arcvllm image sums {stack_name} --write`)"
+        )
+        block = [f"      {sums_arg}:\n"]
+        if len(words) == 1:
+            block.append(f"        value: {words[0]}\n")
+        else:
+            block.append("        value: >-\n")
+            block += [
+                f"          {d}  {n}\n" for d, n in zip(words[::2], words[1::2], strict=False)
+            ]
+        block += ["        from: >-\n", f"          {said + '. ' if said else ''}{recorded}\n"]
+        lines[key:stop] = block
+        end += len(block) - (stop - key)
+    return "".join(lines)

@@ -137,7 +137,7 @@ venvs() {
 # What the images stream did: its steps, pytest's verdicts and the digests of the two clean
 # CPU builds (all of it if it failed).
 report_images() {
-	grep -E '^(==>|<==)|^=+ .*(passed|failed|error).* in [0-9.]+s|^reproducible |^[a-z]+-[12]: sha256:|^the same image' \
+	grep -E '^(==>|<==)|^=+ .*(passed|failed|error).* in [0-9.]+s|^reproducible |^[a-z]+-[12]: sha256:|^the same image|^arcvllm: .*building once more' \
 		"$TMPDIR/images.log" || true
 }
 

@@ -22,9 +22,10 @@ import pytest
 import yaml
 from conftest import ROOT, QuietHandler
 
+from arcvllm import __version__
 from arcvllm.builder import image, release, sbom, stack
 from arcvllm.engine import docker_binary
-from arcvllm.errors import ArcvllmError
+from arcvllm.errors import ArcvllmError, UsageError
 
 RELEASE_DIR = Path(os.environ.get("ARCVLLM_RELEASE_DIR", ROOT / "build" / "release" / "ci"))
 
@@ -231,13 +232,19 @@ def blob(layout: Path, data: bytes) -> dict:
     return {"digest": f"sha256:{digest}", "size": len(data)}
 
 
-def layer(files: dict[str, bytes], mtime: int = 0, gzipped: bool = False) -> bytes:
+def layer(
+    files: dict[str, bytes], mtime: int = 0, gzipped: bool = False, zstd: bool = False
+) -> bytes:
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w") as tar:
         for name, body in files.items():
             info = tarfile.TarInfo(name)
             info.size, info.mtime = len(body), mtime
             tar.addfile(info, io.BytesIO(body))
+    if zstd:  # the release's default layers
+        import zstandard
+
+        return zstandard.ZstdCompressor(level=3).compress(out.getvalue())
     return gzip.compress(out.getvalue(), mtime=0) if gzipped else out.getvalue()
 
 
@@ -275,6 +282,12 @@ def test_the_sbom_is_read_from_the_last_small_layer_that_holds_it(tmp_path):
     assert release.layout_file(layout, "/" + sbom_path) == b"new"
     with pytest.raises(ArcvllmError, match="no /etc/absent in its layers"):
         release.layout_file(layout, "/etc/absent")
+    # zstd, as `make release` compresses by default (ARCVLLM_LAYER_COMPRESSION unset)
+    zstd = oci_layout(
+        tmp_path / "z", [layer({sbom_path: b"old"}), layer({sbom_path: b"z"}, zstd=True)]
+    )
+    assert release.layout_file(zstd, "/" + sbom_path) == b"z"
+    assert release.compare(layout, zstd)[0].startswith(sbom_path)
 
 
 def test_two_layouts_compare_equal_or_name_the_file_that_differs(tmp_path):
@@ -489,6 +502,47 @@ def test_the_release_workflow_runs_the_rehearsals_make_targets():
     assert any(".ci/run" in s.get("run", "") for s in ci_yml["jobs"]["ci"]["steps"])
 
 
+def test_every_hosted_job_runs_where_engine_sh_installs_and_starts_its_engine():
+    """An Ubuntu runner has neither Debian's suites nor its keyring: engine.sh's install
+    would fail there. Every job runs in Debian trixie with CI's Python (3.11), privileged
+    (dockerd inside), its data root on the runner's disk; the release job exports the
+    engine's DOCKER_HOST to the steps after it."""
+    import sys
+
+    for name in ("ci.yml", "release.yml"):
+        jobs = yaml.safe_load((ROOT / ".github/workflows" / name).read_text())["jobs"]
+        for job_name, job in jobs.items():
+            where = f"{name} {job_name}"
+            container = job.get("container") or {}
+            image = container.get("image", "")
+            assert image.startswith(f"python:{sys.version_info[0]}.{sys.version_info[1]}-"), where
+            assert image.endswith("-trixie"), where
+            assert "--privileged" in container.get("options", ""), where
+            assert "/var/lib/arcvllm-docker:/var/lib/arcvllm-docker" in container["volumes"], where
+            runs = [s.get("run", "") for s in job["steps"]]
+            assert not any("sudo" in r for r in runs), where  # root in the container already
+            assert "uses" not in job["steps"][0], where  # git first: checkout keeps the history
+    release = yaml.safe_load((ROOT / ".github/workflows/release.yml").read_text())
+    runs = [s.get("run", "") for s in release["jobs"]["release"]["steps"]]
+    assert 'scripts/ci/engine.sh up >>"$GITHUB_ENV"' in runs
+    assert any('image sums "$stack" --write' in r for r in runs)  # pinned in stacks.yaml
+    assert any("git add configs/stacks.yaml" in r for r in runs)  # by the pull request
+    verify = next(r for r in runs if "cosign verify-attestation" in r)
+    assert "cyclonedx" in verify and "slsaprovenance1" in verify
+
+
+def test_engine_sh_takes_the_engine_and_the_release_tools_from_trixie():
+    """Finding 5: Debian's archive carries the current engine and the release's tools;
+    engine.sh names the suite and every package (docs/release.md says why trixie)."""
+    text = (ROOT / "scripts/ci/engine.sh").read_text()
+    assert re.search(r"^engine_suite=trixie$", text, re.M)
+    debs = re.search(r"^engine_debs=\(([^)]*)\)", text, re.M | re.S).group(1).split()
+    for deb in ("docker.io", "docker-buildx", "docker-compose", "cosign", "skopeo",
+                "docker-registry"):  # fmt: skip
+        assert deb in debs, deb
+    assert "trixie" in (ROOT / "docs/release.md").read_text()
+
+
 def test_every_xpu_stack_is_rehearsed_by_the_hosted_ci():
     """.ci/run rehearses the default XPU stack; the hosted CI's matrix every other one, so a
     stack added to stacks.yaml without a runner fails here."""
@@ -536,7 +590,17 @@ def test_a_keyed_release_needs_the_public_key_beside_the_private_one(tmp_path):
     key = tmp_path / "cosign.key"
     key.write_text("private")
     with pytest.raises(ArcvllmError, match=r"no public key .*cosign\.pub beside"):
-        release.release("1.0", "registry.example.org/a", key, tmp_path / "out")
+        release.release(__version__, "registry.example.org/a", key, tmp_path / "out")
+
+
+@pytest.mark.parametrize("version", ["9.9.9", "0.1.0rc1", "v0.2"])
+def test_a_release_number_other_than_the_packages_is_refused(tmp_path, version):
+    """The images' org.opencontainers.image.version label is arcvllm's __version__: a
+    release VERSION that is a release number must be that one (a rehearsal's name, `ci`,
+    is not a number and passes this check)."""
+    with pytest.raises(UsageError, match=f"VERSION {version} but arcvllm is {__version__}"):
+        release.release(version, "registry.example.org/a", Path(release.KEYLESS), tmp_path / "out")
+    assert not (tmp_path / "out").exists()  # nothing half-made
 
 
 def test_reproducible_builds_each_image_twice_uncompressed_with_no_cache_and_compares(
