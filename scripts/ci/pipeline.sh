@@ -83,6 +83,11 @@ make_room() {
 }
 
 images() {
+	# A clean builder: a build cache another commit left holds layers whose files carry the
+	# time they were built, and the export's timestamp rewrite only clamps times after the
+	# commit's, so the release's build would take them and the --no-cache build would not
+	# (one digest each). A fresh machine has none; a reused one drops it here.
+	step prune_build_cache
 	# The stand-ins first: they are in the build context (build/wheelhouse/standins), and
 	# made after the CPU image they would change it and force a rebuild.
 	step make standins
