@@ -373,7 +373,7 @@ def _cmd_sums(args) -> int:
     pinned = {k: values.get(k, "") for a, k in sums.PAIRS.items() if values.get(a)}
     if args.write:
         path = stack.stacks_file()
-        path.write_text(sums.pin(path.read_text(), the_stack.name, pinned))
+        path.write_text(sums.pin(path, the_stack.name, pinned))
         if sums.unpinned(stack.get(the_stack.name).build_args()):
             raise CheckFailed(f"{path}: {the_stack.name}'s sums did not all land in it")
         print(f"arcvllm: {the_stack.name}: every download pinned in {path}", file=sys.stderr)

@@ -139,13 +139,14 @@ def apply(
     return values
 
 
-def pin(text: str, stack_name: str, values: Mapping[str, str]) -> str:
-    """stacks.yaml's TEXT with STACK_NAME's *_SHA256 args set to VALUES' where they differ
-    (their `from` keeps what it said and adds that the release recorded the rest); the rest
-    of the file, comments included, as it was."""
-    import yaml
+def pin(path: Path, stack_name: str, values: Mapping[str, str]) -> str:
+    """The stacks file at PATH with STACK_NAME's *_SHA256 args set to VALUES' where they
+    differ (their `from` keeps what it said and adds that the release recorded the rest);
+    the rest of the file, comments included, as it was."""
+    from arcvllm.builder import stack
 
-    lines = text.splitlines(keepends=True)
+    old = stack.get(stack_name, path).args
+    lines = path.read_text().splitlines(keepends=True)
     start = lines.index(f"  {stack_name}:\n")
     end = next((i for i in range(start + 1, len(lines)) if re.match(r"  \S", lines[i])), len(lines))
     for sums_arg in PAIRS.values():
@@ -157,12 +158,11 @@ def pin(text: str, stack_name: str, values: Mapping[str, str]) -> str:
         stop = key + 1
         while stop < end and lines[stop].startswith("        "):
             stop += 1
-        entry = yaml.safe_load("".join(line[6:] for line in lines[key:stop]))[sums_arg]
         value = values.get(sums_arg, "")
-        if not value or value.split() == str(entry.get("value", "")).split():
+        if not value or value.split() == old[sums_arg].value.split():
             continue
         words = value.split()
-        said = " ".join(str(entry.get("from", "")).split()).rstrip(".")
+        said = " ".join(old[sums_arg].source.split()).rstrip(".")
         recorded = (
             "the release workflow fetched each file without a published sum once and "
             f"recorded its sha256 (`arcvllm image sums {stack_name} --write`)"

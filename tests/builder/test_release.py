@@ -656,3 +656,37 @@ def test_the_rehearsals_registry_refuses_one_it_did_not_start(http_server, tmp_p
     )
     assert done.returncode == 3, done.stdout + done.stderr
     assert f"127.0.0.1:{port} answers but is not the registry of {tmp_path}" in done.stderr
+
+
+def test_the_release_pins_the_sums_it_recorded_in_stacks_yaml(tmp_path):
+    """The hosted release's pull request pins in stacks.yaml what no publisher sums (`image
+    sums STACK --write`): afterwards every stack has every download pinned, what was pinned
+    before stays with its source, and the rest of the file (comments, other stacks) is as
+    it was."""
+    from arcvllm.builder import sums
+
+    text = stack.stacks_file().read_text()
+    stacks, _ = stack.load()
+    out = tmp_path / "stacks.yaml"
+    out.write_text(text)
+    for name, the_stack in stacks.items():
+        args = the_stack.build_args()
+        values = sums.apply(name, args, tmp_path / "t.txt", lambda url: f"{len(url):064x}")
+        out.write_text(sums.pin(out, name, {k: values.get(k, "") for k in sums.PAIRS.values()}))
+    pinned_text = out.read_text()
+    after, _ = stack.load(out)
+    assert any(sums.unpinned(s.build_args()) for s in stacks.values())  # today's file
+    for name, the_stack in after.items():
+        assert sums.unpinned(the_stack.build_args()) == [], name
+        assert the_stack.build_args()["VLLM_VERSION"] == stacks[name].build_args()["VLLM_VERSION"]
+        for sums_arg in sums.PAIRS.values():
+            old, new = stacks[name].args.get(sums_arg), the_stack.args.get(sums_arg)
+            if old is None or not old.value:
+                continue
+            assert set(old.value.split()) <= set(new.value.split()), (name, sums_arg)
+            assert " ".join(old.source.split()).rstrip(".") in " ".join(new.source.split())
+    assert [line for line in text.splitlines() if line.startswith("#")] == [
+        line for line in pinned_text.splitlines() if line.startswith("#")
+    ]
+    assert sums.pin(out, "xpu-0.23", {}) == pinned_text  # nothing to pin: unchanged
+    assert sums.pin(out, "xpu-0.23", stack.get("xpu-0.23", out).build_args()) == pinned_text
