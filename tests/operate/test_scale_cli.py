@@ -304,6 +304,28 @@ def test_all_replicas_healthy_is_not_degraded(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.parametrize("environment, shown", [(None, "9443"), ("7443", "7443")])
+def test_the_gateway_port_shown_is_the_one_compose_publishes(
+    tmp_path, monkeypatch, capsys, environment, shown
+):
+    """It printed the process environment's PORT only: a settings file with PORT=9443 was
+    shown as 8443. Compose takes the environment's first, then the settings file's."""
+    recording_compose(tmp_path, monkeypatch)
+    settings = tmp_path / "arcvllm.env"
+    shipped = (ROOT / "docker" / "arcvllm.env").read_text()
+    assert "\nPORT=8443\n" in shipped
+    settings.write_text(shipped.replace("\nPORT=8443\n", "\nPORT=9443\n"))
+    if environment is None:
+        monkeypatch.delenv("PORT", raising=False)
+    else:
+        monkeypatch.setenv("PORT", environment)
+    healthy = {"health": lambda name: "healthy", "status": lambda url: 200}
+    assert scale.up(up_args(env_file=settings), **healthy) == 0
+    assert capsys.readouterr().out.endswith(f"gateway on port {shown}\n")
+    assert scale.up(up_args(env_file=settings, json=True), **healthy) == 0
+    assert json.loads(capsys.readouterr().out)["gateway"] == f"https://127.0.0.1:{shown}"
+
+
 def test_no_replica_healthy_stops_everything_without_removing_volumes(tmp_path, monkeypatch):
     calls = recording_compose(tmp_path, monkeypatch)
     with pytest.raises(ArcvllmError) as failure:
