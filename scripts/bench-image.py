@@ -30,12 +30,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from arcvllm.engine import docker_binary
+from arcvllm.paths import checkout_root
+from arcvllm.server.client import Client
 
-from arcvllm.engine import docker_binary  # noqa: E402
-from arcvllm.server.client import Client  # noqa: E402
-
+ROOT = checkout_root()
 DOCKER = docker_binary()
 MODEL = "tiny-hybrid"
 EAGER, COMPILED = "tiny-hybrid-cpu", "tiny-hybrid-cpu-compiled"

@@ -83,6 +83,8 @@ def test_each_subpackage_says_where_its_code_runs():
     for init in sorted((ROOT / "arcvllm").glob("*/__init__.py")):
         doc = ast.get_docstring(ast.parse(init.read_text()))
         assert doc and len(doc.split()) >= 12, init
+        first = doc.split("\n\n")[0]  # its first paragraph says where: a host, the image, CI
+        assert re.search(r"\b(host|image|CI)\b", first), init
 
 
 @pytest.fixture(scope="module")
@@ -181,6 +183,18 @@ def test_without_the_ci_package_every_command_but_the_stand_ins_still_runs():
 # The one place each side names the Docker client: the engine's provisioning (which installs
 # Debian's and exports it as DOCKER to what it runs) and arcvllm.engine (which takes DOCKER).
 DOCKER_CHOICES = {"scripts/ci/engine.sh", "arcvllm/engine.py"}
+
+
+def test_one_finder_of_the_checkout_root():
+    """arcvllm.paths.checkout_root() for the product and its scripts, conftest's ROOT for
+    the tests (the shell scripts' `cd "$(dirname "$0")/../.."` is the shell's one idiom):
+    no other Python file walks up from its own path to the checkout."""
+    tracked = subprocess.run(
+        ["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    walk = re.compile(r"Path\(__file__\)[\w().]*?\.parent\.parent|__file__\)[\w().]*parents\[")
+    found = {rel for rel in tracked if walk.search((ROOT / rel).read_text(errors="replace"))}
+    assert found == {"tests/conftest.py"}
 
 
 def test_one_choice_of_the_docker_client():

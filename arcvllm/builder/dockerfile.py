@@ -13,7 +13,8 @@ def instructions(text: str) -> list[tuple[str, str]]:
     try:
         from dockerfile_parse import DockerfileParser
     except ImportError:
-        raise Unavailable("dockerfile-parse is not installed: pip install -e '.[dev]'") from None
+        needs = "dockerfile-parse is not installed: pip install 'arcvllm[stack]'"
+        raise Unavailable(needs) from None
     parser = DockerfileParser(fileobj=io.BytesIO(text.encode()), env_replace=False)
     return [
         (item["instruction"], item["value"])

@@ -1,4 +1,6 @@
 """`arcvllm smoke`: prove a running vLLM server decodes a hybrid model across mamba blocks.
+Runs on any host that reaches the server: the operator's host (`make smoke-test`), CI, or
+inside the image.
 
 The checks target the path of the original XPU crash: with prefix caching in align mode,
 vLLM copies each request's mamba state when its length crosses a block boundary. The smoke

@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+from conftest import ROOT
+
 LOG = Path(os.environ.get("ARCVLLM_MEASURED", ROOT / "reports" / "measured.txt"))
 
 
