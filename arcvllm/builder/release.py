@@ -287,15 +287,6 @@ def release_one(target: Target, version: str, registry: str, key: Path, out: Pat
     }
 
 
-def _is_version(text: str) -> bool:
-    """TEXT reads as a release number (1.2.0, 0.1.0rc1); a rehearsal's name (ci) does not."""
-    try:
-        Version(text)
-    except InvalidVersion:
-        return False
-    return True
-
-
 def release(
     version: str,
     registry: str,
@@ -310,7 +301,11 @@ def release(
     if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,100}", version):
         raise UsageError(f"release: VERSION {version!r} is not a tag (e.g. 1.2.0)")
     package = image.__version__  # the images' org.opencontainers.image.version label
-    if _is_version(version) and Version(version) != Version(package):
+    try:
+        number = Version(version)
+    except InvalidVersion:
+        number = None  # a rehearsal's name (ci), not a release number
+    if number is not None and number != Version(package):
         raise UsageError(
             f"release: VERSION {version} but arcvllm is {package} (the images' version "
             f"label): set __version__ in arcvllm/__init__.py to {version} first"

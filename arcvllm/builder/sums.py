@@ -162,7 +162,8 @@ def pin(path: Path, stack_name: str, values: Mapping[str, str]) -> str:
         if not value or value.split() == old[sums_arg].value.split():
             continue
         words = value.split()
-        said = " ".join(old[sums_arg].source.split()).rstrip(".")
+        # what the old pins came from stays; an empty pin's "no published sum" goes
+        said = " ".join(old[sums_arg].source.split()).rstrip(".") if old[sums_arg].value else ""
         recorded = (
             "the release workflow fetched each file without a published sum once and "
             f"recorded its sha256 (`arcvllm image sums {stack_name} --write`)"
