@@ -6,7 +6,7 @@ identity (version, revision, patch plan), the commit's time as SOURCE_DATE_EPOCH
 `created` (never the clock: two builds of one commit are the same image), the CA bundle as
 a secret, and the wheelhouse in the context. BuildKit on an old or loaded engine can lose
 its client session between steps (`no active session`: moby/buildkit#2367); a build that
-fails with that error alone is run once more, from its cache, and says so.
+fails with such an error alone (TRANSIENT) is run once more and says so.
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ TRANSIENT = {
     "no active session": "BuildKit lost the build's client session (moby/buildkit#2367)",
     "failed to prepare extraction snapshot": "the image store lost a layer's parent snapshot "
     "while unpacking the image (moby/buildkit#6521)",
+    # The whole error line, bare: a missing file of the build says what is not found.
+    "ERROR: failed to solve: not found": "the image store lost content of the finished "
+    "export while another build ran beside it",
 }
 SOURCE = "https://github.com/arcvllm/arcvllm"
 
@@ -150,9 +153,15 @@ def ca_bundle() -> str | None:
     return str(system) if system.exists() else None
 
 
-def run(argv: Sequence[str], cwd: Path) -> None:
-    """Run a build, its output passed through; once more after a known transient failure."""
+def run(argv: Sequence[str], cwd: Path, layout: Path | None = None) -> None:
+    """Run a build, its output passed through; once more after a known transient failure.
+    LAYOUT, the build's OCI layout directory, is emptied before each run (a layout of an
+    earlier build would be merged into)."""
+    import shutil
+
     for attempt in (1, 2):
+        if layout is not None:
+            shutil.rmtree(layout, ignore_errors=True)
         proc = subprocess.Popen(
             argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
@@ -164,7 +173,7 @@ def run(argv: Sequence[str], cwd: Path) -> None:
         if proc.wait() == 0:
             return
         if seen and attempt == 1:
-            print(f"arcvllm: {seen}; building once more from the cache", file=sys.stderr)
+            print(f"arcvllm: {seen}; building once more", file=sys.stderr)
             continue
         raise ArcvllmError(f"docker build of target {argv[argv.index('--target') + 1]} failed")
 
@@ -174,11 +183,7 @@ def build(spec: Build, root: Path | None = None, dry_run: bool = False) -> list[
     root = root or checkout_root()
     argv = spec.argv(source(root), ca_bundle=ca_bundle())
     if not dry_run:
-        if spec.oci_layout is not None:  # a layout of an earlier build would be merged into
-            import shutil
-
-            shutil.rmtree(spec.oci_layout, ignore_errors=True)
-        run(argv, root)
+        run(argv, root, spec.oci_layout)
     return argv
 
 

@@ -133,7 +133,10 @@ SNAPSHOT_LOST = (
         (2, "no active session for abc: context deadline exceeded", False, 2),
         (1, SNAPSHOT_LOST, True, 2),
         (2, SNAPSHOT_LOST, False, 2),
+        (1, "failed to solve: not found", True, 2),
+        (2, "failed to solve: not found", False, 2),
         (1, "failed to solve: process did not complete successfully", False, 1),
+        (1, 'failed to solve: failed to compute cache key: "/wheels": not found', False, 1),
     ],
 )
 def test_a_known_transient_engine_failure_is_retried_once_and_nothing_else(
@@ -150,8 +153,25 @@ def test_a_known_transient_engine_failure_is_retried_once_and_nothing_else(
         with pytest.raises(ArcvllmError, match="target runtime failed"):
             image.run(argv, tmp_path)
     assert int(count.read_text()) == runs
-    said = "building once more from the cache" in capsys.readouterr().err
+    said = "building once more" in capsys.readouterr().err
     assert said == (runs == 2)
+
+
+def test_a_build_run_once_more_starts_from_an_empty_layout(tmp_path):
+    layout = tmp_path / "cpu-1"
+    layout.mkdir()
+    (layout / "stale").write_text("an earlier build's")
+    docker = tmp_path / "docker"
+    docker.write_text(
+        "#!/bin/sh\n"
+        f"ls {layout} > {tmp_path}/seen-$(ls {tmp_path} | grep -c seen)\n"
+        f"mkdir -p {layout}; touch {layout}/written\n"
+        f"[ -e {tmp_path}/seen-1 ] || {{ echo 'ERROR: failed to solve: not found'; exit 1; }}\n"
+    )
+    docker.chmod(0o755)
+    image.run([str(docker), "buildx", "build", "--target", "cpu", "."], tmp_path, layout)
+    # each run found no layout: neither the stale one nor the failed run's
+    assert (tmp_path / "seen-0").read_text() == (tmp_path / "seen-1").read_text() == ""
 
 
 # ---- the SBOM ---------------------------------------------------------------------------
