@@ -505,7 +505,7 @@ def built_argvs(monkeypatch, *args: str) -> list[list[str]]:
     from arcvllm.cli import main
 
     seen: list[list[str]] = []
-    monkeypatch.setattr(image, "run", lambda argv, cwd: seen.append(list(argv)))
+    monkeypatch.setattr(image, "run", lambda argv, cwd, layout=None: seen.append(list(argv)))
     assert main(["image", "build", *args]) == 0
     return seen
 
