@@ -87,8 +87,8 @@ scale-images: $(VENV)/.stamp wheelhouse ## the router, Prometheus and Alertmanag
 gateway-image: $(VENV)/.stamp wheelhouse ## the gateway image compose publishes (Debian's nginx: TLS, the key, an allow-list)
 	$(IMAGE_BUILD) --side gateway $(if $(GATEWAY_IMAGE),--tag $(GATEWAY_IMAGE))
 # CI's rehearsal of `make build STACK=<xpu stack>`: the same stages, with the stand-ins of
-# configs/ci-standins.yaml for what cannot be reached here (docs/images.md).
-standins: $(VENV)/.stamp wheelhouse ## CI: make the stand-ins of configs/ci-standins.yaml (build/wheelhouse/standins, arcvllm-standin/ubuntu:24.04)
+# arcvllm/ci/standins.yaml for what cannot be reached here (docs/images.md).
+standins: $(VENV)/.stamp wheelhouse ## CI: make the stand-ins of arcvllm/ci/standins.yaml (build/wheelhouse/standins, arcvllm-standin/ubuntu:24.04)
 	scripts/ci/standins.sh
 build-xpu-ci: standins ## CI: the XPU build of STACK stage for stage with named stand-ins (arcvllm:STACK-ci, arcvllm:STACK-ci-user)
 	$(IMAGE_BUILD) --rehearsal $(STACK)

@@ -273,7 +273,7 @@ def unknown_stack(name: str | None, stacks_file: Path | None) -> bool:
 # CI's rehearsal of an XPU stack's build (make build-xpu-ci): its `vllm` stage (vLLM
 # installed over the lock) and its runtime's user, each to the tag beside the target, and
 # between them the `models` stage (the patch series applied and probed, the tiny model
-# built, with the probe torch of configs/ci-standins.yaml), whose own steps are its check:
+# built, with the probe torch of arcvllm/ci/standins.yaml), whose own steps are its check:
 # kept in the build cache only (its 13 GB venv is the `vllm` image's).
 REHEARSAL = (("vllm", "-ci"), ("models", None), ("runtime-user", "-ci-user"))
 

@@ -165,7 +165,7 @@ def get(name: str, path: Path | None = None, flavor: str | None = None) -> Stack
 
 def ci_build_args(stack: Stack, standins_dir: Path | None = None) -> dict[str, str]:
     """CI's build args of an XPU stack: its own (FLAVOR=xpu), where only the inputs CI cannot
-    reach point at their stand-ins (configs/ci-standins.yaml, made by scripts/ci/standins.sh)."""
+    reach point at their stand-ins (arcvllm/ci/standins.yaml, made by scripts/ci/standins.sh)."""
     try:
         from arcvllm.ci import standins
     except ImportError:
@@ -322,7 +322,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--ci",
         action="store_true",
         help="CI: the stack's own args, with what CI cannot reach pointing at its stand-ins "
-        "(configs/ci-standins.yaml; scripts/ci/standins.sh makes them)",
+        "(arcvllm/ci/standins.yaml; scripts/ci/standins.sh makes them)",
     )
     build.add_argument(
         "--standins-dir",

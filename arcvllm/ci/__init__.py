@@ -1,4 +1,4 @@
 """CI only, never in the product wheel (pyproject.toml excludes it): the stand-ins for
-what the XPU build cannot reach on a CI host (configs/ci-standins.yaml), made by
+what the XPU build cannot reach on a CI host (arcvllm/ci/standins.yaml), made by
 scripts/ci/standins.sh.
 """

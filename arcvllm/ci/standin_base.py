@@ -1,7 +1,7 @@
 """The base image stand-in: ubuntu:24.04's shape made from Debian's archive.
 
 No registry answers here, so the image is a minbase mmdebstrap from the mirror in apt's
-sources (configs/ci-standins.yaml says which suite and why), with what the XPU build relies
+sources (arcvllm/ci/standins.yaml says which suite and why), with what the XPU build relies
 on of ubuntu:24.04: glibc >= 2.39, `python3.12` and `python3.12-dev` installed as dpkg
 packages laid out as Ubuntu's (built here from the host's CPython 3.12, since Debian has no
 3.12), and the user `ubuntu` with UID/GID 1000.

@@ -1,4 +1,4 @@
-"""CI stand-ins for what the XPU build cannot reach here (configs/ci-standins.yaml).
+"""CI stand-ins for what the XPU build cannot reach here (arcvllm/ci/standins.yaml).
 
 CI builds the XPU stacks with the operator's own Dockerfile, stages and locks; only the
 inputs this host cannot reach (a registry's base image, GitHub release downloads, PyTorch's
@@ -47,7 +47,8 @@ def scratch_dir(root: Path) -> Path:
 
 
 def config_file() -> Path:
-    return configs_dir() / "ci-standins.yaml"
+    """The stand-ins' list: beside this module, in the CI tree the product wheel leaves out."""
+    return Path(__file__).with_name("standins.yaml")
 
 
 @dataclass(frozen=True)
@@ -91,9 +92,7 @@ def _wheel(raw: Mapping) -> Wheel:
         if req.endswith("==@lock"):
             name = req.removesuffix("==@lock")
             if not lock:
-                raise ArcvllmError(
-                    f"ci-standins: {raw['name']} {raw['version']}: {req} needs `lock`"
-                )
+                raise ArcvllmError(f"standins: {raw['name']} {raw['version']}: {req} needs `lock`")
             requires.append(f'{name}=={lock_version(lock, name)}; platform_system == "Linux"')
         else:
             requires.append(req)
@@ -105,10 +104,10 @@ def lock_version(lock: str, name: str) -> str:
     text = (configs_dir().parent / lock).read_text()
     if m := re.search(rf"^{re.escape(name)}==(\S+)", text, re.MULTILINE):
         return m.group(1)
-    raise ArcvllmError(f"ci-standins: {lock} pins no {name}")
+    raise ArcvllmError(f"standins: {lock} pins no {name}")
 
 
-def parse(data: object, source: str = "ci-standins.yaml") -> Config:
+def parse(data: object, source: str = "standins.yaml") -> Config:
     """The stand-ins and, per stack, which build arg each replaces; every one has a reason."""
     if not isinstance(data, Mapping) or not isinstance(data.get("standins"), Mapping):
         raise ArcvllmError(f"{source}: expected a `standins:` mapping")
@@ -148,7 +147,7 @@ def _sum_of(path: Path) -> str:
 def overrides(stack: str, config: Config, root: Path = DEFAULT_DIR) -> dict[str, str]:
     """The build args STACK's stand-ins replace, with sums read from the files made."""
     if stack not in config.stacks:
-        raise UsageError(f"ci-standins: no stand-ins for stack {stack}")
+        raise UsageError(f"standins: no stand-ins for stack {stack}")
     values: dict[str, str] = {}
     for key, name in config.stacks[stack].items():
         entry = config.entry(name)
@@ -178,7 +177,7 @@ def overrides(stack: str, config: Config, root: Path = DEFAULT_DIR) -> dict[str,
             else:
                 values[key] = f"{IN_BUILD}/{path.name}"
         else:
-            raise ArcvllmError(f"ci-standins: {stack}: {key}: no rule for stand-in {name}")
+            raise ArcvllmError(f"standins: {stack}: {key}: no rule for stand-in {name}")
     return values
 
 
@@ -189,7 +188,7 @@ def ci_build_args(
     unknown = sorted(set(replace) - set(real))
     if unknown:
         raise ArcvllmError(
-            f"ci-standins: {stack} sets no {', '.join(unknown)}: nothing to stand in for"
+            f"standins: {stack} sets no {', '.join(unknown)}: nothing to stand in for"
         )
     return {**real, **replace}
 
@@ -258,7 +257,7 @@ def make_debs(config: Config, root: Path) -> str:
         shutil.rmtree(state, ignore_errors=True)
     for f, s in want.items():
         if hashlib.sha256((out / f).read_bytes()).hexdigest() != s:
-            raise ArcvllmError(f"standins: {f}: sha256 differs from ci-standins.yaml's pin")
+            raise ArcvllmError(f"standins: {f}: sha256 differs from standins.yaml's pin")
     return "made"
 
 
@@ -535,11 +534,11 @@ def _cmd(args: argparse.Namespace) -> int:
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "standins",
-        help="CI stand-ins for what the XPU build cannot reach (configs/ci-standins.yaml)",
+        help="CI stand-ins for what the XPU build cannot reach (arcvllm/ci/standins.yaml)",
         description="List, make and check the stand-ins CI's XPU builds use.",
     )
     parser.add_argument(
-        "--standins-file", type=options.existing_file, default=None, help="another ci-standins.yaml"
+        "--standins-file", type=options.existing_file, default=None, help="another standins.yaml"
     )
     parser.add_argument(
         "--dir",

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CI stand-ins for what the XPU build cannot reach here (configs/ci-standins.yaml), made
+# The CI stand-ins for what the XPU build cannot reach here (arcvllm/ci/standins.yaml), made
 # under build/wheelhouse/standins and as the image arcvllm-standin/ubuntu:24.04, skipping
 # what is current; a base image or debs made anew are checked (ubuntu:24.04's shape, the GPU
 # debs install on it). Run before `make build-xpu-ci`. Needs root (mmdebstrap, chroot) and the

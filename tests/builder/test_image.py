@@ -542,7 +542,7 @@ def test_the_rehearsal_builds_every_stage_up_to_models_and_the_runtimes_user(mon
 
 @pytest.mark.parametrize("name", ["xpu-0.20", "xpu-0.23", "xpu-0.33"])
 def test_the_rehearsal_runs_the_probes_with_the_locks_torch_version(name):
-    """CI's stand-in for torch +xpu where the build runs torch (configs/ci-standins.yaml
+    """CI's stand-in for torch +xpu where the build runs torch (arcvllm/ci/standins.yaml
     probe-torch): the package index's build of the lock's torch version, every file
     sha256-pinned; a real build runs its own (PROBE_TORCH=none)."""
     from arcvllm.ci import standins

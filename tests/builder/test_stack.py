@@ -165,7 +165,7 @@ def test_make_build_with_an_unknown_stack_lists_stacks_and_fails():
 
 def test_ci_build_args_are_the_xpu_stacks_own_with_flavor_xpu(stacks, monkeypatch, tmp_path):
     """CI builds the operator's XPU build: same flavour, stages and locks (the stand-ins of
-    configs/ci-standins.yaml replace only unreachable inputs: tests/ci/test_standins.py)."""
+    arcvllm/ci/standins.yaml replace only unreachable inputs: tests/ci/test_standins.py)."""
     from arcvllm.builder import index
     from arcvllm.ci import standins
 

@@ -1,4 +1,4 @@
-"""CI stand-ins (configs/ci-standins.yaml): named in one place with reasons, replacing only
+"""CI stand-ins (arcvllm/ci/standins.yaml): named in one place with reasons, replacing only
 what the stack pins, shaped as the real inputs; the base image and index in Docker."""
 
 from __future__ import annotations
