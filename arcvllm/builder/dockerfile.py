@@ -4,7 +4,12 @@ dockerfile-parse, for every reader (the audit's stages, the stacks' ARG check)."
 from __future__ import annotations
 
 import io
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
+from arcvllm.builder.shell import substitute, unquote
 from arcvllm.errors import Unavailable
 
 
@@ -37,13 +42,6 @@ def stages(text: str) -> list[tuple[str, list[tuple[str, str]]]]:
     return found
 
 
-def unquote(value: str) -> str:
-    value = value.strip()
-    if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
-        return value[1:-1]
-    return value
-
-
 def args(text: str) -> list[tuple[str, str, str | None]]:
     """(stage, name, default) for every ARG; stage "" is the global scope, and a stage
     without a name is "?"."""
@@ -63,3 +61,61 @@ def env_pairs(value: str) -> dict[str, str]:
     from dockerfile_parse.util import get_key_val_dictionary
 
     return get_key_val_dictionary(value)
+
+
+@dataclass
+class Stage:
+    """One build stage: its name, what it is FROM (resolved), and its instructions."""
+
+    name: str
+    parent: str
+    instructions: list[tuple[str, str]] = field(default_factory=list)
+
+
+def parse_stages(text: str, build_args: Mapping[str, str]) -> list[Stage]:
+    """The stages of a Dockerfile (dockerfile-parse), FROM lines resolved with global ARGs."""
+    stages: list[Stage] = []
+    global_args: dict[str, str] = {}
+    for instruction, value in instructions(text):
+        if instruction == "FROM":
+            words = [w for w in value.split() if not w.startswith("--platform")]
+            parent = substitute(words[0], global_args)
+            name = words[2] if len(words) >= 3 and words[1].lower() == "as" else str(len(stages))
+            stages.append(Stage(name, parent))
+        elif not stages:
+            if instruction == "ARG":
+                key, _, default = value.partition("=")
+                global_args[key.strip()] = build_args.get(key.strip(), unquote(default))
+        else:
+            stages[-1].instructions.append((instruction, value))
+    for stage in stages:
+        stage.instructions.insert(0, ("GLOBALS", json.dumps(global_args)))
+    return stages
+
+
+def by_name(stages: Sequence[Stage]) -> dict[str, Stage]:
+    return {s.name.lower(): s for s in stages}
+
+
+def chain(stages: Sequence[Stage], final: Stage) -> list[Stage]:
+    """FINAL and the stages it is FROM, root first."""
+    names, out, stage = by_name(stages), [], final
+    while stage is not None and stage not in out:
+        out.insert(0, stage)
+        stage = names.get(stage.parent.lower())
+    return out
+
+
+def venv_stages(stages: Sequence[Stage], final: Stage) -> list[Stage]:
+    """Stages whose pip steps reach FINAL: its chain and, recursively, its COPY --from ones."""
+    names, keep, todo = by_name(stages), set(), [final]
+    while todo:
+        for stage in chain(stages, todo.pop()):
+            if stage.name in keep:
+                continue
+            keep.add(stage.name)
+            for instruction, value in stage.instructions:
+                m = re.search(r"--from=(\S+)", value) if instruction == "COPY" else None
+                if m and (source := names.get(m.group(1).lower())) is not None:
+                    todo.append(source)
+    return [s for s in stages if s.name in keep]

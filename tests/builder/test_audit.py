@@ -10,7 +10,7 @@ import pytest
 import yaml
 from conftest import ROOT, free_port
 
-from arcvllm.builder import audit, lock, stack
+from arcvllm.builder import audit, facts, lock, sdist, shell, stack
 from arcvllm.cli import main
 
 # vllm-0.23.0.tar.gz as PyPI's simple index lists it (36624042 bytes).
@@ -42,20 +42,20 @@ def _stacks_file(tmp_path, differences=None, **args):
 
 @pytest.fixture(scope="module")
 def release_0_23():
-    path = audit.fetch_sdist({"VLLM_SDIST_SHA256": SHA_0_23}, "0.23.0", audit.default_cache())
-    return audit.read_release(path, "0.23.0", SHA_0_23)
+    path = sdist.fetch_sdist({"VLLM_SDIST_SHA256": SHA_0_23}, "0.23.0", sdist.default_cache())
+    return sdist.read_release(path, "0.23.0", SHA_0_23)
 
 
 # ---- the pure parts ------------------------------------------------------------------------
 
 
 def test_shell_commands_follow_the_if_the_build_args_decide():
-    script = audit.substitute(
+    script = shell.substitute(
         'set -eux; if [ -n "$URL" ]; then pip uninstall -y oneccl || true; fi; '
         'if [ -n "$SHIM" ]; then pip install "triton==$SHIM"; else echo none; fi',
         {"URL": "", "SHIM": "3.8.0+xpu"},
     )
-    run = [c[:3] for c in audit.commands(script)]
+    run = [c[:3] for c in shell.commands(script)]
     assert ["pip", "uninstall", "-y"] not in run
     assert ["pip", "install", "triton==3.8.0+xpu"] in run
     assert ["echo", "none"] not in run
@@ -63,11 +63,11 @@ def test_shell_commands_follow_the_if_the_build_args_decide():
 
 def test_variables_resolve_as_the_shell_would_and_unknown_ones_stay():
     values = {"LOCK": "configs/locks/x.txt", "EMPTY": "", "IDX": "https://i"}
-    assert audit.substitute("${LOCK#configs/locks/}", values) == "x.txt"
-    assert audit.substitute("${EMPTY:-d} ${IDX:+--extra-index-url $IDX}", values) == (
+    assert shell.substitute("${LOCK#configs/locks/}", values) == "x.txt"
+    assert shell.substitute("${EMPTY:-d} ${IDX:+--extra-index-url $IDX}", values) == (
         "d --extra-index-url https://i"
     )
-    assert audit.substitute("$LD_LIBRARY_PATH:/usr/local/lib", values) == (
+    assert shell.substitute("$LD_LIBRARY_PATH:/usr/local/lib", values) == (
         "$LD_LIBRARY_PATH:/usr/local/lib"
     )
 
@@ -89,26 +89,26 @@ def test_facts_of_a_dockerfile_come_from_the_target_stages_chain():
             "ENV CCL_ZE_IPC_EXCHANGE=sockets",
         ]
     )
-    facts = audit.dockerfile_facts(text, {"PYTHON_VERSION": "3.12"}, lambda _: None, "final")
-    values = facts.values
+    found = facts.dockerfile_facts(text, {"PYTHON_VERSION": "3.12"}, lambda _: None, "final")
+    values = found.values
     assert values["base"] == "ubuntu:24.04"
     assert values["python"] == "3.12"
     assert {k for k in values if k.startswith("apt:")} == {"apt:vim", "apt:python3.12-dev"}
     assert values["env:LD_LIBRARY_PATH"] == "/opt/venv/lib:$LD_LIBRARY_PATH"
     assert values["env:CCL_ZE_IPC_EXCHANGE"] == "sockets"
     assert values["pin:torch"] == "2.11.0+xpu"
-    assert facts.uninstalled == {"oneccl"} and "oneccl" not in facts.installed
+    assert found.uninstalled == {"oneccl"} and "oneccl" not in found.installed
 
 
 def test_a_script_a_run_step_mounts_and_runs_is_read_with_its_arguments():
     text = (ROOT / "docker" / "build-vllm-xpu.sh").read_text()
-    run = list(audit.script_commands(text, ["/src/vllm", "/tmp/reqs.txt", "/tmp/dist"], {}))
+    run = list(shell.script_commands(text, ["/src/vllm", "/tmp/reqs.txt", "/tmp/dist"], {}))
     assert ["pip", "install", "--no-deps", "--require-hashes", "-r", "/tmp/reqs.txt"] in run
 
 
 def test_compare_names_unlisted_and_stale_differences():
-    release = audit.Facts({"base": "a", "apt:vim": "installed", "pin:torch": "2"})
-    ours = audit.Facts({"base": "b", "pin:torch": "2", "env:HF_HOME": "/x"})
+    release = facts.Facts({"base": "a", "apt:vim": "installed", "pin:torch": "2"})
+    ours = facts.Facts({"base": "b", "pin:torch": "2", "env:HF_HOME": "/x"})
     rows = audit.compare(release, ours, {"base": "we build on Ubuntu", "pin:torch": "why"})
     status = {r.key: r.status for r in rows}
     assert status == {
@@ -180,18 +180,18 @@ def test_an_unreachable_sdist_fails_with_one_line(tmp_path, capsys):
 
 @pytest.mark.vllm
 def test_the_audit_reads_the_release_0_23_0_facts(release_0_23):
-    facts = audit.release_facts(release_0_23).values
-    assert facts["base"] == "intel/deep-learning-essentials:2025.3.2-0-devel-ubuntu24.04"
-    assert facts["oneccl-installer"] == "intel-oneccl-2021.15.9.14_offline.sh"
-    assert facts["pin:torch"] == "2.11.0+xpu"
-    assert facts["pin:triton-xpu"] == "3.7.0"  # the lock's, and the "FIX triton" reinstall's
-    assert facts["pin:vllm-xpu-kernels"] == "0.1.9"
-    assert facts["apt:python3.12-dev"] == "installed"
-    assert facts["deb:level-zero"] == "1.26.0+u24.04"
-    assert facts["env:VLLM_TARGET_DEVICE"] == "xpu"
-    assert facts["wheel:intel-sycl-rt"] == "2025.3.2"
-    assert facts["req:openai"] == "installed"  # resolved from vLLM's ranges at build time
-    rows = {r.key: r for r in audit.compare(audit.release_facts(release_0_23), audit.Facts(), {})}
+    seen = facts.release_facts(release_0_23).values
+    assert seen["base"] == "intel/deep-learning-essentials:2025.3.2-0-devel-ubuntu24.04"
+    assert seen["oneccl-installer"] == "intel-oneccl-2021.15.9.14_offline.sh"
+    assert seen["pin:torch"] == "2.11.0+xpu"
+    assert seen["pin:triton-xpu"] == "3.7.0"  # the lock's, and the "FIX triton" reinstall's
+    assert seen["pin:vllm-xpu-kernels"] == "0.1.9"
+    assert seen["apt:python3.12-dev"] == "installed"
+    assert seen["deb:level-zero"] == "1.26.0+u24.04"
+    assert seen["env:VLLM_TARGET_DEVICE"] == "xpu"
+    assert seen["wheel:intel-sycl-rt"] == "2025.3.2"
+    assert seen["req:openai"] == "installed"  # resolved from vLLM's ranges at build time
+    rows = {r.key: r for r in audit.compare(facts.release_facts(release_0_23), facts.Facts(), {})}
     assert rows["uninstall:oneccl"].release == "removed"  # "remove torch bundled oneccl"
     assert rows["uninstall:triton"].release == "removed"  # "FIX triton"
 
@@ -261,8 +261,8 @@ def test_xpu_0_33_resolves_from_the_indexes_its_release_names():
 
     s = stack.get("xpu-0.33")
     args = s.build_args()
-    path = audit.fetch_sdist(args, s.vllm_version, audit.default_cache())
-    release = audit.read_release(path, s.vllm_version, args["VLLM_SDIST_SHA256"])
+    path = sdist.fetch_sdist(args, s.vllm_version, sdist.default_cache())
+    release = sdist.read_release(path, s.vllm_version, args["VLLM_SDIST_SHA256"])
     named = set(re.findall(r"--extra-index-url[= ](\S+)", release.files["xpu"]))
     assert named == {args["TORCH_INDEX_URL"], args["TRITON_INDEX_URL"]}
     assert "triton==3.8.0+xpu" in (ROOT / args["XPU_LOCK"]).read_text().split()

@@ -22,7 +22,7 @@ import yaml
 from conftest import ROOT
 from support.engine import docker, xpu_ci_image
 
-from arcvllm.builder import audit, index, stack
+from arcvllm.builder import facts, index, shell, stack
 from arcvllm.ci import standins
 
 XPU_STACKS = ["xpu-0.20", "xpu-0.23", "xpu-0.33"]
@@ -37,8 +37,8 @@ STATEFULSET = ROOT / "deploy" / "kubernetes" / "base" / "vllm-statefulset.yaml"
 def image_env(name: str) -> dict[str, str]:
     """The XPU runtime image's environment for stack NAME (ENV of its stage chain)."""
     args = stack.get(name, flavor="xpu").build_args()
-    facts = audit.our_facts(DOCKERFILE.read_text(), args, ROOT)
-    return {k[4:]: v for k, v in facts.values.items() if k.startswith("env:")}
+    ours = facts.our_facts(DOCKERFILE.read_text(), args, ROOT)
+    return {k[4:]: v for k, v in ours.values.items() if k.startswith("env:")}
 
 
 def under(path: str, mount: str) -> bool:
@@ -128,7 +128,7 @@ def dockerfile_install_args(index_url: str) -> list[str]:
     m = re.search(r'install-vllm-xpu \S+ "[^"]+" "\$VLLM_DEPS_FROM"([^;]*);', text)
     assert m, "the Dockerfile runs install-vllm-xpu no more"
     values = {"TORCH_INDEX_URL": index_url, "TRITON_INDEX_URL": index_url}
-    return shlex.split(audit.substitute(m.group(1), values))
+    return shlex.split(shell.substitute(m.group(1), values))
 
 
 def pep503(root: Path, wheels: list[tuple[standins.Wheel, dict[str, str]]]) -> str:
