@@ -43,3 +43,8 @@ class Degraded(ArcvllmError):
     command returns after naming what is missing."""
 
     exit_code = 4
+
+
+def status(failed: bool) -> int:
+    """The exit status of a check that printed its findings itself: CheckFailed's, or 0."""
+    return CheckFailed.exit_code if failed else 0

@@ -22,7 +22,7 @@ from typing import Any
 
 from arcvllm import options
 from arcvllm.builder.stack import FLAVORS
-from arcvllm.errors import ArcvllmError, UsageError
+from arcvllm.errors import ArcvllmError, UsageError, status
 from arcvllm.paths import configs_dir
 from arcvllm.text import columns
 
@@ -718,8 +718,8 @@ def _check_arguments(presets: Mapping[str, Preset], doc: dict[str, Any]) -> int 
         print(columns([("PRESET", "RESULT"), *results]))
     if not any(r == "ok" for _, r in results):
         doc["problems"].append("no preset covers this vLLM version")
-        return 1
-    return 1 if any(r.startswith("FAIL") for _, r in results) else 0
+        return status(True)
+    return status(any(r.startswith("FAIL") for _, r in results))
 
 
 def _check_kernels(presets: Mapping[str, Preset], given: Sequence[str], doc: dict) -> int:
@@ -748,7 +748,7 @@ def _check_kernels(presets: Mapping[str, Preset], given: Sequence[str], doc: dic
             print(f"note: {note}")
         print(f"\nMemory per GPU: gpu-memory-utilization x {GPU_GIB:.0f} GiB")
         print(columns(fits))
-    return 1 if failures or too_big else 0
+    return status(bool(failures or too_big))
 
 
 # ---- CLI ----

@@ -89,3 +89,34 @@ def test_each_kind_carries_its_exit_status(name, status):
     assert issubclass(kind, errors.ArcvllmError) and kind.__doc__
     assert kind("x").exit_code == status == kind.exit_code
     assert str(kind("one line")) == "one line"
+
+
+# `return N` of a constant 1-4 that is not an exit status, each with its reason.
+NOT_EXIT_STATUSES = {
+    ("patching/probe.py", "dim"),  # a tensor's number of dimensions
+}
+
+
+def test_no_command_spells_an_exit_status_as_a_number():
+    """A failed check returns errors.status(...) or raises one of the vocabulary: a literal
+    `return 1` (or 2, 3, 4) says nothing of who must act."""
+    found = []
+    for where, tree in _modules():
+        for func in ast.walk(tree):
+            if not isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for node in ast.walk(func):
+                if (
+                    isinstance(node, ast.Return)
+                    and isinstance(node.value, ast.Constant)
+                    and type(node.value.value) is int
+                    and 1 <= node.value.value <= 4
+                    and (where, func.name) not in NOT_EXIT_STATUSES
+                ):
+                    found.append(f"{where}:{node.lineno} {func.name}: return {node.value.value}")
+    assert found == []
+
+
+@pytest.mark.parametrize(("failed", "code"), [(True, errors.CheckFailed.exit_code), (False, 0)])
+def test_a_check_that_printed_its_findings_exits_as_checkfailed(failed, code):
+    assert errors.status(failed) == code

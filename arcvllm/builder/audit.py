@@ -24,7 +24,7 @@ from arcvllm import options
 from arcvllm.builder import index, lock
 from arcvllm.builder.facts import Facts, our_facts, release_facts, requirement_facts
 from arcvllm.builder.sdist import Release, default_cache, release_of
-from arcvllm.errors import ArcvllmError, Unavailable, UsageError
+from arcvllm.errors import ArcvllmError, Unavailable, UsageError, status
 from arcvllm.paths import data_root
 from arcvllm.text import columns
 
@@ -285,7 +285,7 @@ def _cmd(args: argparse.Namespace) -> int:
         print(table(result.rows))
     for line in result.problems():
         print(f"arcvllm: {line}", file=sys.stderr)
-    return 1 if result.problems() else 0
+    return status(bool(result.problems()))
 
 
 def register(sub: argparse._SubParsersAction) -> None:

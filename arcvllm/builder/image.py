@@ -400,8 +400,7 @@ def register(subparsers) -> None:
         "(gateway, router, prometheus, alertmanager) with the stack's pinned args, the "
         "commit's revision and time, and the CA bundle as a secret.",
     )
-    parser.set_defaults(func=lambda a: parser.print_help() or 2)
-    sub = parser.add_subparsers(dest="action", metavar="ACTION")
+    sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     b = sub.add_parser("build", help="build one image")
     b.add_argument(
         "stack",

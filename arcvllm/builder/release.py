@@ -27,7 +27,7 @@ from packaging.version import InvalidVersion, Version
 
 from arcvllm import options
 from arcvllm.builder import image
-from arcvllm.errors import ArcvllmError, CheckFailed, UsageError
+from arcvllm.errors import ArcvllmError, CheckFailed, UsageError, status
 
 SBOM_PATH = "/opt/arcvllm/sbom.cdx.json"
 KEYLESS = "keyless"  # --key keyless: cosign's keyless signing (the hosted workflow's OIDC)
@@ -426,7 +426,7 @@ def _cmd(args) -> int:
             differ = compare(args.first, args.second)
             digests = (layout_digest(args.first), layout_digest(args.second))
             print(json.dumps({"digests": digests, "differ": differ}, indent=2))
-            return 1 if differ else 0
+            return status(bool(differ))
         differ = compared(args.first, args.second, args.limit)
         if differ:
             raise CheckFailed(f"the two builds differ in {len(differ)} files")
@@ -452,19 +452,17 @@ def _cmd(args) -> int:
         else:
             for r in results:
                 print(f"{'ok  ' if r['ok'] else 'FAIL'} {r['ref']}  {r['detail']}")
-        return 0 if all(r["ok"] for r in results) else 1
-    if args.action == "build":
-        stacks, sides = _names(args.stacks), _names(args.sides)
-        manifest = release(args.version, args.registry, args.key, args.out, stacks, sides)
-        if args.json:
-            print(json.dumps(manifest, indent=2))
-        else:
-            for e in manifest["images"]:
-                print(f"{e['name']:14} {e['ref']}")
-            print(f"manifest: {args.out / 'manifest.json'}")
-        return 0
-    args.parser.print_help()
-    return 2
+        return status(not all(r["ok"] for r in results))
+    # build (argparse offers no other action)
+    stacks, sides = _names(args.stacks), _names(args.sides)
+    manifest = release(args.version, args.registry, args.key, args.out, stacks, sides)
+    if args.json:
+        print(json.dumps(manifest, indent=2))
+    else:
+        for e in manifest["images"]:
+            print(f"{e['name']:14} {e['ref']}")
+        print(f"manifest: {args.out / 'manifest.json'}")
+    return 0
 
 
 def register(subparsers) -> None:
@@ -475,8 +473,8 @@ def register(subparsers) -> None:
         "to REGISTRY, signed with a cosign key, its SBOM attested, and manifest.json "
         "written. `release verify`: cosign's verdict on every digest of a manifest.",
     )
-    parser.set_defaults(func=_cmd, action=None, parser=parser)
-    sub = parser.add_subparsers(dest="action", metavar="ACTION")
+    parser.set_defaults(func=_cmd)
+    sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     b = sub.add_parser("build", help="the release (make release VERSION=...)")
     b.add_argument("--version", required=True)
     b.add_argument("--registry", required=True, help="HOST[:PORT][/PATH] to push to")

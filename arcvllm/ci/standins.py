@@ -28,7 +28,7 @@ from pathlib import Path
 
 from arcvllm import options
 from arcvllm.engine import docker_binary
-from arcvllm.errors import ArcvllmError, Unavailable, UsageError
+from arcvllm.errors import ArcvllmError, Unavailable, UsageError, status
 from arcvllm.paths import configs_dir
 
 # Where `make` writes, relative to the checkout, and where the build sees it.
@@ -520,14 +520,14 @@ def _cmd(args: argparse.Namespace) -> int:
                 print(f"{part}: {d['state']} ({d['seconds']} s)")
             for problem in problems:
                 print(f"arcvllm: standins: {problem}", file=sys.stderr)
-        return 1 if problems else 0
+        return status(bool(problems))
     if args.action == "check":
         problems = check_base(config, root)
         if args.json:
             print(json.dumps({"ok": not problems, "problems": problems}, indent=2))
         else:
             print("\n".join(problems) or "base stand-in: ubuntu:24.04 shape, GPU debs install")
-        return 1 if problems else 0
+        return status(bool(problems))
     return 0
 
 

@@ -145,7 +145,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(command.python, command.argv, effective_env(command, os.environ))
-    return 1  # not reached
+    raise AssertionError("not reached: os.execve replaced this process")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
