@@ -28,28 +28,31 @@ def instructions(text: str) -> list[tuple[str, str]]:
     ]
 
 
+def from_line(value: str, index: int) -> tuple[str, str]:
+    """(parent, stage name) of a FROM's VALUE, the stage's INDEX naming a stage without a
+    name, as `COPY --from=N` does."""
+    words = [w for w in value.split() if not w.startswith("--platform")]
+    named = len(words) >= 3 and words[1].lower() == "as"
+    return words[0], words[2] if named else str(index)
+
+
 def stages(text: str) -> list[tuple[str, list[tuple[str, str]]]]:
-    """(name, its instructions after FROM) of each stage; a stage without a name is named
-    by its index, as `COPY --from=N` does."""
+    """(name, its instructions after FROM) of each stage."""
     found: list[tuple[str, list[tuple[str, str]]]] = []
     for instruction, value in instructions(text):
         if instruction == "FROM":
-            words = [w for w in value.split() if not w.startswith("--platform")]
-            named = len(words) >= 3 and words[1].lower() == "as"
-            found.append((words[2] if named else str(len(found)), []))
+            found.append((from_line(value, len(found))[1], []))
         elif found:
             found[-1][1].append((instruction, value))
     return found
 
 
 def args(text: str) -> list[tuple[str, str, str | None]]:
-    """(stage, name, default) for every ARG; stage "" is the global scope, and a stage
-    without a name is "?"."""
-    stage, found = "", []
+    """(stage, name, default) for every ARG; stage "" is the global scope."""
+    stage, count, found = "", 0, []
     for instruction, value in instructions(text):
         if instruction == "FROM":
-            words = [w for w in value.split() if not w.startswith("--platform")]
-            stage = words[2] if len(words) >= 3 and words[1].lower() == "as" else "?"
+            stage, count = from_line(value, count)[1], count + 1
         elif instruction == "ARG":
             name, eq, default = value.strip().partition("=")
             found.append((stage, name.strip(), unquote(default) if eq else None))
@@ -78,10 +81,8 @@ def parse_stages(text: str, build_args: Mapping[str, str]) -> list[Stage]:
     global_args: dict[str, str] = {}
     for instruction, value in instructions(text):
         if instruction == "FROM":
-            words = [w for w in value.split() if not w.startswith("--platform")]
-            parent = substitute(words[0], global_args)
-            name = words[2] if len(words) >= 3 and words[1].lower() == "as" else str(len(stages))
-            stages.append(Stage(name, parent))
+            parent, name = from_line(value, len(stages))
+            stages.append(Stage(name, substitute(parent, global_args)))
         elif not stages:
             if instruction == "ARG":
                 key, _, default = value.partition("=")
