@@ -122,6 +122,7 @@ def bench(opts: BenchOptions) -> dict[str, Any]:
     preset = get_preset(opts.preset) if opts.preset else None
     client = opts.client(opts.base_url)
     served = discover(client, opts.model, opts.preset, opts.block_size, opts.log)
+    plain = plain_server(opts, client, served.model) if opts.plain_url else None
     tokenizer = resolve_tokenizer(opts.tokenizer, preset.model if preset else None, served.model)
     python = vllm_python(opts.vllm_python)
     opts.out.mkdir(parents=True, exist_ok=True)
@@ -133,7 +134,7 @@ def bench(opts: BenchOptions) -> dict[str, Any]:
         "base_url": client.root,
         "block_size": served.block_size,
         "max_model_len": served.max_model_len,
-        **measure(opts, client, served, python, tokenizer, rng),
+        **measure(opts, client, served, python, tokenizer, rng, plain),
     }
     report["summary"] = summary_metrics(report)
     reference = load_reference(preset.reference) if preset and preset.reference else None
@@ -154,9 +155,11 @@ def measure(
     python: str,
     tokenizer: str,
     rng: random.Random,
+    plain: Client | None = None,
 ) -> dict[str, Any]:
     """Every measurement of one run, in bench.json's order: vLLM's bench, the block
-    crossings, the prefix cache, the server's speculation counters, the plain server."""
+    crossings, the prefix cache, the server's speculation counters, the PLAIN server's
+    decode of the same prompts."""
     from arcvllm.server import metrics as m
 
     root, model = client.root, served.model
@@ -193,7 +196,7 @@ def measure(
         "speculation": speculation_summary(
             spec_after - spec_before if spec_before and spec_after else None
         ),
-        "compare": compare_plain(opts, client, served, rng) if opts.plain_url else None,
+        "compare": compare_plain(opts, client, plain, served, rng) if plain else None,
         "runs": [[asdict(s) for s in token_steps(st, served.block_size)] for st in streams],
     }
 
@@ -223,13 +226,27 @@ def run_vllm_bench_of(
     return run_vllm_bench(python, args, opts.out, env)
 
 
-def compare_plain(
-    opts: BenchOptions, client: Client, served: Served, rng: random.Random
-) -> dict[str, Any]:
-    """The same prompts on --plain-url, which must serve the same model, and on CLIENT."""
-    opts.say(f"  speculative vs plain ({opts.plain_url}): {opts.runs} streams each, same prompts")
+def plain_server(opts: BenchOptions, client: Client, model: str) -> Client:
+    """--plain-url's server: it serves MODEL and does not speculate, and CLIENT's does."""
+    from arcvllm.server import metrics as m
+
     plain = opts.client(str(opts.plain_url))
-    served_model(plain, served.model)
+    served_model(plain, model)
+    if m.spec_decode(plain.metrics(), model) is not None:
+        raise UsageError(f"--plain-url {opts.plain_url} speculates: name its plain twin's server")
+    if m.spec_decode(client.metrics(), model) is None:
+        raise UsageError(
+            f"--base-url {client.root} does not speculate: --plain-url compares a speculative "
+            "server with its plain twin"
+        )
+    return plain
+
+
+def compare_plain(
+    opts: BenchOptions, client: Client, plain: Client, served: Served, rng: random.Random
+) -> dict[str, Any]:
+    """The same prompts on PLAIN (--plain-url) and on CLIENT."""
+    opts.say(f"  speculative vs plain ({opts.plain_url}): {opts.runs} streams each, same prompts")
     return compare_speculation(
         client, plain, served.model, served.block_size, served.max_model_len,
         opts.crossings, opts.runs, rng,

@@ -356,3 +356,19 @@ def test_bench_without_a_server_is_exit_3(bench_cli, tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 3 and err.startswith(f"arcvllm: cannot reach a vLLM server at {url}: ")
     assert err.count("\n") == 1
+
+
+def test_bench_refuses_a_plain_url_pair_it_cannot_compare_before_anything_is_written(
+    bench_cli, http_server, tmp_path
+):
+    """Neither fake speculates: the pair is refused naming --base-url (tests/bench/
+    test_bench_servers.py refuses a speculating --plain-url with real servers)."""
+    from support.fakeserver import Fake, handler
+
+    plain = http_server(handler(Fake()))
+    code, out, err = bench_cli(Fake(), "--plain-url", plain)
+    assert (code, out) == (2, "")
+    assert err.startswith("arcvllm: --base-url URL does not speculate: ") and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+    code, _, err = bench_cli(Fake(), "--plain-url", http_server(handler(Fake(models=("x",)))))
+    assert code == 2 and "model 'tiny-hybrid' is not served at" in err

@@ -46,17 +46,19 @@ def start_preset_server(
     return proc, f"http://127.0.0.1:{port}", log
 
 
-def smoke(url: str, log: Path, report: Path, *extra: str) -> subprocess.CompletedProcess:
-    """`arcvllm smoke` against URL, the server's log as its log source, the report at REPORT."""
+def arcvllm(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    """`arcvllm ARGS` from the checkout, as a client of a server: its output captured."""
     return subprocess.run(
-        [
-            sys.executable,
-            *("-m", "arcvllm", "smoke", "--base-url", url),
-            *("--log-file", str(log), "--out", str(report)),
-            *extra,
-        ],
+        [sys.executable, "-m", "arcvllm", *args],
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=timeout,
         cwd=ROOT,
+    )
+
+
+def smoke(url: str, log: Path, report: Path, *extra: str) -> subprocess.CompletedProcess:
+    """`arcvllm smoke` against URL, the server's log as its log source, the report at REPORT."""
+    return arcvllm(
+        *("smoke", "--base-url", url, "--log-file", str(log), "--out", str(report)), *extra
     )
