@@ -305,6 +305,11 @@ def test_a_patch_that_applies_but_does_not_fix_is_rolled_back(tmp_path):
             "mamba-block-size-align-warning=applied,mamba-copy-uint64=applied,"
             "mamba-fused-u64=applied",
         ),
+        (  # the default XPU stack's release (xpu-0.23)
+            "0.23.0",
+            "mamba-block-size-align-warning=applied,mamba-copy-uint64=applied,"
+            "mamba-fused-u64=applied",
+        ),
         (
             "0.28.0",
             "mamba-block-size-align-warning=applied,mamba-copy-uint64=upstream,"
