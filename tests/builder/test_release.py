@@ -598,14 +598,6 @@ def test_the_engine_is_current_with_buildkit_buildx_and_the_containerd_store(eng
     assert int(compose.split(".")[0]) >= 2, compose
 
 
-@pytest.fixture(scope="module")
-def engine():
-    """The engine scripts/ci/engine.sh starts, unless DOCKER_HOST names another."""
-    socket = Path("/run/arcvllm-docker/docker.sock")
-    if "DOCKER_HOST" not in os.environ and socket.exists():
-        os.environ["DOCKER_HOST"] = f"unix://{socket}"
-
-
 def test_a_keyed_release_needs_the_public_key_beside_the_private_one(tmp_path):
     key = tmp_path / "cosign.key"
     key.write_text("private")

@@ -20,7 +20,6 @@ from arcvllm.cli import main
 from arcvllm.engine import docker_binary
 from arcvllm.errors import ArcvllmError
 
-ENGINE_SOCKET = "/run/arcvllm-docker/docker.sock"
 # The docker tests here read what `make build-xpu-ci` makes (scripts/ci/standins.sh).
 pytestmark = pytest.mark.xpu_ci
 
@@ -374,14 +373,6 @@ def test_the_shape_check_fails_on_each_difference(config, key, value, says):
 
 
 # ---- in Docker: the base image, the debs on it, pip and the index -------------------------
-
-
-@pytest.fixture(scope="module")
-def engine() -> None:
-    if "DOCKER_HOST" not in os.environ and Path(ENGINE_SOCKET).exists():
-        os.environ["DOCKER_HOST"] = f"unix://{ENGINE_SOCKET}"
-    if subprocess.run([docker_binary(), "version"], capture_output=True).returncode != 0:
-        pytest.fail("no Docker engine answers: run scripts/ci/engine.sh up (or make test)")
 
 
 @pytest.fixture(scope="module")
