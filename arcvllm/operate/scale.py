@@ -93,7 +93,9 @@ class Deployment:
 
     env_file: Path
     project: str = PROJECT
-    settings: dict[str, str] = field(default_factory=dict)
+    # What `scale` decides (e.g. the router's workers), over the caller's environment and
+    # the settings file when compose runs: never written to the settings file.
+    overrides: dict[str, str] = field(default_factory=dict)
 
     @property
     def replicas_file(self) -> Path:
@@ -108,12 +110,11 @@ class Deployment:
 
     def compose(self) -> compose.Project:
         """compose.yaml + compose.scale.yaml (+ the replicas' file while it is there), with
-        SETTINGS (what `scale` decided, e.g. the router's workers) over the caller's
-        environment."""
+        the OVERRIDES over the caller's environment."""
         files = docker_dir()
         made = (self.replicas_file,) if self.replicas_file.is_file() else ()
         paths = (files / "compose.yaml", files / "compose.scale.yaml", *made)
-        return compose.Project(self.project, self.env_file, paths, env=dict(self.settings))
+        return compose.Project(self.project, self.env_file, paths, env=dict(self.overrides))
 
     def command(self, profiles: tuple[str, ...] = ()) -> list[str]:
         return self.compose().argv(profiles=profiles)
@@ -274,7 +275,7 @@ def up(args: argparse.Namespace, health: Health | None = None, status=None) -> i
         if failed:
             dep.stop(tuple(failed), p.profiles)  # stopped: restart: unless-stopped holds it
         serving = [r for r in p.replicas if r not in failed]
-        dep.settings["ROUTER_WORKER_URLS"] = p.worker_urls(serving)
+        dep.overrides["ROUTER_WORKER_URLS"] = p.worker_urls(serving)
         compose_up(dep, p.profiles, "--no-deps", p.router)
         status = status or status_inside(dep, p.router, p.profiles)
         wait_router("http://127.0.0.1:8000", args.router_timeout, status=status)
