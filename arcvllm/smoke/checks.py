@@ -20,18 +20,13 @@ from arcvllm.server import metrics as m
 from arcvllm.server.client import Client, Stream, WaitTimeout
 from arcvllm.server.discovery import discover, requested_model
 from arcvllm.server.log import LOG_TAIL_LINES, LogSource, find_crash
+from arcvllm.server.oracle import TIE_NATS, check_against_plain, tokens_of
+from arcvllm.server.report import Check, Report
 from arcvllm.server.stats import percentile
-from arcvllm.smoke.report import Check, SmokeReport
 from arcvllm.text import error_line
 
 CONCURRENT_STREAMS = 8
 PREFIX_HIT_FRACTION = 0.9
-# A speculative token is the plain model's greedy choice when it is the top token of the
-# plain model's prediction at its position, or within this many nats of it: a bf16 tie
-# (one bf16 step at |logit| 8-16). Verifying several tokens per step computes the same
-# math in another order, which flips near-ties of a random-weight model (measured on the
-# tiny model: 4 of 280 tokens, gaps <= 0.016 nats); a corrupted state is off by far more.
-TIE_NATS = 0.0625
 # Text the prompts are made of; its token ids are tiled to exact lengths.
 PROMPT_TEXT = (
     "The mamba state of each request is copied when its length crosses a block boundary. "
@@ -126,43 +121,6 @@ def decode_checkpoint_tokens(cache_config: dict[str, str], block_size: int) -> i
     return 2 * block_size // int(interval) * int(interval)
 
 
-@dataclass(frozen=True)
-class GreedyCheck:
-    """How a decoded sequence compares with the plain model's greedy choice per position."""
-
-    tokens: int = 0
-    ties: tuple[float, ...] = ()  # gaps (nats) of tokens that were a tie, not the top one
-    misses: tuple[tuple[str, int, float], ...] = ()  # (sequence, output index, gap)
-
-    def __add__(self, other: GreedyCheck) -> GreedyCheck:
-        return GreedyCheck(
-            self.tokens + other.tokens, self.ties + other.ties, self.misses + other.misses
-        )
-
-
-def greedy_check(
-    name: str,
-    prompt_len: int,
-    output: list[int],
-    logprobs: list[dict[int, float] | None],
-    tie: float = TIE_NATS,
-) -> GreedyCheck:
-    """Whether each OUTPUT token is the greedy choice of the plain model whose per-position
-    LOGPROBS (prompt_logprobs of prompt + output, one prefill) are given."""
-    ties, misses = [], []
-    for i, token in enumerate(output):
-        entry = logprobs[prompt_len + i] if prompt_len + i < len(logprobs) else None
-        if not entry:
-            misses.append((name, i, float("inf")))
-            continue
-        gap = max(entry.values()) - entry.get(token, float("-inf"))
-        if gap > tie:
-            misses.append((name, i, gap))
-        elif gap > 0:
-            ties.append(gap)
-    return GreedyCheck(len(output), tuple(ties), tuple(misses))
-
-
 def expected_prefix_hits(blocks: int, block_size: int, speculative: bool) -> int:
     """Tokens the repeat of a prompt of BLOCKS full blocks + 1 must hit.
 
@@ -173,14 +131,6 @@ def expected_prefix_hits(blocks: int, block_size: int, speculative: bool) -> int
     """
     full = blocks - 1 if speculative else blocks
     return int(PREFIX_HIT_FRACTION * full * block_size)
-
-
-def tokens_of(base: list[int], length: int, shift: int = 0) -> list[int]:
-    """LENGTH token ids: BASE tiled, rotated by SHIFT (distinct prompts, same vocabulary)."""
-    if not base:
-        raise ArcvllmError("the server's tokenizer returned no tokens for the prompt text")
-    n = len(base)
-    return [base[(i + shift) % n] for i in range(length)]
 
 
 # ---------------------------------------------------------------- the edges
@@ -249,7 +199,7 @@ class Smoke:
         client: Client,
         model: str,
         p: CheckPlan,
-        report: SmokeReport,
+        report: Report,
         expect_speculation: bool = False,
     ) -> None:
         self.expect_speculation = expect_speculation  # the preset has a speculative-config
@@ -291,6 +241,14 @@ class Smoke:
         crossed = sum(1 for k in (1, 2) if total > k * p.block_size)
         self.report.outputs["decode"] = out.output()
         self.decoded.append(("decode", prompt, out.token_ids))
+        # Counting the tokens proves nothing: each must be the plain model's greedy choice
+        # (a state spoiled at the crossing decodes fluent, finite, wrong tokens).
+        try:
+            sequence = [("decode", prompt, out.token_ids)]
+            greedy = check_against_plain(self.client, self.model, sequence)
+            tokens_seen = greedy.summary() + " = plain greedy"
+        except Exception as exc:
+            greedy, tokens_seen = None, f"plain greedy not read: {error_line(exc)}"
         kept, must_hit = self._states_kept(prompt, out)
         gaps = out.token_gaps()
         if gaps:
@@ -310,8 +268,13 @@ class Smoke:
             and out.prompt_tokens == p.decode_prompt
             and crossed == 2
             and (must_hit == 0 or (kept is not None and kept >= must_hit))
+            and greedy is not None
+            and greedy.tokens == p.decode_tokens
+            and not greedy.misses
         )
+        expected += "; each = plain greedy"
         seen = f"{out.prompt_tokens} + {out.completion_tokens} = {total} tok, {crossed} crossed"
+        seen += f"; {tokens_seen}"
         if must_hit:
             expected += f"; re-sent: {must_hit} tok hit"
             seen += f"; re-sent: {kept} tok hit" if kept is not None else "; re-send failed"
@@ -452,31 +415,18 @@ class Smoke:
             return
         n = len(self.decoded)
         expected = f"{n} seq: each token = plain greedy (ties <= {TIE_NATS:g} nats)"
-        result = GreedyCheck()
         try:
             after = m.spec_decode(self.client.metrics(), self.model)
-            salt = uuid.uuid4().hex  # a cold prefill: the plain model, nothing cached
-            for name, prompt, output in sorted(self.decoded, key=lambda d: d[0]):
-                logprobs = self.client.prompt_logprobs(self.model, prompt + output, salt)
-                result += greedy_check(name, len(prompt), output, logprobs)
+            decoded = sorted(self.decoded, key=lambda d: d[0])
+            result = check_against_plain(self.client, self.model, decoded)
         except Exception as exc:
             self.add("speculative == plain", expected, error_line(exc), False)
             return
         if not n or not result.tokens:
             self.add("speculative == plain", expected, "no decoded tokens to check", False)
             return
-        seen = f"{result.tokens - len(result.misses)} of {result.tokens} tok"
-        if result.ties:
-            seen += f" ({len(result.ties)} bf16 ties, max {max(result.ties):.3f} nats)"
-        if result.misses:
-            name, index, gap = result.misses[0]
-            seen += f"; {len(result.misses)} off, first: {name} token {index} by {gap:.2f} nats"
-        self.add("speculative == plain", expected, seen, not result.misses)
-        self.report.outputs["greedy_check"] = {
-            "tokens": result.tokens,
-            "ties": list(result.ties),
-            "misses": [list(miss) for miss in result.misses],
-        }
+        self.add("speculative == plain", expected, result.summary(), not result.misses)
+        self.report.outputs["greedy_check"] = result.to_dict()
         run = (after or self.spec_before) - self.spec_before
         rate, length = run.acceptance_rate, run.mean_accepted_length
         self.report.measurements.update(
@@ -505,10 +455,10 @@ class Smoke:
             self.add("healthy at the end", "/health 200", "no answer", False)
 
 
-def run(opts: SmokeOptions) -> SmokeReport:
+def run(opts: SmokeOptions) -> Report:
     """Start the server if asked, run the checks, stop what was started."""
     t0 = time.perf_counter()
-    report = SmokeReport()
+    report = Report()
     client = Client(
         opts.base_url, opts.api_key, opts.request_timeout, opts.metrics_urls, opts.ca_cert
     )
@@ -542,7 +492,7 @@ def run(opts: SmokeOptions) -> SmokeReport:
 
 
 def _start(
-    opts: SmokeOptions, server: Lifecycle, client: Client, report: SmokeReport, t0: float
+    opts: SmokeOptions, server: Lifecycle, client: Client, report: Report, t0: float
 ) -> bool:
     """Start the server and wait for /health: the "server start" check."""
     server.start()
@@ -564,7 +514,7 @@ def _start(
     return ok
 
 
-def _finish(report: SmokeReport, opts: SmokeOptions, t0: float) -> SmokeReport:
+def _finish(report: Report, opts: SmokeOptions, t0: float) -> Report:
     report.failed = [c.name for c in report.checks if c.ok is False]
     report.verdict = "fail" if report.failed else "pass"
     if report.failed:

@@ -1,4 +1,4 @@
-"""`arcvllm smoke`: arguments in, SmokeReport out (table or JSON), exit 1 on a failed check."""
+"""`arcvllm smoke`: arguments in, Report out (table or JSON), exit 1 on a failed check."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 from arcvllm.options import add_json, add_server, url
 from arcvllm.server.log import LogSource
+from arcvllm.server.report import table
 from arcvllm.smoke.checks import ShellLifecycle, SmokeOptions, run
-from arcvllm.smoke.report import table
 
 DESCRIPTION = """\
 Proves a running vLLM server decodes a hybrid model across mamba blocks: reads the block

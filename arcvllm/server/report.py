@@ -1,4 +1,5 @@
-"""The smoke test's result: Check rows, the one screen an operator reads, the JSON."""
+"""The result of checks against a server (`arcvllm smoke`, `arcvllm verify`): Check rows,
+the one screen an operator reads, the JSON."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ class Check:
 
 
 @dataclass
-class SmokeReport:
+class Report:
     verdict: str = "fail"
     failed: list[str] = field(default_factory=list)
     server: dict[str, Any] = field(default_factory=dict)
@@ -52,16 +53,16 @@ def render_checks(checks: list[Check], width: int | None = None) -> str:
     return columns(rows, width=width, rule=True)
 
 
-def table(report: SmokeReport) -> str:
-    """The one screen an operator reads."""
+def table(report: Report, title: str = "smoke") -> str:
+    """The one screen an operator reads; TITLE names the command in its verdict line."""
     out = [render_checks(report.checks), ""]
     meas = ", ".join(f"{k}={v}" for k, v in report.measurements.items())
     out.append(f"measured (not asserted): {meas}")
     if report.verdict == "pass":
         passed = sum(1 for c in report.checks if c.ok)
-        out.append(f"smoke: PASS ({passed} checks)")
+        out.append(f"{title}: PASS ({passed} checks)")
         return "\n".join(out)
-    out.append(f"smoke: FAIL: {', '.join(report.failed)}")
+    out.append(f"{title}: FAIL: {', '.join(report.failed)}")
     if report.crash:
         out.append(f"server crashed: {report.crash}")
     if report.log_tail:

@@ -1,0 +1,41 @@
+"""The model as its own oracle (arcvllm.server.oracle): its pure parts. Against real servers
+it runs in the smoke and verify tests."""
+
+from __future__ import annotations
+
+from arcvllm.server import oracle as O
+
+
+def test_tokens_of_tiles_to_the_exact_length():
+    assert O.tokens_of([1, 2, 3], 7) == [1, 2, 3, 1, 2, 3, 1]
+    assert O.tokens_of([1, 2, 3], 4, shift=1) == [2, 3, 1, 2]
+
+
+def _logprobs(prompt_len: int, chosen: list[dict[int, float]]) -> list[dict[int, float] | None]:
+    return [None] + [{0: -1.0}] * (prompt_len - 1) + chosen
+
+
+def test_greedy_check_passes_the_top_token_and_a_bf16_tie_and_fails_a_real_miss():
+    logprobs = _logprobs(3, [{7: -0.5}, {8: -1.0, 9: -0.99}, {4: -2.0, 5: -0.1}])
+    result = O.greedy_check("decode", 3, [7, 8, 4], logprobs)
+    assert result.tokens == 3
+    assert [round(g, 3) for g in result.ties] == [0.01]  # 8 is a tie with the top 9
+    assert [(n, i, round(g, 2)) for n, i, g in result.misses] == [("decode", 2, 1.9)]
+
+
+def test_greedy_check_counts_a_token_without_logprobs_as_a_miss():
+    result = O.greedy_check("s", 2, [1, 2], _logprobs(2, [{1: -0.1}]))
+    assert [m[:2] for m in result.misses] == [("s", 1)]
+
+
+def test_greedy_checks_add_up():
+    a = O.GreedyCheck(3, (0.01,), (("a", 1, 2.0),))
+    b = O.GreedyCheck(2, (), (("b", 0, 1.0),))
+    assert a + b == O.GreedyCheck(5, (0.01,), (("a", 1, 2.0), ("b", 0, 1.0)))
+
+
+def test_the_summary_names_the_first_miss_and_the_ties():
+    result = O.GreedyCheck(10, (0.01,), (("decode", 4, 1.5), ("decode", 9, 2.0)))
+    assert result.summary() == (
+        "8 of 10 tok (1 bf16 ties, max 0.010 nats); 2 off, first: decode token 4 by 1.50 nats"
+    )
