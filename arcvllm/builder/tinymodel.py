@@ -65,6 +65,8 @@ CONFIG = {
     "num_nextn_predict_layers": 1,
 }
 MTP_PREFIX = "mtp."
+# The scale of the GDN output projections and the LM head (give_state_weight).
+STATE_GAIN = 5.0
 
 _WORDS = [
     "the",
@@ -209,6 +211,30 @@ def add_mtp_layer(weights_file: Path, config, seed: int) -> int:
     return sum(t.numel() for t in mtp.values())
 
 
+def give_state_weight(model) -> None:
+    """Make the output depend on the recurrent state, as a trained model's does.
+
+    With transformers' initialisation the Gated DeltaNet layers forget at once (A_log
+    around 2 with dt_bias 1 decays the state by ~1e-4 per token) and every layer's output
+    is small next to the embedding, so a state lost at a block boundary changed almost
+    no token, and a check of the output could not tell a spoiled state from a right one.
+    Here the heads of each GDN layer keep their state for ~1 to ~60 tokens (A_log -4.5 to
+    -1, decay per token 0.98 to 0.6), and the GDN output projections and the LM head are
+    5x: a spoiled state moves the logits by nats, not hundredths.
+    """
+    import torch
+
+    with torch.no_grad():
+        for layer in model.model.layers:
+            gdn = getattr(layer, "linear_attn", None)
+            if gdn is None:
+                continue
+            heads = gdn.A_log.shape[0]
+            gdn.A_log.copy_(torch.linspace(-4.5, -1.0, heads, dtype=gdn.A_log.dtype))
+            gdn.out_proj.weight.mul_(STATE_GAIN)
+        model.lm_head.weight.mul_(STATE_GAIN)
+
+
 def build(out_dir: Path, seed: int = 0) -> Path:
     """Write config, bf16 safetensors and tokenizer to OUT_DIR (created, must be empty)."""
     out_dir = Path(out_dir)
@@ -229,6 +255,7 @@ def build(out_dir: Path, seed: int = 0) -> Path:
     )
     torch.manual_seed(seed)
     model = Qwen3NextForCausalLM(config).to(torch.bfloat16).eval()
+    give_state_weight(model)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     mtp = add_mtp_layer(out_dir / "model.safetensors", config, seed)

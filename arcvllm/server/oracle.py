@@ -17,14 +17,23 @@ from arcvllm.errors import ArcvllmError
 from arcvllm.server.client import Client
 
 # A token is the plain model's greedy choice when it is the top token of the plain model's
-# prediction at its position, or within this many nats of it: a bf16 tie (one bf16 step at
-# |logit| 8-16). Verifying several tokens per step, or a batch of another shape, computes
-# the same math in another order, which flips near-ties of a random-weight model (measured
-# on the tiny model: 4 of 280 tokens, gaps <= 0.016 nats); a corrupted state is off by far
-# more.
-TIE_NATS = 0.0625
+# prediction at its position, or within this many nats of it. Another path computes the
+# same math in another order (decode against prefill, a recompute after preemption, a
+# batch of another shape, several tokens verified per step): near-ties flip. Measured on
+# the tiny model over every row of `arcvllm verify`: healthy paths are off by up to 0.5
+# nats, rarely; a state spoiled at a block boundary puts most tokens after it 1 to 9 nats
+# below the plain model's choice.
+TIE_NATS = 1.0
 
 Logprobs = list[dict[int, float] | None]
+
+# Text the prompts are made of; its token ids are tiled to exact lengths.
+PROMPT_TEXT = (
+    "The mamba state of each request is copied when its length crosses a block boundary. "
+    "A block holds the attention keys and values of a fixed number of tokens, and the "
+    "recurrent state of the linear attention layers at the end of that block. "
+    "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 alpha beta gamma delta epsilon. "
+)
 
 
 @dataclass(frozen=True)
@@ -83,15 +92,52 @@ def greedy_check(
     return GreedyCheck(len(output), tuple(ties), tuple(misses))
 
 
+def plain_logprobs(
+    client: Client, model: str, sequence: Sequence[int], salt: str, max_model_len: int | None = None
+) -> Logprobs:
+    """The plain model's logprobs at every position of SEQUENCE (None at the first): one
+    cold prefill. A sequence of MAX_MODEL_LEN tokens has no room for the one token a
+    request must generate: all but its last token are sent, and the generated token's own
+    top logprobs are the last position's."""
+    if max_model_len is None or len(sequence) < max_model_len:
+        return client.prompt_logprobs(model, sequence, salt)
+    body = {
+        "model": model,
+        "prompt": list(sequence[:-1]),
+        "max_tokens": 1,
+        "temperature": 0.0,
+        "prompt_logprobs": 1,
+        "logprobs": 5,
+        "return_tokens_as_token_ids": True,
+        "cache_salt": salt,
+    }
+    choice = client.completion(body)["choices"][0]
+    entries: Logprobs = [
+        None if e is None else {int(k): float(v["logprob"]) for k, v in e.items()}
+        for e in choice["prompt_logprobs"]
+    ]
+    last = choice["logprobs"]["top_logprobs"][0]
+    entries.append({token_id(k): float(v) for k, v in last.items()})
+    return entries
+
+
+def token_id(token: str) -> int:
+    """The id of a token vLLM names 'token_id:N' (return_tokens_as_token_ids)."""
+    return int(token.rpartition(":")[2])
+
+
 def check_against_plain(
-    client: Client, model: str, sequences: Sequence[tuple[str, Sequence[int], Sequence[int]]]
+    client: Client,
+    model: str,
+    sequences: Sequence[tuple[str, Sequence[int], Sequence[int]]],
+    max_model_len: int | None = None,
 ) -> GreedyCheck:
     """Each (name, prompt, output) of SEQUENCES against one cold prefill of prompt + output
     (a fresh cache_salt for the whole call: nothing of the produced run is reused)."""
     salt = uuid.uuid4().hex
     result = GreedyCheck()
     for name, prompt, output in sequences:
-        logprobs = client.prompt_logprobs(model, [*prompt, *output], salt)
+        logprobs = plain_logprobs(client, model, [*prompt, *output], salt, max_model_len)
         result += greedy_check(name, len(prompt), output, logprobs)
     return result
 
