@@ -30,6 +30,7 @@ COMMANDS = (
     "operate.settings",
     "serving.serve",
     "smoke",
+    "verify",
     "bench",
     "operate.doctor",
     "operate.gpus",

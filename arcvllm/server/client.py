@@ -230,14 +230,34 @@ class Client:
             wait_until(moved, timeout, 0.1, "prefix-cache counters")
         return last
 
+    def completion(self, body: dict[str, Any]) -> dict[str, Any]:
+        """POST /v1/completions with BODY, not streamed: the server's JSON answer. An
+        answer other than 200 raises httpx.HTTPStatusError with the server's message (vLLM
+        answers 400 "Out of range float values are not JSON compliant" when a logprob it
+        should return is NaN)."""
+        import httpx
+
+        response = httpx.post(
+            f"{self.root}/v1/completions",
+            json=body,
+            headers=self.headers(),
+            timeout=self.timeout,
+            verify=self.verify,
+        )
+        if response.status_code != 200:
+            raise httpx.HTTPStatusError(
+                f"{response.status_code}: {response.text[:200]}",
+                request=response.request,
+                response=response,
+            )
+        return response.json()
+
     def prompt_logprobs(
         self, model: str, prompt: Sequence[int], salt: str | None = None
     ) -> list[dict[int, float] | None]:
         """Per prompt position, the logprobs of the token there and of the model's top
         choice (vLLM's `prompt_logprobs=1`; None for the first position). One prefill,
         no decoding: what the plain model predicts at every position of PROMPT."""
-        import httpx
-
         body: dict[str, Any] = {
             "model": model,
             "prompt": list(prompt),
@@ -247,15 +267,7 @@ class Client:
         }
         if salt:
             body["cache_salt"] = salt
-        response = httpx.post(
-            f"{self.root}/v1/completions",
-            json=body,
-            headers=self.headers(),
-            timeout=self.timeout,
-            verify=self.verify,
-        )
-        response.raise_for_status()
-        entries = response.json()["choices"][0]["prompt_logprobs"]
+        entries = self.completion(body)["choices"][0]["prompt_logprobs"]
         return [
             None if e is None else {int(k): float(v["logprob"]) for k, v in e.items()}
             for e in entries
@@ -283,13 +295,15 @@ class Client:
         prompt: Sequence[int] | str,
         max_tokens: int,
         salt: str | None = None,
+        on_tokens: Callable[[int], None] | None = None,
     ) -> Stream:
         """A greedy, ignore_eos completion, streamed and timed chunk by chunk.
 
         vLLM's `continuous_usage_stats` puts the running completion_tokens in every chunk,
         so a chunk that carries several tokens is counted right (else its token ids, else
         one per chunk with text); `return_token_ids` gives the ids two runs must agree on.
-        SALT is a prefix-cache namespace (vLLM's cache_salt).
+        SALT is a prefix-cache namespace (vLLM's cache_salt); ON_TOKENS, if given, is
+        called with the count of tokens received so far after each chunk that carried some.
         """
         extra: dict[str, Any] = {"ignore_eos": True, "return_token_ids": True}
         if salt:
@@ -329,5 +343,7 @@ class Client:
             if n > 0:
                 counted += n
                 out.chunks.append(Chunk(n, at))
+                if on_tokens is not None:
+                    on_tokens(counted)
         out.text = "".join(parts)
         return out

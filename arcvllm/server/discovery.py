@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from arcvllm.errors import Unavailable, UsageError
 from arcvllm.server import metrics as m
 from arcvllm.server.client import Client
-from arcvllm.server.log import LogSource, block_size_from_log
+from arcvllm.server.log import LogSource, block_size_from_log, chunk_tokens_from_log
 from arcvllm.text import error_line
 
 
@@ -106,6 +106,26 @@ def block_size(
         "vllm:cache_config_info effective_attention_block_size and no server log "
         "(--log-file/--log-cmd) says 'Setting attention block size to N tokens'"
     )
+
+
+def chunk_tokens(
+    given: int | None = None, preset: str | None = None, log: LogSource | None = None
+) -> tuple[int | None, str]:
+    """(the server's prefill chunk, where it came from): GIVEN, else PRESET's
+    max-num-batched-tokens, else the server's LOG; (None, "unknown") when none says (vLLM's
+    default depends on the device and its memory)."""
+    if given is not None:
+        if given <= 0:
+            raise UsageError(f"--max-num-batched-tokens {given} is not a number of tokens")
+        return given, "given"
+    if preset is not None:
+        from arcvllm.presets import get_preset
+
+        value = get_preset(preset).vllm_args.get("max-num-batched-tokens")
+        if value:
+            return int(value), "preset"
+    found = chunk_tokens_from_log(log.lines()) if log else None
+    return (found, "server log") if found else (None, "unknown")
 
 
 def discover(

@@ -57,6 +57,19 @@ def block_size_from_log(lines: list[str]) -> int | None:
     return found
 
 
+_CHUNK = re.compile(r"max_num_batched_tokens=(\d+)")
+
+
+def chunk_tokens_from_log(lines: list[str]) -> int | None:
+    """The prefill chunk vLLM reports at start ('Chunked prefill is enabled with
+    max_num_batched_tokens=N'; last start-up wins)."""
+    found = None
+    for line in lines:
+        if "Chunked prefill" in line and (match := _CHUNK.search(line)):
+            found = int(match.group(1))
+    return found
+
+
 def find_crash(lines: list[str]) -> str | None:
     """The exception a server process died with, e.g. `OverflowError: Python int ...`.
 

@@ -90,6 +90,12 @@ def block_size(metrics: Metrics) -> int | None:
     return int(value) if value.isdigit() and int(value) > 0 else None
 
 
+def kv_tokens(metrics: Metrics) -> int | None:
+    """How many tokens the server's KV cache holds (`kv_cache_size_tokens`), if it says."""
+    value = (metrics.info(CACHE_CONFIG) or {}).get("kv_cache_size_tokens") or ""
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
 SPEC_DRAFTS = "vllm:spec_decode_num_drafts"
 SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
 SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens"

@@ -20,20 +20,13 @@ from arcvllm.server import metrics as m
 from arcvllm.server.client import Client, Stream, WaitTimeout
 from arcvllm.server.discovery import discover, requested_model
 from arcvllm.server.log import LOG_TAIL_LINES, LogSource, find_crash
-from arcvllm.server.oracle import TIE_NATS, check_against_plain, tokens_of
+from arcvllm.server.oracle import PROMPT_TEXT, TIE_NATS, check_against_plain, tokens_of
 from arcvllm.server.report import Check, Report
 from arcvllm.server.stats import percentile
 from arcvllm.text import error_line
 
 CONCURRENT_STREAMS = 8
 PREFIX_HIT_FRACTION = 0.9
-# Text the prompts are made of; its token ids are tiled to exact lengths.
-PROMPT_TEXT = (
-    "The mamba state of each request is copied when its length crosses a block boundary. "
-    "A block holds the attention keys and values of a fixed number of tokens, and the "
-    "recurrent state of the linear attention layers at the end of that block. "
-    "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 alpha beta gamma delta epsilon. "
-)
 
 
 # ---------------------------------------------------------------- pure parts

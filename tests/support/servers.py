@@ -12,10 +12,16 @@ from conftest import ROOT, free_port
 
 
 def start_preset_server(
-    python: Path, preset: str, model: Path, tmp: Path, env_extra: dict[str, str]
+    python: Path,
+    preset: str,
+    model: Path,
+    tmp: Path,
+    env_extra: dict[str, str],
+    vllm_args: tuple[str, ...] = (),
 ) -> tuple[subprocess.Popen, str, Path]:
-    """PYTHON's `arcvllm serve --preset PRESET` on a free loopback port, with everything it
-    writes under TMP and ENV_EXTRA over this environment: (process, URL, its log)."""
+    """PYTHON's `arcvllm serve --preset PRESET [-- VLLM_ARGS]` on a free loopback port, with
+    everything it writes under TMP and ENV_EXTRA over this environment: (process, URL, its
+    log)."""
     port = free_port()
     for d in ("tmp", "cache"):
         (tmp / d).mkdir(parents=True, exist_ok=True)
@@ -37,6 +43,7 @@ def start_preset_server(
                 str(python),
                 *("-m", "arcvllm", "serve", "--preset", preset, "--"),
                 *("--model", str(model), "--host", "127.0.0.1", "--port", str(port)),
+                *vllm_args,
             ],
             env=env,
             stdout=out,

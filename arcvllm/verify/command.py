@@ -1,0 +1,107 @@
+"""`arcvllm verify`: arguments in, the report out (table or JSON), exit 1 on a failed row."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from arcvllm.options import add_json, add_server
+from arcvllm.server.log import LogSource
+from arcvllm.server.report import Report, table
+from arcvllm.verify import plan as P
+from arcvllm.verify.suite import VerifyOptions, run
+
+DESCRIPTION = """\
+Checks that a running vLLM server's output is right on every path that touches a hybrid
+model's mamba state, with the model itself as the oracle: each token a path produces must
+be the plain model's greedy choice at its position (one cold prefill of the produced
+sequence). Rows: decode across two block boundaries (speculative, if the server
+speculates), a prompt longer than the prefill chunk, a cached prefix resumed and extended,
+batches mixing prefill and decode, preemption and recompute (when the KV cache can run
+out), a request to max-model-len, prompts of every length mod 64 (every logprob finite),
+sampled answers to open prompts (no run of one token, no collapsed entropy). A table and a
+JSON report; exit 1 when a row fails."""
+
+
+def rows(value: str) -> tuple[str, ...]:
+    """argparse type: comma-separated row names, each one of plan.ROWS."""
+    names = tuple(name.strip() for name in value.split(",") if name.strip())
+    unknown = [name for name in names if name not in P.ROWS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown row {unknown[0] if unknown else value!r}; rows: {', '.join(P.ROWS)}"
+        )
+    return names
+
+
+def options_from(args: argparse.Namespace, **given) -> VerifyOptions:
+    fields = {
+        "base_url": getattr(args, "base_url", None),
+        "model": args.model,
+        "preset": args.preset,
+        "api_key": getattr(args, "api_key", None),
+        "ca_cert": str(args.ca_cert) if getattr(args, "ca_cert", None) else None,
+        "log": LogSource(file=getattr(args, "log_file", None), cmd=getattr(args, "log_cmd", None)),
+        "chunk_tokens": args.max_num_batched_tokens,
+        "rows": args.rows,
+        "request_timeout": args.request_timeout,
+    }
+    return VerifyOptions(**{**fields, **given})
+
+
+def finish(args: argparse.Namespace, opts: VerifyOptions) -> Report:
+    """Run the rows, print the table (or JSON), write --out: the report."""
+    report = run(opts)
+    if args.json:
+        sys.stdout.write(report.to_json())
+    else:
+        print(table(report, "verify"))
+    if args.out:
+        path = Path(args.out)
+        report.write(path)
+        print(f"report: {path}", file=sys.stderr)
+    return report
+
+
+def _cmd(args: argparse.Namespace) -> int:
+    report = finish(args, options_from(args))
+    return 0 if report.verdict == "pass" else 1
+
+
+def add_rows(parser: argparse.ArgumentParser) -> None:
+    """The options of the suite itself, for `verify` and a deployment's verify."""
+    parser.add_argument("--model", help="served model name (default: the only one served)")
+    parser.add_argument("--preset", help="take the served model name (and chunk) from this preset")
+    parser.add_argument("--out", metavar="PATH", help="write the JSON report to this file")
+    add_json(parser)
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        metavar="N",
+        help="the server's prefill chunk (default: the preset's, else the server's log)",
+    )
+    parser.add_argument(
+        "--rows",
+        type=rows,
+        default=P.ROWS,
+        metavar="ROW,...",
+        help=f"run only these rows (default: all: {', '.join(P.ROWS)})",
+    )
+    parser.add_argument(
+        "--request-timeout", type=float, default=600.0, help="seconds per request (600)"
+    )
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "verify",
+        help="check a vLLM server's output on every mamba-state path, the model as the oracle",
+        description=DESCRIPTION,
+    )
+    add_server(parser)
+    add_rows(parser)
+    logs = parser.add_mutually_exclusive_group()
+    logs.add_argument("--log-file", help="the server's log file (block size, chunk, crash)")
+    logs.add_argument("--log-cmd", help="command printing the server log, e.g. 'docker logs X'")
+    parser.set_defaults(func=_cmd)

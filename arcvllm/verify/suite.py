@@ -1,0 +1,515 @@
+"""The rows of `arcvllm verify` against one server, each a path that touches mamba state,
+each judged by the model itself.
+
+The oracle is the plain model: one cold prefill (prompt_logprobs, a fresh cache_salt) of
+what a path produced, whose top token at every position must be the token the path chose
+(arcvllm.server.oracle). A path that spoils the recurrent state (a lost copy at a block
+boundary, a corrupted resume, NaN) produces tokens the plain model would not choose, with
+HTTP 200 and finite logprobs: only this comparison shows it. Where no plain prefill can
+stand as the reference (a prompt longer than the prefill chunk), a row is judged against
+another path (the decode path for the chunked prefill) and says so (plan.NEEDS).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+
+from arcvllm.errors import Unavailable
+from arcvllm.server import metrics as m
+from arcvllm.server.client import Client, Stream, WaitTimeout, wait_until
+from arcvllm.server.discovery import chunk_tokens, discover, requested_model
+from arcvllm.server.log import LOG_TAIL_LINES, LogSource, find_crash
+from arcvllm.server.oracle import (
+    PROMPT_TEXT,
+    GreedyCheck,
+    check_against_plain,
+    greedy_check,
+    plain_logprobs,
+    token_id,
+    tokens_of,
+)
+from arcvllm.server.report import Check, Report
+from arcvllm.text import error_line
+from arcvllm.verify import plan as P
+
+PREEMPTIONS = "vllm:num_preemptions"
+OPEN_TEMPERATURE = 0.8
+
+
+@dataclass
+class Timed:
+    """One stream of a concurrent row: when it was sent, its first token, its end."""
+
+    name: str
+    prompt: list[int]
+    stream: Stream | None = None
+    sent: float = 0.0
+    first: float | None = None
+    done: float = 0.0
+    error: str | None = None
+
+    @property
+    def first_or_done(self) -> float:
+        """When its prefill ended: its first token, or its end if none came."""
+        return self.done if self.first is None else self.first
+
+
+@dataclass
+class Suite:
+    """One run of the rows against one server."""
+
+    client: Client
+    model: str
+    plan: P.Plan
+    report: Report
+    speculative: bool = False
+    rows: tuple[str, ...] = P.ROWS
+    broken: set[str] = field(default_factory=set)  # failed, or not judged for a failure
+    decoding_prompts: list[int] = field(default_factory=list)
+    greedy: dict[str, dict] = field(default_factory=dict)
+    _expected: str = ""
+
+    def __post_init__(self) -> None:
+        self.base = self.client.tokenize(self.model, PROMPT_TEXT * 4)
+        self.shift = 0
+
+    # ---- helpers
+
+    @property
+    def block(self) -> int:
+        return self.plan.geometry.block_size
+
+    def tokens(self, length: int) -> list[int]:
+        """A prompt of LENGTH tokens unlike every other prompt of the run."""
+        self.shift += 17
+        return tokens_of(self.base, length, self.shift)
+
+    def stream(self, prompt: list[int], n: int, salt: str | None = None, **kw) -> Stream:
+        """A greedy completion of N tokens (a fresh cache namespace unless SALT is given)."""
+        if n > 1:
+            self.decoding_prompts.append(len(prompt))
+        return self.client.stream(self.model, prompt, n, salt=salt or uuid.uuid4().hex, **kw)
+
+    def judge(self, row: str, sequences: list[tuple[str, list[int], list[int]]]) -> GreedyCheck:
+        """SEQUENCES against the plain model; kept for the report under ROW."""
+        result = check_against_plain(
+            self.client, self.model, sequences, self.plan.geometry.max_model_len
+        )
+        self.greedy[row] = result.to_dict()
+        return result
+
+    def expect(self, text: str) -> None:
+        self._expected = text
+
+    def preemptions(self) -> float:
+        return self.client.metrics().total(PREEMPTIONS)
+
+    def preemptions_after(self, before: float, timeout: float = 5.0) -> float:
+        """Preemptions since BEFORE, once the counter moved (the engine publishes its
+        stats a moment after the responses); 0 if it never moves."""
+        last = before
+
+        def moved() -> bool:
+            nonlocal last
+            last = self.preemptions()
+            return last > before
+
+        with contextlib.suppress(WaitTimeout):
+            wait_until(moved, timeout, 0.2, "the preemption counter")
+        return last - before
+
+    # ---- the rows
+
+    def decode(self) -> Check:
+        p = self.plan
+        kind = "speculative decode" if self.speculative else "decode"
+        self.expect(
+            f"{p.decode_prompt} + {p.decode_tokens} tok ({kind}) across {self.block}, "
+            f"{2 * self.block}; each = plain greedy"
+        )
+        prompt = self.tokens(p.decode_prompt)
+        out = self.stream(prompt, p.decode_tokens)
+        crossed = P.boundaries_crossed(len(prompt), len(prompt) + out.completion_tokens, self.block)
+        greedy = self.judge(P.DECODE, [("decode", prompt, out.token_ids)])
+        ok = out.completion_tokens == p.decode_tokens and crossed >= 2 and _clean(greedy)
+        return Check(P.DECODE, self._expected, f"{crossed} crossed; {greedy.summary()}", ok)
+
+    def chunked(self) -> Check:
+        p, g = self.plan, self.plan.geometry
+        if not p.chunked:
+            why = (
+                "the server's max-num-batched-tokens is unknown (--max-num-batched-tokens, "
+                "--preset or its log)"
+                if g.chunk_tokens is None
+                else f"max-model-len {g.max_model_len} has no room past the chunk"
+            )
+            expected = f"a prompt longer than the prefill chunk ({g.chunk_tokens} tok)"
+            return Check(P.CHUNKED, expected, f"not exercised: {why}", None)
+        chunk = g.chunk_tokens or 1
+        chunks = -(-p.chunked_total // chunk)
+        self.expect(
+            f"{p.chunked_total} tok prefilled in {chunks} chunks of <= {g.chunk_tokens}: "
+            "each position = the decode path's token"
+        )
+        # The decode path grows a short prompt past the chunk; a prefill of the whole
+        # sequence, in chunks, must predict every token it chose.
+        prompt = self.tokens(p.chunked_prompt)
+        out = self.stream(prompt, p.chunked_total - len(prompt))
+        logprobs = plain_logprobs(
+            self.client, self.model, prompt + out.token_ids, uuid.uuid4().hex, g.max_model_len
+        )
+        greedy = greedy_check("chunked", len(prompt), out.token_ids, logprobs)
+        self.greedy[P.CHUNKED] = greedy.to_dict()
+        crossed = P.boundaries_crossed(chunk, p.chunked_total, self.block)
+        seen = f"{crossed} blocks crossed after the first chunk; {greedy.summary()}"
+        return Check(P.CHUNKED, self._expected, seen, crossed >= 1 and _clean(greedy))
+
+    def resume(self) -> Check:
+        p = self.plan
+        self.expect(
+            f"{p.resume_prompt} tok cached; its first {p.resume_shared} + {p.resume_extension} "
+            f"resumed, + {p.resume_tokens} decoded; each = plain greedy"
+        )
+        salt = uuid.uuid4().hex
+        first = self.tokens(p.resume_prompt)
+        # Twice: with EAGLE/MTP speculation vLLM keeps a prompt's checkpoint on its repeat.
+        self.stream(first, 1, salt)
+        self.stream(first, 1, salt)
+        before = m.prefix_cache(self.client.metrics(), self.model)
+        second = first[: p.resume_shared] + self.tokens(p.resume_extension)
+        out = self.stream(second, p.resume_tokens, salt)
+        hits = (self.client.prefix_cache_after(before, self.model) - before).hits
+        greedy = self.judge(P.RESUME, [("resumed", second, out.token_ids)])
+        seen = f"resumed at {hits:.0f} of {len(second)} tok; {greedy.summary()}"
+        if hits < self.block:
+            seen = f"no resume: {hits:.0f} tok hit the prefix cache (prefix caching off?)"
+        ok = hits >= self.block and out.completion_tokens == p.resume_tokens and _clean(greedy)
+        return Check(P.RESUME, self._expected, seen, ok)
+
+    def mixed(self) -> Check:
+        p = self.plan
+        self.expect(
+            f"{P.STREAMS} streams, each sent while the one before decodes; each = plain greedy"
+        )
+        before = self.preemptions()
+        streams = [
+            Timed(f"stream {i}", self.tokens(p.mixed_prompt - 3 * i)) for i in range(P.STREAMS)
+        ]
+        go = [threading.Event() for _ in streams]
+        go[0].set()
+
+        def one(i: int) -> Timed:
+            t = streams[i]
+            go[i].wait(self.client.timeout)
+
+            def started(count: int) -> None:
+                if count >= 2 and i + 1 < len(go):
+                    go[i + 1].set()
+
+            self._run(t, p.mixed_tokens, started)
+            if i + 1 < len(go):
+                go[i + 1].set()
+            return t
+
+        with ThreadPoolExecutor(max_workers=len(streams)) as pool:
+            done = list(pool.map(one, range(len(streams))))
+        overlapped = sum(
+            1
+            for t in done[1:]
+            if any(
+                o is not t and o.first is not None and o.first < t.first_or_done and t.sent < o.done
+                for o in done
+            )
+        )
+        return self._judge_streams(P.MIXED, done, before, overlapped=overlapped)
+
+    def preemption(self) -> Check:
+        p, g = self.plan, self.plan.geometry
+        if not p.preempt_tokens:
+            kv = "an unknown number of" if g.kv_tokens is None else str(g.kv_tokens)
+            return Check(
+                P.PREEMPTION,
+                "requests beyond the KV cache preempted and recomputed",
+                f"not exercised: the KV cache holds {kv} tok, {P.STREAMS} requests of "
+                "max-model-len fit (a server with a smaller KV cache exercises it)",
+                None,
+            )
+        self.expect(
+            f"{P.STREAMS} x {p.preempt_prompt + p.preempt_tokens} tok > the KV cache's "
+            f"{g.kv_tokens}: preempted, recomputed, each = plain greedy"
+        )
+        # Whether the scheduler preempts depends on when each request arrives: one more
+        # round if the first preempted nothing.
+        for rounds in (1, 2):
+            self.report.measurements["preemption_rounds"] = rounds
+            before = self.preemptions()
+            streams = [
+                Timed(f"request {i}", self.tokens(p.preempt_prompt + i)) for i in range(P.STREAMS)
+            ]
+            with ThreadPoolExecutor(max_workers=len(streams)) as pool:
+                done = list(pool.map(lambda t: self._run(t, p.preempt_tokens), streams))
+            check = self._judge_streams(P.PREEMPTION, done, before, must_preempt=True)
+            if check.ok is not None:
+                break
+        return check
+
+    def max_len(self) -> Check:
+        p, g = self.plan, self.plan.geometry
+        n = g.max_model_len - p.max_len_prompt
+        self.expect(
+            f"{p.max_len_prompt} + {n} tok = max-model-len {g.max_model_len}; each = plain greedy"
+        )
+        prompt = self.tokens(p.max_len_prompt)
+        out = self.stream(prompt, n)
+        greedy = self.judge(P.MAX_LEN, [("max-len", prompt, out.token_ids)])
+        seen = f"{out.completion_tokens} tok, finish {out.finish_reason}; {greedy.summary()}"
+        return Check(P.MAX_LEN, self._expected, seen, out.completion_tokens == n and _clean(greedy))
+
+    def residues(self) -> Check:
+        p = self.plan
+        self.expect(f"prompts of {p.residue_base}..{p.residue_base + 63} tok: every logprob finite")
+        bad: list[str] = []
+        for r in range(64):
+            prompt = self.tokens(p.residue_base + r)
+            body = {
+                "model": self.model,
+                "prompt": prompt,
+                "max_tokens": 2,
+                "temperature": 0.0,
+                "ignore_eos": True,
+                "logprobs": 1,
+                "prompt_logprobs": 1,
+                "return_tokens_as_token_ids": True,
+                "cache_salt": uuid.uuid4().hex,
+            }
+            try:
+                choice = self.client.completion(body)["choices"][0]
+            except Exception as exc:
+                bad.append(f"{len(prompt)} tok: {error_line(exc)}")
+                continue
+            values = [
+                v["logprob"] for e in choice["prompt_logprobs"] if e for v in e.values()
+            ] + list(choice["logprobs"]["token_logprobs"])
+            if not P.finite(values):
+                bad.append(f"{len(prompt)} tok: a logprob is not finite")
+        seen = f"{64 - len(bad)} of 64 finite" + (f"; first: {bad[0]}" if bad else "")
+        self.report.outputs["residues"] = {"bad": bad}
+        return Check(P.RESIDUES, self._expected, seen, not bad)
+
+    def degeneration(self) -> Check:
+        p = self.plan
+        self.expect(
+            f"{len(P.OPEN_PROMPTS)} open prompts sampled: no run of {P.MAX_RUN} of one token, "
+            f"mean top-{P.TOP_LOGPROBS} entropy >= {P.ENTROPY_FLOOR} nats"
+        )
+        judged = []
+        for i, text in enumerate(P.OPEN_PROMPTS):
+            body = {
+                "model": self.model,
+                "prompt": text,
+                "max_tokens": p.open_tokens,
+                "temperature": OPEN_TEMPERATURE,
+                "seed": 1000 + i,
+                "logprobs": P.TOP_LOGPROBS,
+                "return_tokens_as_token_ids": True,
+                "cache_salt": uuid.uuid4().hex,
+            }
+            answer = self.client.completion(body)
+            self.decoding_prompts.append(answer["usage"]["prompt_tokens"])
+            logprobs = answer["choices"][0]["logprobs"]
+            ids = [token_id(t) for t in logprobs["tokens"]]
+            tops = [
+                None if top is None else {k: float(v) for k, v in top.items()}
+                for top in logprobs["top_logprobs"]
+            ]
+            judged.append(P.degeneration(ids, tops))
+        self.report.outputs["degeneration"] = {"answers": [asdict(d) for d in judged]}
+        run = max(d.longest_run for d in judged)
+        entropy = min(d.mean_entropy for d in judged)
+        self.report.measurements.update(
+            degeneration_longest_run=run, degeneration_min_entropy=round(entropy, 3)
+        )
+        bad = sum(d.degenerate for d in judged)
+        seen = f"longest run {run}, lowest mean entropy {entropy:.3f} nats; {bad} degenerate"
+        if not all(d.finite for d in judged):
+            seen += "; a logprob is not finite"
+        return Check(P.DEGENERATION, self._expected, seen, bad == 0)
+
+    # ---- concurrency
+
+    def _run(self, t: Timed, n: int, on_tokens: Callable[[int], None] | None = None) -> Timed:
+        start = time.perf_counter()
+        t.sent = start
+
+        def seen(count: int) -> None:
+            if t.first is None:
+                t.first = time.perf_counter()
+            if on_tokens is not None:
+                on_tokens(count)
+
+        try:
+            t.stream = self.stream(t.prompt, n, on_tokens=seen)
+        except Exception as exc:
+            t.error = error_line(exc)
+        t.done = time.perf_counter()
+        return t
+
+    def _judge_streams(
+        self,
+        row: str,
+        done: list[Timed],
+        preempted_before: float,
+        overlapped: int | None = None,
+        must_preempt: bool = False,
+    ) -> Check:
+        preempted = (
+            self.preemptions_after(preempted_before)
+            if must_preempt
+            else self.preemptions() - preempted_before
+        )
+        errors = [f"{t.name}: {t.error}" for t in done if t.error]
+        sequences = [(t.name, t.prompt, t.stream.token_ids) for t in done if t.stream]
+        greedy = self.judge(row, sequences) if sequences else GreedyCheck()
+        seen = f"{len(errors)} errors; {greedy.summary()}; {preempted:.0f} preempted"
+        if errors:
+            seen = f"{errors[0]}; {seen}"
+        ok: bool | None = not errors and _clean(greedy) and bool(sequences)
+        if overlapped is not None:
+            seen += f"; {overlapped} prefills beside a decode"
+            if ok and not overlapped:
+                ok, seen = None, f"not exercised: no prefill overlapped a decode; {seen}"
+        if must_preempt and ok and not preempted:
+            ok, seen = None, f"not exercised: nothing was preempted; {seen}"
+        return Check(row, self._expected, seen, ok)
+
+    # ---- the run
+
+    def run(self) -> None:
+        spec_before = _spec(self.client, self.model)
+        rows: dict[str, Callable[[], Check]] = {
+            P.DECODE: self.decode,
+            P.CHUNKED: self.chunked,
+            P.RESUME: self.resume,
+            P.MIXED: self.mixed,
+            P.PREEMPTION: self.preemption,
+            P.MAX_LEN: self.max_len,
+            P.RESIDUES: self.residues,
+            P.DEGENERATION: self.degeneration,
+        }
+        for name in P.ROWS:
+            if name in self.rows:
+                self.report.checks.append(self._row(name, rows[name]))
+        spec_after = _spec(self.client, self.model)
+        if spec_before is not None and spec_after is not None:
+            run = spec_after - spec_before
+            rate = run.acceptance_rate
+            self.report.measurements.update(
+                spec_draft_tokens=int(run.draft_tokens),
+                spec_accepted_tokens=int(run.accepted),
+                spec_acceptance_rate=None if rate is None else round(rate, 4),
+            )
+            seen = f"{run.accepted:.0f} of {run.draft_tokens:.0f} drafted tok accepted"
+            self.report.checks.append(Check("speculation", "read from the server", seen, None))
+        self.report.outputs["greedy"] = self.greedy
+        self.report.server["decoding_prompt_lengths"] = sorted(set(self.decoding_prompts))
+        if not self.client.healthy():
+            self.report.checks.append(
+                Check("healthy at the end", "/health 200", "no answer", False)
+            )
+
+    def _row(self, name: str, row: Callable[[], Check]) -> Check:
+        failed = [need for need in P.NEEDS.get(name, ()) if need in self.broken]
+        if failed:
+            self.broken.add(name)
+            seen = f"not judged: {failed[0]} failed"
+            return Check(name, "its path's other rows pass", seen, None)
+        else:
+            self._expected = name
+            start = time.perf_counter()
+            try:
+                check = row()
+            except Exception as exc:
+                check = Check(name, self._expected, error_line(exc), False)
+            key = name.replace(" ", "_").replace("-", "_")
+            self.report.measurements[f"{key}_s"] = round(time.perf_counter() - start, 1)
+        if check.ok is False:
+            self.broken.add(name)
+        return check
+
+
+def _clean(greedy: GreedyCheck) -> bool:
+    return greedy.tokens > 0 and not greedy.misses
+
+
+def _spec(client: Client, model: str) -> m.SpecDecode | None:
+    try:
+        return m.spec_decode(client.metrics(), model)
+    except Exception:
+        return None
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    """What `arcvllm verify` was asked: the server, the model, what it cannot read."""
+
+    base_url: str
+    model: str | None = None
+    preset: str | None = None
+    api_key: str | None = None
+    ca_cert: str | None = None
+    log: LogSource = field(default_factory=LogSource)
+    chunk_tokens: int | None = None
+    rows: tuple[str, ...] = P.ROWS
+    request_timeout: float = 600.0
+
+
+def run(opts: VerifyOptions) -> Report:
+    """Discover the server, plan the rows from it, run them: the report."""
+    start = time.perf_counter()
+    report = Report()
+    client = Client(opts.base_url, opts.api_key, opts.request_timeout, ca_cert=opts.ca_cert)
+    model = requested_model(opts.model, opts.preset)  # a bad preset stops here
+    if not client.healthy():
+        raise Unavailable(f"no vLLM server answers {client.root}/health")
+    served = discover(client, model, log=opts.log)
+    chunk, chunk_source = chunk_tokens(opts.chunk_tokens, opts.preset, opts.log)
+    geometry = P.Geometry(
+        block_size=served.block_size,
+        max_model_len=served.max_model_len,
+        chunk_tokens=chunk,
+        kv_tokens=m.kv_tokens(client.metrics()),
+    )
+    plan = P.plan_rows(geometry)
+    speculative = _spec(client, served.model) is not None
+    report.server = {
+        "base_url": client.root,
+        "model": served.model,
+        "block_size": served.block_size,
+        "block_size_source": served.block_size_source,
+        "max_model_len": served.max_model_len,
+        "chunk_tokens": chunk,
+        "chunk_tokens_source": chunk_source,
+        "kv_tokens": geometry.kv_tokens,
+        "speculative": speculative,
+        "plan": asdict(plan),
+    }
+    seen = (
+        f"block {served.block_size}, context {served.max_model_len}, chunk {chunk} "
+        f"({chunk_source}), KV {geometry.kv_tokens} tok"
+    )
+    report.checks.append(Check("server", "read from the server", seen, None))
+    Suite(client, served.model, plan, report, speculative, opts.rows).run()
+    report.failed = [c.name for c in report.checks if c.ok is False]
+    report.verdict = "fail" if report.failed else "pass"
+    if report.failed:
+        lines = opts.log.lines()
+        report.crash = find_crash(lines)
+        report.log_tail = lines[-LOG_TAIL_LINES:]
+    report.measurements["time_to_verdict_s"] = round(time.perf_counter() - start, 1)
+    return report

@@ -1,0 +1,111 @@
+"""`arcvllm verify` without a server: the rows planned from a server's geometry, the pure
+judgements, the command line. The rows against real servers, each shown failing, are in
+test_verify_server.py."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from arcvllm import cli
+from arcvllm.errors import ArcvllmError
+from arcvllm.verify import plan as P
+
+B70 = P.Geometry(block_size=1088, max_model_len=32768, chunk_tokens=8192, kv_tokens=None)
+CPU = P.Geometry(block_size=256, max_model_len=1536, chunk_tokens=1024, kv_tokens=3072)
+
+
+def test_the_decode_crosses_two_boundaries_from_just_before_the_first():
+    p = P.plan_rows(B70)
+    assert p.decode_prompt == 1080
+    assert P.boundaries_crossed(p.decode_prompt, p.decode_prompt + p.decode_tokens, 1088) == 2
+
+
+def test_the_chunked_prefill_runs_past_the_chunk_and_one_more_block():
+    p = P.plan_rows(CPU)
+    assert p.chunked_total == 1024 + 256 + 16
+    assert P.boundaries_crossed(1024, p.chunked_total, 256) >= 1
+    assert p.chunked_prompt < 1024
+
+
+@pytest.mark.parametrize(
+    "geometry",
+    [
+        P.Geometry(256, 1536, None, 3072),  # the chunk is not known
+        P.Geometry(256, 1536, 2048, 3072),  # no prompt the context holds is chunked
+    ],
+)
+def test_no_chunked_prefill_row_where_nothing_is_chunked(geometry):
+    assert not P.plan_rows(geometry).chunked
+
+
+def test_the_resumed_request_shares_a_cached_block_and_decodes_inside_the_next():
+    p = P.plan_rows(CPU)
+    assert p.resume_shared // 256 * 256 == 512 < p.resume_shared < p.resume_prompt
+    end = p.resume_shared + p.resume_extension + p.resume_tokens
+    assert P.boundaries_crossed(p.resume_shared, end, 256) == 0
+
+
+def test_the_mixed_streams_decode_inside_their_first_block():
+    p = P.plan_rows(CPU)
+    assert p.mixed_prompt + p.mixed_tokens < 256
+
+
+def test_preemption_asks_for_twice_the_kv_cache_or_is_not_planned():
+    p = P.plan_rows(CPU)
+    assert P.STREAMS * p.preempt_tokens >= 2 * 3072
+    assert p.preempt_prompt + p.preempt_tokens <= 1536
+    # A B70's KV cache holds eight requests of max-model-len: nothing to run out.
+    big = P.Geometry(1088, 32768, 8192, 400_000)
+    assert P.plan_rows(big).preempt_tokens == 0
+    assert P.plan_rows(B70).preempt_tokens == 0  # the server does not say
+
+
+def test_a_context_too_short_for_two_blocks_is_refused():
+    with pytest.raises(ArcvllmError, match="too short to cross two blocks"):
+        P.plan_rows(P.Geometry(1088, 2048, 8192, None))
+
+
+def test_longest_run_counts_one_token_repeated():
+    assert P.longest_run([]) == 0
+    assert P.longest_run([1, 2, 3]) == 1
+    assert P.longest_run([5, 7, 7, 7, 2, 7]) == 3
+
+
+def test_top_entropy_of_a_spike_is_zero_and_of_an_even_split_is_log_k():
+    assert P.top_entropy({"a": 0.0}) == 0.0
+    even = {str(i): math.log(0.25) for i in range(4)}
+    assert P.top_entropy(even) == pytest.approx(math.log(4))
+
+
+def test_degeneration_is_a_long_run_a_collapsed_entropy_or_a_nan():
+    spread = [{"1": math.log(0.5), "2": math.log(0.5)}] * 20
+    assert not P.degeneration(list(range(20)), spread).degenerate
+    assert P.degeneration([0] * 20, spread).degenerate  # "!!!!"
+    spike = [{"1": 0.0, "2": -30.0}] * 20
+    assert P.degeneration(list(range(20)), spike).degenerate
+    nan = [*spread[:19], {"1": float("nan")}]
+    assert P.degeneration(list(range(20)), nan).degenerate
+    assert not P.degeneration([], []).degenerate
+
+
+def test_finite_takes_none_as_the_first_positions_and_refuses_nan_and_inf():
+    assert P.finite([None, -1.0, -0.5])
+    assert not P.finite([-1.0, float("nan")])
+    assert not P.finite([float("-inf")])
+
+
+def test_an_unknown_row_is_a_usage_error_naming_the_rows(capsys):
+    with pytest.raises(SystemExit) as exit:
+        cli.main(["verify", "--base-url", "http://127.0.0.1:9", "--rows", "boundary decode,nope"])
+    assert exit.value.code == 2
+    assert "unknown row 'nope'" in capsys.readouterr().err
+
+
+def test_no_server_is_one_line_and_exit_3(capsys):
+    code = cli.main(["verify", "--base-url", "http://127.0.0.1:9"])
+    assert code == 3
+    err = capsys.readouterr().err
+    assert err.startswith("arcvllm: no vLLM server answers http://127.0.0.1:9/health")
+    assert err.count("\n") == 1

