@@ -27,6 +27,7 @@ COMMANDS = (
     "ci.standins",
     "builder.toolchain",
     "presets",
+    "defects",
     "operate.settings",
     "serving.serve",
     "smoke",

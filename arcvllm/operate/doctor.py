@@ -27,10 +27,10 @@ from arcvllm.operate.host import (
 )
 from arcvllm.operate.settings import load as load_settings
 from arcvllm.operate.settings import render_gid_mismatch
-from arcvllm.presets import Preset, get_preset
+from arcvllm.presets import DEFAULT_XPU_PRESET, Preset, get_preset
 
 GIB = 1024**3
-DEFAULT_PRESET = "qwen3.6-35b-a3b-w4a16-1xb70"
+DEFAULT_PRESET = DEFAULT_XPU_PRESET
 
 # What the stack needs from the host and the image.
 # xe enables Battlemage from Linux 6.12; whether a kernel knows a given device is read from
