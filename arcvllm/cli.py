@@ -29,6 +29,7 @@ COMMANDS = (
     "presets",
     "defects",
     "operate.settings",
+    "model",
     "serving.serve",
     "smoke",
     "bench",

@@ -153,6 +153,7 @@ def test_the_tests_mirror_the_package():
         "test_cli.py",
         "test_defects.py",
         "test_errors.py",
+        "test_model.py",
         "test_package.py",
         "test_presets.py",
     ], top
