@@ -153,7 +153,8 @@ def test_the_default_presets_settings_are_read_from_its_flags_and_config():
     assert (s.max_model_len, s.num_seqs, s.tensor_parallel) == (32768, 8, 1)
     assert (s.speculative, s.quantization, s.compiled, s.xpu_graph) == (False, "int4", True, False)
     assert s.prefix_caching == "align" and s.moe_widths == (512, 512)
-    assert P.defect_settings(P.get_preset("qwen3.6-35b-a3b-w4a16-1xb70-mtp")).speculative
+    spec = {**DEFAULT.vllm_args, "speculative-config": {"method": "mtp"}}
+    assert P.defect_settings(replace(DEFAULT, vllm_args=spec)).speculative
     assert P.defect_settings(P.get_preset("granite-4.0-h-tiny-1xb70")).quantization == "bf16"
 
 
