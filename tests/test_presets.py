@@ -426,7 +426,9 @@ def test_every_preset_fits_its_gpus_and_twice_the_sequences_do_not(name):
 
 def test_the_mtp_twin_fits_with_its_mtp_layer_and_its_kv_cache():
     plain = P.memory_fit(P.get_preset("qwen3.6-35b-a3b-w4a16-1xb70"))
-    mtp = P.memory_fit(P.get_preset("qwen3.6-35b-a3b-w4a16-1xb70-mtp"))
+    twin = P.get_preset("qwen3.6-35b-a3b-w4a16-1xb70")
+    spec = {"method": "mtp", "num_speculative_tokens": 1}
+    mtp = P.memory_fit(replace(twin, vllm_args={**twin.vllm_args, "speculative-config": spec}))
     # One bf16 MoE decoder layer (256 experts x 3 x 2048 x 512: 1.5 GiB) plus one
     # attention layer's KV for 32k x 8 (0.5 GiB).
     assert 1.9 < mtp.draft_gib < 2.3, mtp

@@ -235,8 +235,12 @@ def give_state_weight(model) -> None:
         model.lm_head.weight.mul_(STATE_GAIN)
 
 
-def build(out_dir: Path, seed: int = 0) -> Path:
-    """Write config, bf16 safetensors and tokenizer to OUT_DIR (created, must be empty)."""
+def build(out_dir: Path, seed: int = 0, mtp: bool = True) -> Path:
+    """Write config, bf16 safetensors and tokenizer to OUT_DIR (created, must be empty).
+
+    Without MTP the weights lack the `mtp.*` layer while config.json still declares it
+    (`num_nextn_predict_layers: 1`), as a quantized export that dropped it does: what
+    `arcvllm model check` must refuse for the MTP preset."""
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise UsageError(f"{out_dir} exists and is not empty")
@@ -258,7 +262,7 @@ def build(out_dir: Path, seed: int = 0) -> Path:
     give_state_weight(model)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
-    mtp = add_mtp_layer(out_dir / "model.safetensors", config, seed)
+    mtp_parameters = add_mtp_layer(out_dir / "model.safetensors", config, seed) if mtp else 0
     tokenizer.save_pretrained(out_dir)
     # Generation defaults in the model folder would change vLLM's sampling defaults.
     (out_dir / "generation_config.json").unlink(missing_ok=True)
@@ -268,7 +272,7 @@ def build(out_dir: Path, seed: int = 0) -> Path:
                 "seed": seed,
                 "served_model_name": SERVED_NAME,
                 "parameters": model.num_parameters(),
-                "mtp_parameters": mtp,
+                "mtp_parameters": mtp_parameters,
             },
             indent=2,
         )
@@ -288,7 +292,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
         raise Unavailable(
             f"`tinymodel build` needs the vLLM environment ({exc.name} is missing)"
         ) from exc
-    path = build(Path(args.dir), seed=args.seed)
+    path = build(Path(args.dir), seed=args.seed, mtp=args.mtp)
     if args.json:
         summary = json.loads((path / "arcvllm-tinymodel.json").read_text())
         print(json.dumps({"dir": str(path), **summary}, indent=2))
@@ -305,5 +309,11 @@ def register(subparsers) -> None:
     b = sub.add_parser("build", help="write the model (random bf16 weights, local tokenizer)")
     b.add_argument("dir", help="output folder (created; must be empty)")
     b.add_argument("--seed", type=int, default=0, help="seed for tokenizer text and weights")
+    b.add_argument(
+        "--mtp",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="write the MTP layer's mtp.* weights (--no-mtp: leave them out, config unchanged)",
+    )
     options.add_json(b, help="print the folder, seed, served name and parameter count as JSON")
     b.set_defaults(func=_cmd_build)

@@ -27,10 +27,10 @@ from arcvllm.operate.host import (
 )
 from arcvllm.operate.settings import load as load_settings
 from arcvllm.operate.settings import render_gid_mismatch
-from arcvllm.presets import Preset, get_preset
+from arcvllm.presets import DEFAULT_XPU_PRESET, Preset, get_preset
 
 GIB = 1024**3
-DEFAULT_PRESET = "qwen3.6-35b-a3b-w4a16-1xb70"
+DEFAULT_PRESET = DEFAULT_XPU_PRESET
 
 # What the stack needs from the host and the image.
 # xe enables Battlemage from Linux 6.12; whether a kernel knows a given device is read from
@@ -541,6 +541,27 @@ def check_level_zero(host: Host, preset: Preset) -> Finding:
     return Finding("Level Zero", OK, seen)
 
 
+def check_model(host: Host, preset: Preset) -> Finding:
+    """The preset's model folder against the preset (arcvllm model check), when it is here."""
+    from arcvllm import model
+    from arcvllm.errors import ArcvllmError
+
+    if not preset.model.startswith("/"):
+        return Finding("model", WARN, f"{preset.model} is a hub id: checked once downloaded")
+    folder = host.path(preset.model)
+    if not (folder / "config.json").is_file():
+        return Finding(
+            "model", WARN, f"no model at {preset.model}", "mount it there (or serve -- --model)"
+        )
+    try:
+        line = model.problem(preset, folder, model.check(preset, folder))
+    except ArcvllmError as exc:
+        line = str(exc)
+    if line:
+        return Finding("model", FAIL, line, f"arcvllm model check {preset.name} {preset.model}")
+    return Finding("model", OK, f"{preset.model}: config, tensors, size, tokenizer, template")
+
+
 CHECKS = (
     check_render_nodes,
     check_render_access,
@@ -557,6 +578,7 @@ CHECKS = (
     check_shm,
     check_ram,
     check_disk,
+    check_model,
 )
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from arcvllm import options
 from arcvllm.errors import Unavailable, UsageError
+from arcvllm.model import model_dir, refuse
 from arcvllm.presets import (
     Command,
     Preset,
@@ -142,6 +143,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise Unavailable(problem)
     if mismatch:
         raise Unavailable(mismatch)  # no vLLM, or one the preset's stacks do not span
+    served = model_dir(preset, split_extra(args.extra))
+    if served is not None:
+        refuse(preset, served)  # the files, before vLLM takes any memory (arcvllm.model)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(command.python, command.argv, effective_env(command, os.environ))

@@ -456,17 +456,14 @@ def test_the_stacks_file_names_no_side_image_twice():
 # ---- every download pinned: trust on first use (finding 1) -----------------------------
 
 
-def test_the_default_stack_builds_without_a_flag_its_unpinned_downloads_trusted_once(
-    tmp_path, capsys
-):
+def test_a_stack_builds_without_a_flag_its_unpinned_downloads_trusted_once(tmp_path, capsys):
     """xpu-0.23 has downloads with no published sum: the first build records them (one
     line), later builds check the recorded sums and fetch nothing to decide."""
     from arcvllm.builder import sums
 
-    _, defaults = stack.load()
-    args = stack.get(defaults["xpu"]).build_args()
+    args = stack.get("xpu-0.23").build_args()
     missing = sums.unpinned(args)
-    assert missing, "the default stack's unpinned downloads (else this test proves nothing)"
+    assert missing, "xpu-0.23's unpinned downloads (else this test proves nothing)"
     fetched: list[str] = []
 
     def fetch(url: str) -> str:

@@ -21,13 +21,15 @@ def stacks():
     return stack.load()
 
 
-def test_the_default_xpu_stack_needs_the_pointer_patches(stacks):
-    """The flagship is a release the series patches (both pointer fixes), not one that
-    already carries upstream's fixes: that is what the image exists for."""
+def test_the_newest_stack_with_the_pointer_bugs_needs_both_pointer_patches(stacks):
+    """xpu-0.23 is a release the series patches (both pointer fixes), not one that already
+    carries upstream's fixes. It is no longer the default: the defect ledger picks the
+    default (tests/test_defects.py), and 0.23's kernels carry vllm-xpu-kernels#411."""
     from arcvllm.patching import series
 
     by_name, defaults = stacks
-    flagship = by_name[defaults["xpu"]]
+    assert defaults["xpu"] != "xpu-0.23"
+    flagship = by_name["xpu-0.23"]
     entries = series.entries_for(series.load(), series.parse_version(flagship.vllm_version))
     applied = {e.patch.name for e in entries if e.expect == series.APPLY}
     assert {"mamba-copy-uint64", "mamba-fused-u64"} <= applied
@@ -133,7 +135,7 @@ def test_build_args_quote_values_with_spaces(stacks):
 def test_cli_list_and_unknown_stack(capsys):
     assert main(["stack", "list"]) == 0
     out = capsys.readouterr().out
-    assert "xpu-0.23 (default)" in out and "cpu (default)" in out
+    assert "xpu-0.33 (default)" in out and "cpu (default)" in out
     assert main(["stack", "show", "nope"]) == 2
     assert (
         "unknown stack 'nope'; stacks: xpu-0.20, xpu-0.23, xpu-0.33, cpu" in capsys.readouterr().err

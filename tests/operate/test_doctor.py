@@ -147,14 +147,46 @@ SYCL_NOGPU = 'echo "[opencl:cpu][opencl:0] Intel(R) OpenCL, CPU"'
 XPU_SMI_OK = 'echo "| 0 | Device Name: Intel(R) Arc(TM) Pro B70 Graphics |"'
 
 
+def put_model(host: H.Host, preset, mtp: bool = False) -> Path:
+    """A model folder `arcvllm model check` reads as PRESET's: its config excerpt, one
+    safetensors file (the documented header), a tokenizer and a chat template."""
+    import struct
+
+    folder = host.path(preset.model)
+    folder.mkdir(parents=True)
+    config = {**preset.model_config} or {"architectures": ["Qwen3NextForCausalLM"]}
+    (folder / "config.json").write_text(json.dumps(config))
+    names = ["model.layers.0.mlp.gate.weight"] + (["mtp.fc.weight"] if mtp else [])
+    head = {n: {"dtype": "BF16", "shape": [1], "data_offsets": [0, 2]} for n in names}
+    text = json.dumps(head).encode()
+    (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(text)) + text + b"\0\0")
+    (folder / "tokenizer.json").write_text("{}")
+    (folder / "chat_template.jinja").write_text("{{ messages }}")
+    return folder
+
+
+def test_the_model_row_checks_the_presets_folder_and_warns_when_none_is_there(tmp_path):
+    host = build(tmp_path)
+    mtp = get_preset("tiny-hybrid-cpu-mtp")
+    absent = D.check_model(host, mtp)
+    assert absent.status == D.WARN and mtp.model in absent.seen
+    put_model(host, mtp)
+    refused = D.check_model(host, mtp)
+    assert refused.status == D.FAIL and "no mtp.* tensors" in refused.seen
+    assert refused.fix == f"arcvllm model check {mtp.name} {mtp.model}"
+    assert D.check_model(host, CPU).status == D.OK  # the same folder serves the plain preset
+
+
 def test_a_ready_b70_host_is_all_ok(tmp_path):
     host = build(tmp_path, container=False, tools={"sycl-ls": SYCL_OK, "xpu-smi": XPU_SMI_OK})
+    put_model(host, XPU1)
     rows = D.diagnose(host, XPU1)
     assert [r.status for r in rows] == [D.OK] * len(D.CHECKS), rows
 
 
 def test_a_ready_b70_container_only_leaves_the_firmware_to_the_host(tmp_path):
     host = build(tmp_path, tools={"sycl-ls": SYCL_OK, "xpu-smi": XPU_SMI_OK})
+    put_model(host, XPU1)
     rows = {r.check: r.status for r in D.diagnose(host, XPU1)}
     assert {k for k, v in rows.items() if v != D.OK} == {"GPU firmware"}
     assert rows["GPU firmware"] == D.WARN

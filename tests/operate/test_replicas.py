@@ -131,7 +131,7 @@ def test_the_written_file_is_valid_compose_with_one_gpu_per_replica(tmp_path):
     assert gpu_problems(svc, 3) == []
     for i in range(3):
         replica = svc[f"vllm-{i}"]
-        assert replica["image"] == "arcvllm:xpu-0.23"
+        assert replica["image"] == "arcvllm:xpu-0.33"
         assert "ports" not in replica
         assert replica["stop_grace_period"] in ("150s", "2m30s")
     assert "vllm-3" not in svc

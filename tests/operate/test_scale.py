@@ -88,7 +88,8 @@ def test_one_b70_per_replica_no_host_ports_behind_the_router(four):
         replica = svc[f"vllm-{i}"]
         assert "ports" not in replica, replica.get("ports")
         assert len(replica["devices"]) == 1
-        assert "--enable-scale-out" not in replica["command"]  # xpu-0.23: not needed
+        # The default stack, xpu-0.33 (vLLM 0.33), needs it for the router's tokenizing.
+        assert "--enable-scale-out" in replica["command"]
     router = svc["router"]
     assert "ports" not in router  # the gateway is the way in
     assert ports(svc["gateway"]) == [("0.0.0.0", 8080, 8443)]

@@ -305,7 +305,7 @@ def test_a_patch_that_applies_but_does_not_fix_is_rolled_back(tmp_path):
             "mamba-block-size-align-warning=applied,mamba-copy-uint64=applied,"
             "mamba-fused-u64=applied",
         ),
-        (  # the default XPU stack's release (xpu-0.23)
+        (  # the xpu-0.23 stack's release
             "0.23.0",
             "mamba-block-size-align-warning=applied,mamba-copy-uint64=applied,"
             "mamba-fused-u64=applied",

