@@ -160,9 +160,8 @@ def cosign_flags(registry: str) -> list[str]:
     return ["--allow-http-registry"] if _local(registry) else []
 
 
-def provenance(spec: image.Build, digest: str) -> dict:
+def provenance(spec: image.Build, digest: str, src: image.Source) -> dict:
     """A SLSA v1 provenance predicate: what built the image from which commit and inputs."""
-    src = image.source()
     args = {**spec.args, **spec.extra_args}
     return {
         "buildDefinition": {
@@ -240,9 +239,18 @@ def push_layout(layout: Path, refs: Sequence[str], digest: str) -> None:
             raise ArcvllmError(f"{ref}: the registry holds {pushed.strip()}, the build {digest}")
 
 
-def release_one(target: Target, version: str, registry: str, key: Path, out: Path) -> dict:
-    """Build, push, sign and attest one image; its manifest entry. The layout is pushed as
-    it is, never loaded into the engine: one copy of each image on disk."""
+def release_one(
+    target: Target,
+    version: str,
+    registry: str,
+    key: Path,
+    out: Path,
+    src: image.Source,
+    root: Path | None = None,
+) -> dict:
+    """Build, push, sign and attest one image of the commit SRC (the checkout ROOT); its
+    manifest entry. The layout is pushed as it is, never loaded into the engine: one copy
+    of each image on disk."""
     if target.kind == "server":
         spec = image.spec_for(target.name)
     else:
@@ -253,7 +261,7 @@ def release_one(target: Target, version: str, registry: str, key: Path, out: Pat
     spec.tags = [f"{repo}:{tags[0]}"]
     spec.oci_layout = layout
     print(f"release: building {spec.tags[0]} ({spec.target})", file=sys.stderr)
-    image.build(spec)
+    image.build(spec, root)
     digest = layout_digest(layout)
     push_layout(layout, [f"{registry}/{repo}:{tag}" for tag in tags], digest)
     by_digest = f"{registry}/{repo}@{digest}"
@@ -266,7 +274,7 @@ def release_one(target: Target, version: str, registry: str, key: Path, out: Pat
     attest = ["cosign", "attest", *signer, "--type", "cyclonedx", "--predicate", str(sbom_file)]
     _run([*attest, by_digest], f"cosign attest {by_digest}")
     provenance_file = out / f"{repo}-{tags[0]}.provenance.json"
-    provenance_file.write_text(json.dumps(provenance(spec, digest), indent=2) + "\n")
+    provenance_file.write_text(json.dumps(provenance(spec, digest, src), indent=2) + "\n")
     attest = ["cosign", "attest", *signer, "--type", "slsaprovenance1"]
     _run([*attest, "--predicate", str(provenance_file), by_digest], "cosign attest provenance")
     labels = layout_config(layout).get("config", {}).get("Labels") or {}
@@ -294,8 +302,10 @@ def release(
     out: Path,
     stacks: Sequence[str] | None = None,
     sides: Sequence[str] | None = None,
+    root: Path | None = None,
 ) -> dict:
-    """Every image of the release; writes OUT/manifest.json and returns it."""
+    """Every image of the release from the checkout ROOT (default: this one); writes
+    OUT/manifest.json and returns it. Nothing is built unless git names the commit."""
     import re
 
     if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,100}", version):
@@ -317,16 +327,16 @@ def release(
     public = key.with_suffix(".pub")
     if str(key) != KEYLESS and not public.is_file():
         raise UsageError(f"no public key {public} beside {key} (cosign generate-key-pair)")
+    src = image.source(root, release=True)  # no release of `unknown`, dated 1970
     chosen = targets(stacks, sides)
     out.mkdir(parents=True, exist_ok=True)
-    src = image.source()
     manifest = {
         "version": version,
         "revision": src.revision,
         "created": src.created,
         "registry": registry,
         "public_key": None if str(key) == KEYLESS else key.with_suffix(".pub").name,
-        "images": [release_one(t, version, registry, key, out) for t in chosen],
+        "images": [release_one(t, version, registry, key, out, src, root) for t in chosen],
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     if str(key) != KEYLESS:  # beside the manifest: what an operator verifies with

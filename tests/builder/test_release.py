@@ -25,7 +25,7 @@ from conftest import ROOT, QuietHandler
 from arcvllm import __version__
 from arcvllm.builder import image, release, sbom, stack
 from arcvllm.engine import docker_binary
-from arcvllm.errors import ArcvllmError, UsageError
+from arcvllm.errors import ArcvllmError, Unavailable, UsageError
 
 RELEASE_DIR = Path(os.environ.get("ARCVLLM_RELEASE_DIR", ROOT / "build" / "release" / "ci"))
 
@@ -46,6 +46,79 @@ def test_a_build_is_dated_by_its_commit_not_the_clock(monkeypatch):
     assert f"CREATED={src.created}" in argv and f"REVISION={src.revision}" in argv
     plan = next(a for a in argv if a.startswith("ARCVLLM_PATCHES="))
     assert "mamba-copy-uint64=upstream" in plan
+
+
+def committed_repo(path: Path, owner: int | None = None) -> tuple[Path, str]:
+    """A real git checkout with one commit at PATH (owned by OWNER, a uid, if given): it and
+    its revision as `image.source` names it."""
+    path.mkdir()
+    env = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", str(path), *args], env=env, capture_output=True,
+                              text=True, check=True)  # fmt: skip
+        return done.stdout.strip()
+
+    git("init", "-q")
+    (path / "README").write_text("one commit\n")
+    git("add", "README")
+    git("-c", "user.name=t", "-c", "user.email=t@t.invalid", "commit", "-qm", "one")
+    revision = git("rev-parse", "--short=12", "HEAD")
+    if owner is not None:
+        subprocess.run(["chown", "-R", f"{owner}:{owner}", str(path)], check=True)
+    return path, revision
+
+
+SAFE_DIRECTORY = 'git config --global --add safe.directory "$GITHUB_WORKSPACE"'
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown of a checkout needs root")
+
+
+@needs_root
+def test_a_release_refuses_a_checkout_git_will_not_read_in_one_line(tmp_path, monkeypatch):
+    """The hosted job: root in a container over a checkout owned by the runner's user.
+    Every git call fails ("dubious ownership"); the release stops before building anything
+    (exit 3) instead of naming its images `unknown` and dating them 1970."""
+    monkeypatch.delenv("SUDO_UID", raising=False)  # git trusts a sudo caller's own checkout
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(tmp_path / "gitconfig"))
+    (tmp_path / "gitconfig").write_text("")
+    repo, revision = committed_repo(tmp_path / "checkout", owner=1000)
+    out = tmp_path / "out"
+    with pytest.raises(Unavailable) as err:
+        release.release("ci", "registry.example.org/a", Path(release.KEYLESS), out, root=repo)
+    message = str(err.value)
+    assert err.value.exit_code == 3 and "\n" not in message
+    assert "dubious ownership" in message and f"safe.directory {repo}" in message
+    assert not out.exists()  # nothing made
+    with pytest.raises(Unavailable, match="dubious ownership"):  # a plain build too
+        image.source(repo)
+    # the workflow's fix: the checkout marked safe in git's global config
+    (tmp_path / "gitconfig").write_text(f"[safe]\n\tdirectory = {repo}\n")
+    src = image.source(repo, release=True)
+    assert src.revision == revision and src.epoch > 1_700_000_000
+
+
+def test_a_tree_outside_git_builds_as_unknown_locally_and_is_no_release(tmp_path, monkeypatch):
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    tree = tmp_path / "unpacked"
+    tree.mkdir()
+    assert image.source(tree) == image.Source("unknown", 1700000000)
+    with pytest.raises(Unavailable, match="not a git checkout") as err:
+        image.source(tree, release=True)
+    assert err.value.exit_code == 3
+
+
+def test_every_hosted_job_marks_its_checkout_safe_for_git_right_after_checking_it_out():
+    """Each job runs as root in a container over a checkout the runner's user owns: without
+    safe.directory every git call after actions/checkout fails (its own setting is gone)."""
+    for name in ("ci.yml", "release.yml"):
+        jobs = yaml.safe_load((ROOT / ".github/workflows" / name).read_text())["jobs"]
+        for job_name, job in jobs.items():
+            steps = job["steps"]
+            uses = [s.get("uses", "") for s in steps]
+            at = next(i for i, u in enumerate(uses) if u.startswith("actions/checkout"))
+            after = steps[at + 1].get("run", "")
+            assert SAFE_DIRECTORY in after, f"{name} {job_name}"
 
 
 def test_a_release_build_exports_a_reproducible_oci_layout(tmp_path):
