@@ -295,6 +295,17 @@ def release_one(
     }
 
 
+def check_registry(registry: str) -> None:
+    """REGISTRY is host[:port][/path], its path in lower case (OCI repository names are:
+    `ghcr.io/${{ github.repository_owner }}` of an owner with capitals is not one)."""
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9.-]+(:[0-9]+)?(/[a-z0-9._/-]+)?", registry):
+        raise UsageError(
+            f"release: REGISTRY {registry!r} is not host[:port][/path] (the path in lower case)"
+        )
+
+
 def release(
     version: str,
     registry: str,
@@ -320,8 +331,7 @@ def release(
             f"release: VERSION {version} but arcvllm is {package} (the images' version "
             f"label): set __version__ in arcvllm/__init__.py to {version} first"
         )
-    if not re.fullmatch(r"[A-Za-z0-9.-]+(:[0-9]+)?(/[a-z0-9._/-]+)?", registry):
-        raise UsageError(f"release: REGISTRY {registry!r} is not host[:port][/path]")
+    check_registry(registry)
     if str(key) != KEYLESS and not key.is_file():
         raise UsageError(f"no cosign key at {key} (cosign generate-key-pair)")
     public = key.with_suffix(".pub")

@@ -619,7 +619,7 @@ def test_every_hosted_job_runs_where_engine_sh_installs_and_starts_its_engine():
     runs = [s.get("run", "") for s in release["jobs"]["release"]["steps"]]
     assert 'scripts/ci/engine.sh up >>"$GITHUB_ENV"' in runs
     assert any('image sums "$stack" --write' in r for r in runs)  # pinned in stacks.yaml
-    assert any("git add configs/stacks.yaml" in r for r in runs)  # by the pull request
+    assert any("scripts/ci/pin-sums-pr.sh" in r for r in runs)  # by the pull request
     verify = next(r for r in runs if "cosign verify-attestation" in r)
     assert "cyclonedx" in verify and "slsaprovenance1" in verify
 
@@ -775,3 +775,125 @@ def test_the_release_pins_the_sums_it_recorded_in_stacks_yaml(tmp_path):
     ]
     assert sums.pin(out, "xpu-0.23", {}) == pinned_text  # nothing to pin: unchanged
     assert sums.pin(out, "xpu-0.23", stack.get("xpu-0.23", out).build_args()) == pinned_text
+
+
+# ---- the hosted release on GitHub's terms (finding 12) ----------------------------------
+
+
+def workflow_runs(name: str = "release.yml") -> list[str]:
+    """Every `run:` of every job of a workflow."""
+    jobs = yaml.safe_load((ROOT / ".github/workflows" / name).read_text())["jobs"]
+    return [s.get("run", "") for job in jobs.values() for s in job["steps"]]
+
+
+def test_the_registry_of_an_owner_with_capitals_is_lowercased_before_release_reads_it(tmp_path):
+    """`ghcr.io/${{ github.repository_owner }}` keeps the owner's capitals, which no OCI
+    repository name and no release takes: the workflow's own line, run by bash, gives the
+    registry in lower case."""
+    text = (ROOT / ".github/workflows/release.yml").read_text()
+    assert "ghcr.io/${{ github.repository_owner }}" not in text
+    line = next(r for r in workflow_runs() if "REGISTRY=" in r and "GITHUB_ENV" in r)
+    env_file = tmp_path / "github-env"
+    env = {"PATH": os.environ["PATH"], "GITHUB_ENV": str(env_file)}
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", line],
+                          env={**env, "GITHUB_REPOSITORY_OWNER": "ArcVLLM-Labs"},
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    registry = env_file.read_text().strip().removeprefix("REGISTRY=")
+    assert registry == "ghcr.io/arcvllm-labs"
+    release.check_registry(registry)
+    with pytest.raises(UsageError, match="lower case"):
+        release.check_registry("ghcr.io/ArcVLLM-Labs")
+
+
+GH_REFUSES = """#!/bin/sh
+echo "pull request create failed: GraphQL: GitHub Actions is not permitted to create or \
+approve pull requests (createPullRequest)" >&2
+exit 1
+"""
+GH_OPENS = """#!/bin/sh
+echo "https://github.com/ArcVLLM-Labs/arcvllm/pull/7"
+"""
+
+
+def pin_sums_checkout(tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
+    """A clone (with the script and a stacks.yaml) of a bare origin; the script's env."""
+    origin = tmp_path / "origin.git"
+    env = {
+        **os.environ,
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GITHUB_REPOSITORY": "ArcVLLM-Labs/arcvllm",
+        "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
+    }
+
+    def git(*args: str, cwd: Path = tmp_path) -> None:
+        subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True)
+
+    git("init", "-q", "--bare", "-b", "main", str(origin))
+    work = tmp_path / "work"
+    (work / "scripts" / "ci").mkdir(parents=True)
+    (work / "configs").mkdir()
+    (work / "configs" / "stacks.yaml").write_text("stacks: {}\n")
+    script = work / "scripts" / "ci" / "pin-sums-pr.sh"
+    script.write_text((ROOT / "scripts" / "ci" / "pin-sums-pr.sh").read_text())
+    script.chmod(0o755)
+    git("init", "-q", "-b", "main", cwd=work)
+    git("add", ".", cwd=work)
+    git("-c", "user.name=t", "-c", "user.email=t@t.invalid", "commit", "-qm", "one", cwd=work)
+    git("remote", "add", "origin", str(origin), cwd=work)
+    git("push", "-q", "origin", "main", cwd=work)
+    (tmp_path / "bin").mkdir()
+    return work, origin, env
+
+
+def stand_in_gh(tmp_path: Path, script: str) -> None:
+    """A stand-in for GitHub's `gh` (GitHub is not reachable here), answering as GitHub does."""
+    gh = tmp_path / "bin" / "gh"
+    gh.write_text(script)
+    gh.chmod(0o755)
+
+
+@pytest.mark.parametrize("opens", [False, True], ids=["refused", "opened"])
+def test_the_pin_sums_branch_is_pushed_and_a_refused_pull_request_gives_its_compare_url(
+    tmp_path, opens
+):
+    work, origin, env = pin_sums_checkout(tmp_path)
+    stand_in_gh(tmp_path, GH_OPENS if opens else GH_REFUSES)
+    (work / "configs" / "stacks.yaml").write_text("stacks: {pinned: 1}\n")
+    done = subprocess.run([str(work / "scripts/ci/pin-sums-pr.sh"), "v0.1.0"], env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    pushed = subprocess.run(
+        ["git", "--git-dir", str(origin), "show", "pin-sums-v0.1.0:configs/stacks.yaml"],
+        env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert pushed.stdout == "stacks: {pinned: 1}\n", pushed.stderr
+    out = done.stdout.strip().splitlines()
+    if opens:
+        assert out == [
+            "pin-sums: https://github.com/ArcVLLM-Labs/arcvllm/pull/7 (its CI starts once "
+            "someone pushes to it, or closes and reopens it)"
+        ]
+    else:
+        assert len(out) == 1 and out[0].startswith("::warning::pin-sums: GitHub opened no")
+        assert "not permitted to create or approve pull requests" in out[0]
+        compare = "https://github.com/ArcVLLM-Labs/arcvllm/compare/main...pin-sums-v0.1.0"
+        assert out[0].endswith(f"open it at {compare}?expand=1")
+
+
+def test_without_a_new_sum_no_branch_is_pushed(tmp_path):
+    work, origin, env = pin_sums_checkout(tmp_path)
+    stand_in_gh(tmp_path, "#!/bin/sh\nexit 99\n")
+    done = subprocess.run([str(work / "scripts/ci/pin-sums-pr.sh"), "v0.1.0"], env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0 and "no pull request" in done.stdout, done.stderr
+    branches = subprocess.run(["git", "--git-dir", str(origin), "branch"], env=env,
+                              capture_output=True, text=True).stdout  # fmt: skip
+    assert branches.split() == ["*", "main"] or branches.split() == ["main"], branches
+
+
+def test_the_release_docs_name_the_setting_the_pull_request_needs_and_its_silent_ci():
+    text = " ".join((ROOT / "docs/release.md").read_text().split())
+    assert "Allow GitHub Actions to create and approve pull requests" in text
+    assert "starts no workflow" in text
