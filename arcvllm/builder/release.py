@@ -7,7 +7,8 @@ registry holds the layout's digest, sign that digest with cosign (a key pair fro
 a file; the hosted workflow signs keyless), attach the image's own SBOM
 (/opt/arcvllm/sbom.cdx.json) as a signed CycloneDX attestation, and write manifest.json
 (stack -> digest, tags, vLLM version, patch plan, SBOM, signature). `verify` checks a
-manifest's every digest against a public key: an unsigned or altered digest fails.
+manifest's every digest against a public key, or the keyless signer's identity: an
+unsigned, foreign-signed or altered digest fails.
 """
 
 from __future__ import annotations
@@ -239,6 +240,19 @@ def push_layout(layout: Path, refs: Sequence[str], digest: str) -> None:
             raise ArcvllmError(f"{ref}: the registry holds {pushed.strip()}, the build {digest}")
 
 
+def sign(by_digest: str, key: Path, sbom_file: Path, provenance_file: Path) -> None:
+    """Sign the image BY_DIGEST and attest its SBOM (CycloneDX) and its provenance (SLSA v1)
+    with KEY: a key file signs offline (no transparency log), `keyless` with the CI's OIDC
+    identity (Fulcio and Rekor)."""
+    signer = ["-y", *cosign_flags(by_digest.split("/")[0])]
+    signer += [] if str(key) == KEYLESS else ["--key", str(key), "--tlog-upload=false"]
+    _run(["cosign", "sign", *signer, by_digest], f"cosign sign {by_digest}")
+    attest = ["cosign", "attest", *signer, "--type", "cyclonedx", "--predicate", str(sbom_file)]
+    _run([*attest, by_digest], f"cosign attest {by_digest}")
+    attest = ["cosign", "attest", *signer, "--type", "slsaprovenance1"]
+    _run([*attest, "--predicate", str(provenance_file), by_digest], "cosign attest provenance")
+
+
 def release_one(
     target: Target,
     version: str,
@@ -267,16 +281,9 @@ def release_one(
     by_digest = f"{registry}/{repo}@{digest}"
     sbom_file = out / f"{repo}-{tags[0]}.cdx.json"
     sbom_file.write_bytes(layout_file(layout, SBOM_PATH))
-    # A key file signs offline (no transparency log); keyless signs with the CI's identity.
-    signer = ["-y", *cosign_flags(registry)]
-    signer += [] if str(key) == KEYLESS else ["--key", str(key), "--tlog-upload=false"]
-    _run(["cosign", "sign", *signer, by_digest], f"cosign sign {by_digest}")
-    attest = ["cosign", "attest", *signer, "--type", "cyclonedx", "--predicate", str(sbom_file)]
-    _run([*attest, by_digest], f"cosign attest {by_digest}")
     provenance_file = out / f"{repo}-{tags[0]}.provenance.json"
     provenance_file.write_text(json.dumps(provenance(spec, digest, src), indent=2) + "\n")
-    attest = ["cosign", "attest", *signer, "--type", "slsaprovenance1"]
-    _run([*attest, "--predicate", str(provenance_file), by_digest], "cosign attest provenance")
+    sign(by_digest, key, sbom_file, provenance_file)
     labels = layout_config(layout).get("config", {}).get("Labels") or {}
     print(f"release: {by_digest} pushed, signed, SBOM attested", file=sys.stderr)
     return {
@@ -400,27 +407,87 @@ def reproducible(names: Sequence[str], builds: Sequence[str], out: Path) -> list
     return differ
 
 
-def verify_ref(ref: str, public_key: Path, attestation: bool = True) -> tuple[bool, str]:
-    """cosign's verdict on a digest: its signature (and its SBOM attestation)."""
-    registry = ref.split("/")[0]
-    flags = ["--key", str(public_key), "--insecure-ignore-tlog=true", *cosign_flags(registry)]
+# Who signs the hosted release: .github/workflows/release.yml of this repository on a tag,
+# with the identity GitHub Actions' OIDC issuer vouches for (README's pull path).
+GITHUB_OIDC_ISSUER = "https://token.actions.githubusercontent.com"
+RELEASE_IDENTITY_REGEXP = (
+    r"^https://github\.com/arcvllm/arcvllm/\.github/workflows/release\.yml@refs/tags/v"
+)
+
+
+@dataclass(frozen=True)
+class Signer:
+    """Who must have signed a release: the public key of a key pair's release, or the
+    identity of a keyless one (cosign's --certificate-identity-regexp and
+    --certificate-oidc-issuer: the workflow that signed, and who vouched for it)."""
+
+    key: Path | None = None
+    identity_regexp: str | None = None
+    oidc_issuer: str | None = None
+
+    @classmethod
+    def of(cls, key: Path | None, identity_regexp: str | None, oidc_issuer: str | None) -> Signer:
+        """The signer a command line names: a key, or an identity and its issuer."""
+        identity = identity_regexp is not None or oidc_issuer is not None
+        if key is not None and identity:
+            raise UsageError(
+                "verify: --key (a key pair's release) or --certificate-identity-regexp with "
+                "--certificate-oidc-issuer (a keyless one), not both"
+            )
+        if key is None and not identity:
+            raise UsageError(
+                "verify: name the signer: --key cosign.pub (a key pair's release), or "
+                "--certificate-identity-regexp RE --certificate-oidc-issuer URL (keyless: the "
+                "hosted release, README's pull path)"
+            )
+        if identity and not (identity_regexp and oidc_issuer):
+            raise UsageError(
+                "verify: a keyless release is verified by both --certificate-identity-regexp "
+                "and --certificate-oidc-issuer"
+            )
+        return cls(key, identity_regexp, oidc_issuer)
+
+    def cosign_flags(self) -> list[str]:
+        """cosign's flags for this signer. A key pair's release was signed offline (no
+        transparency log entry to check); a keyless one is checked against Rekor's."""
+        if self.key is not None:
+            return ["--key", str(self.key), "--insecure-ignore-tlog=true"]
+        return [
+            "--certificate-identity-regexp",
+            str(self.identity_regexp),
+            "--certificate-oidc-issuer",
+            str(self.oidc_issuer),
+        ]
+
+
+def verify_argvs(ref: str, signer: Signer, attestation: bool = True) -> list[list[str]]:
+    """cosign's checks of one digest: its signature, then its SBOM and provenance attestations."""
+    flags = [*signer.cosign_flags(), *cosign_flags(ref.split("/")[0])]
     checks = [["cosign", "verify", *flags, ref]]
     if attestation:
-        checks.append(["cosign", "verify-attestation", "--type", "cyclonedx", *flags, ref])
-    for argv in checks:
-        proc = subprocess.run(argv, capture_output=True, text=True)
+        for kind in ("cyclonedx", "slsaprovenance1"):
+            checks.append(["cosign", "verify-attestation", "--type", kind, *flags, ref])
+    return checks
+
+
+def verify_ref(ref: str, signer: Signer, attestation: bool = True) -> tuple[bool, str]:
+    """cosign's verdict on a digest: its signature (and its SBOM and provenance)."""
+    for argv in verify_argvs(ref, signer, attestation):
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
         if proc.returncode != 0:
             lines = proc.stderr.strip().splitlines()
             return False, lines[-1] if lines else f"{argv[1]} exit {proc.returncode}"
-    return True, "signature and SBOM attestation verified"
+    if not attestation:
+        return True, "signature verified"
+    return True, "signature, SBOM and provenance attestations verified"
 
 
-def verify(manifest_file: Path, public_key: Path) -> list[dict]:
+def verify(manifest_file: Path, signer: Signer) -> list[dict]:
     """Every image of a manifest checked; a list of {ref, ok, detail}."""
     manifest = json.loads(manifest_file.read_text())
     results = []
     for entry in manifest["images"]:
-        ok, detail = verify_ref(entry["ref"], public_key)
+        ok, detail = verify_ref(entry["ref"], signer)
         results.append({"name": entry["name"], "ref": entry["ref"], "ok": ok, "detail": detail})
     return results
 
@@ -466,7 +533,8 @@ def _cmd(args) -> int:
         print(json.dumps(found[args.field]) if args.json else found[args.field])
         return 0
     if args.action == "verify":
-        results = verify(args.manifest, args.key)
+        signer = Signer.of(args.key, args.certificate_identity_regexp, args.certificate_oidc_issuer)
+        results = verify(args.manifest, signer)
         if args.json:
             print(json.dumps(results, indent=2))
         else:
@@ -504,9 +572,27 @@ def register(subparsers) -> None:
     b.add_argument("--out", type=Path, required=True, help="folder for layouts and manifest")
     b.add_argument("--stacks", help="comma-separated stacks (default: all; '' for none)")
     b.add_argument("--sides", help="comma-separated side images (default: all; '' for none)")
-    v = sub.add_parser("verify", help="verify every digest of a manifest")
+    v = sub.add_parser(
+        "verify",
+        help="verify every digest of a manifest: by a public key, or by the keyless signer's "
+        "identity",
+        description="cosign's verdict on every digest of a manifest: its signature, SBOM and "
+        "provenance attestations. A key pair's release: --key cosign.pub. The hosted, keyless "
+        f"release: --certificate-identity-regexp '{RELEASE_IDENTITY_REGEXP}' "
+        f"--certificate-oidc-issuer {GITHUB_OIDC_ISSUER} (cosign's flags).",
+    )
     v.add_argument("manifest", type=options.existing_file)
-    v.add_argument("--key", type=options.existing_file, required=True, help="cosign public key")
+    v.add_argument("--key", type=options.existing_file, help="cosign public key (a key pair's)")
+    v.add_argument(
+        "--certificate-identity-regexp",
+        metavar="RE",
+        help="keyless: the signing identity (the release workflow's URL), a regular expression",
+    )
+    v.add_argument(
+        "--certificate-oidc-issuer",
+        metavar="URL",
+        help=f"keyless: who issued that identity (GitHub Actions: {GITHUB_OIDC_ISSUER})",
+    )
     c = sub.add_parser("compare", help="two builds' OCI layouts: one digest, or what differs")
     c.add_argument("first", type=options.existing_dir)
     c.add_argument("second", type=options.existing_dir)

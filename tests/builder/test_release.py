@@ -14,13 +14,15 @@ import io
 import json
 import os
 import re
+import shlex
 import subprocess
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, QuietHandler
+from conftest import ROOT, QuietHandler, free_port
 
 from arcvllm import __version__
 from arcvllm.builder import image, release, sbom, stack
@@ -443,7 +445,9 @@ def cosign(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.release
 def test_every_released_digest_verifies(released):
-    results = release.verify(RELEASE_DIR / "manifest.json", RELEASE_DIR / "cosign.pub")
+    results = release.verify(
+        RELEASE_DIR / "manifest.json", release.Signer(RELEASE_DIR / "cosign.pub")
+    )
     assert results and all(r["ok"] for r in results), results
     names = {r["name"] for r in results}
     assert {"cpu", "gateway"} <= names
@@ -458,7 +462,9 @@ def test_a_digest_signed_by_another_key_is_refused(released, tmp_path):
         capture_output=True,
         check=True,
     )
-    ok, detail = release.verify_ref(released["images"][0]["ref"], tmp_path / "other.pub")
+    ok, detail = release.verify_ref(
+        released["images"][0]["ref"], release.Signer(tmp_path / "other.pub")
+    )
     assert not ok, detail
 
 
@@ -480,7 +486,8 @@ def test_an_unsigned_digest_in_the_same_repository_is_refused(released, tmp_path
     assert pushed.returncode == 0, pushed.stderr
     digest = re.search(r"digest: (sha256:[0-9a-f]{64})", pushed.stdout).group(1)
     assert digest != gateway["digest"]
-    ok, detail = release.verify_ref(f"{gateway['repository']}@{digest}", RELEASE_DIR / "cosign.pub")
+    signer = release.Signer(RELEASE_DIR / "cosign.pub")
+    ok, detail = release.verify_ref(f"{gateway['repository']}@{digest}", signer)
     assert not ok
     assert "no signatures found" in detail.lower() or "no matching" in detail.lower(), detail
     subprocess.run([docker, "image", "rm", tag], capture_output=True)
@@ -620,8 +627,8 @@ def test_every_hosted_job_runs_where_engine_sh_installs_and_starts_its_engine():
     assert 'scripts/ci/engine.sh up >>"$GITHUB_ENV"' in runs
     assert any('image sums "$stack" --write' in r for r in runs)  # pinned in stacks.yaml
     assert any("scripts/ci/pin-sums-pr.sh" in r for r in runs)  # by the pull request
-    verify = next(r for r in runs if "cosign verify-attestation" in r)
-    assert "cyclonedx" in verify and "slsaprovenance1" in verify
+    verify = next(r for r in runs if "release verify" in r)
+    assert "--certificate-identity-regexp" in verify and "--certificate-oidc-issuer" in verify
 
 
 def test_engine_sh_takes_the_engine_and_the_release_tools_from_trixie():
@@ -795,9 +802,12 @@ def test_the_registry_of_an_owner_with_capitals_is_lowercased_before_release_rea
     line = next(r for r in workflow_runs() if "REGISTRY=" in r and "GITHUB_ENV" in r)
     env_file = tmp_path / "github-env"
     env = {"PATH": os.environ["PATH"], "GITHUB_ENV": str(env_file)}
-    done = subprocess.run(["bash", "-euo", "pipefail", "-c", line],
-                          env={**env, "GITHUB_REPOSITORY_OWNER": "ArcVLLM-Labs"},
-                          capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", line],
+        env={**env, "GITHUB_REPOSITORY_OWNER": "ArcVLLM-Labs"},
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     registry = env_file.read_text().strip().removeprefix("REGISTRY=")
     assert registry == "ghcr.io/arcvllm-labs"
@@ -861,13 +871,20 @@ def test_the_pin_sums_branch_is_pushed_and_a_refused_pull_request_gives_its_comp
     work, origin, env = pin_sums_checkout(tmp_path)
     stand_in_gh(tmp_path, GH_OPENS if opens else GH_REFUSES)
     (work / "configs" / "stacks.yaml").write_text("stacks: {pinned: 1}\n")
-    done = subprocess.run([str(work / "scripts/ci/pin-sums-pr.sh"), "v0.1.0"], env=env,
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [str(work / "scripts/ci/pin-sums-pr.sh"), "v0.1.0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     pushed = subprocess.run(
         ["git", "--git-dir", str(origin), "show", "pin-sums-v0.1.0:configs/stacks.yaml"],
-        env=env, capture_output=True, text=True,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert pushed.stdout == "stacks: {pinned: 1}\n", pushed.stderr
     out = done.stdout.strip().splitlines()
     if opens:
@@ -885,11 +902,17 @@ def test_the_pin_sums_branch_is_pushed_and_a_refused_pull_request_gives_its_comp
 def test_without_a_new_sum_no_branch_is_pushed(tmp_path):
     work, origin, env = pin_sums_checkout(tmp_path)
     stand_in_gh(tmp_path, "#!/bin/sh\nexit 99\n")
-    done = subprocess.run([str(work / "scripts/ci/pin-sums-pr.sh"), "v0.1.0"], env=env,
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [str(work / "scripts/ci/pin-sums-pr.sh"), "v0.1.0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0 and "no pull request" in done.stdout, done.stderr
-    branches = subprocess.run(["git", "--git-dir", str(origin), "branch"], env=env,
-                              capture_output=True, text=True).stdout  # fmt: skip
+    branches = subprocess.run(
+        ["git", "--git-dir", str(origin), "branch"], env=env, capture_output=True, text=True
+    ).stdout
     assert branches.split() == ["*", "main"] or branches.split() == ["main"], branches
 
 
@@ -897,3 +920,247 @@ def test_the_release_docs_name_the_setting_the_pull_request_needs_and_its_silent
     text = " ".join((ROOT / "docs/release.md").read_text().split())
     assert "Allow GitHub Actions to create and approve pull requests" in text
     assert "starts no workflow" in text
+
+
+# ---- verifying a release: by key, or by the keyless signer's identity (finding 13) -------
+
+
+def pushable_layout(path: Path) -> Path:
+    """A small real OCI image layout (media types and all), as skopeo pushes one."""
+    config = json.dumps(
+        {"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": []}}
+    ).encode()
+    body = layer({"hello": b"a signed image\n"})
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **blob(path, config)},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", **blob(path, body)}],
+    }
+    (manifest_blob := blob(path, json.dumps(manifest).encode()))
+    index = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [{"mediaType": manifest["mediaType"], **manifest_blob}],
+    }
+    (path / "index.json").write_text(json.dumps(index))
+    (path / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+    return path
+
+
+@pytest.fixture(scope="module")
+def key_signed(tmp_path_factory) -> Iterator[dict]:
+    """A real registry on loopback (Debian's docker-registry, scripts/ci/registry.sh), one
+    image pushed by release.push_layout and signed and attested by release.sign with a key
+    pair cosign made, and a manifest naming it."""
+    tmp = tmp_path_factory.mktemp("signed")
+    env = {**os.environ, "REGISTRY_PORT": str(free_port()), "REGISTRY_DIR": str(tmp / "registry")}
+    script = str(ROOT / "scripts" / "ci" / "registry.sh")
+    up = subprocess.run([script, "up"], env=env, capture_output=True, text=True, timeout=60)
+    assert up.returncode == 0, up.stderr
+    registry = up.stdout.strip().removeprefix("REGISTRY=")
+    try:
+        layout = pushable_layout(tmp / "layout")
+        digest = release.layout_digest(layout)
+        release.push_layout(layout, [f"{registry}/arcvllm-test:signed"], digest)
+        ref = f"{registry}/arcvllm-test@{digest}"
+        password = {**os.environ, "COSIGN_PASSWORD": "test"}
+        subprocess.run(
+            ["cosign", "generate-key-pair", "--output-key-prefix", str(tmp / "cosign")],
+            env=password,
+            capture_output=True,
+            check=True,
+            timeout=60,
+        )
+        (tmp / "sbom.json").write_text(json.dumps({"bomFormat": "CycloneDX", "specVersion": "1.6"}))
+        predicate = release.provenance(image.spec_for("cpu"), digest, image.source(ROOT))
+        (tmp / "provenance.json").write_text(json.dumps(predicate))
+        os.environ["COSIGN_PASSWORD"] = "test"
+        try:
+            release.sign(ref, tmp / "cosign.key", tmp / "sbom.json", tmp / "provenance.json")
+        finally:
+            del os.environ["COSIGN_PASSWORD"]
+        manifest = tmp / "manifest.json"
+        manifest.write_text(json.dumps({"images": [{"name": "test", "ref": ref}]}))
+        yield {"ref": ref, "manifest": manifest, "public": tmp / "cosign.pub", "tmp": tmp}
+    finally:
+        subprocess.run([script, "down"], env=env, capture_output=True, timeout=60)
+
+
+def stand_in_trust_roots(folder: Path) -> dict[str, str]:
+    """cosign's keyless trust roots, stand-ins (Sigstore's TUF repository is not reachable
+    here): a Fulcio root and Rekor and CT log keys made here, in cosign's own variables."""
+    folder.mkdir(exist_ok=True)
+    for name in ("fulcio", "rekor", "ct"):
+        key = folder / f"{name}.key"
+        subprocess.run(
+            ["openssl", "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", str(key)],
+            check=True,
+            capture_output=True,
+        )
+        subprocess.run(
+            ["openssl", "ec", "-in", str(key), "-pubout", "-out", str(folder / f"{name}.pub")],
+            check=True,
+            capture_output=True,
+        )
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-new",
+            "-key",
+            str(folder / "fulcio.key"),
+            "-subj",
+            "/CN=stand-in Fulcio root",
+            "-days",
+            "1",
+            "-out",
+            str(folder / "fulcio.pem"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return {
+        "TUF_ROOT": str(folder / "tuf"),
+        "SIGSTORE_ROOT_FILE": str(folder / "fulcio.pem"),
+        "SIGSTORE_REKOR_PUBLIC_KEY": str(folder / "rekor.pub"),
+        "SIGSTORE_CT_LOG_PUBLIC_KEY_FILE": str(folder / "ct.pub"),
+    }
+
+
+def test_a_release_verifies_by_its_key_signature_sbom_and_provenance(key_signed, capsys):
+    from arcvllm import cli
+
+    argv = ["release", "verify", str(key_signed["manifest"]), "--key", str(key_signed["public"])]
+    assert cli.main(argv) == 0, capsys.readouterr()
+    out = capsys.readouterr().out
+    assert (
+        out == f"ok   {key_signed['ref']}  signature, SBOM and provenance attestations verified\n"
+    )
+
+
+def test_a_key_signed_release_checked_by_identity_is_refused_by_cosign(
+    key_signed, capsys, monkeypatch
+):
+    """Real cosign, keyless verification, trust roots given: a signature without a
+    certificate from the named identity does not pass."""
+    from arcvllm import cli
+
+    for name, value in stand_in_trust_roots(key_signed["tmp"] / "roots").items():
+        monkeypatch.setenv(name, value)
+    identity = [
+        "--certificate-identity-regexp",
+        release.RELEASE_IDENTITY_REGEXP,
+        "--certificate-oidc-issuer",
+        release.GITHUB_OIDC_ISSUER,
+    ]
+    assert cli.main(["release", "verify", str(key_signed["manifest"]), *identity]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith(f"FAIL {key_signed['ref']}  "), out
+    assert "no matching signatures" in out, out
+
+
+def test_a_keyless_release_is_verified_with_cosigns_identity_flags_and_the_transparency_log():
+    signer = release.Signer.of(None, release.RELEASE_IDENTITY_REGEXP, release.GITHUB_OIDC_ISSUER)
+    ref = "ghcr.io/arcvllm/arcvllm@sha256:" + "1" * 64
+    identity = [
+        "--certificate-identity-regexp",
+        release.RELEASE_IDENTITY_REGEXP,
+        "--certificate-oidc-issuer",
+        "https://token.actions.githubusercontent.com",
+    ]
+    assert release.verify_argvs(ref, signer) == [
+        ["cosign", "verify", *identity, ref],
+        ["cosign", "verify-attestation", "--type", "cyclonedx", *identity, ref],
+        ["cosign", "verify-attestation", "--type", "slsaprovenance1", *identity, ref],
+    ]  # no key, and Rekor's entry is checked (no --insecure-ignore-tlog)
+    by_key = release.verify_argvs("127.0.0.1:5000/a@sha256:1", release.Signer(Path("c.pub")), False)
+    assert by_key == [
+        [
+            "cosign",
+            "verify",
+            "--key",
+            "c.pub",
+            "--insecure-ignore-tlog=true",
+            "--allow-http-registry",
+            "127.0.0.1:5000/a@sha256:1",
+        ]
+    ]
+
+
+@pytest.mark.parametrize(
+    "flags, said",
+    [
+        ([], "name the signer"),
+        (["--certificate-identity-regexp", "^x"], "both --certificate-identity-regexp"),
+        (["--certificate-oidc-issuer", "https://i"], "both --certificate-identity-regexp"),
+        (
+            [
+                "--key",
+                "KEY",
+                "--certificate-identity-regexp",
+                "^x",
+                "--certificate-oidc-issuer",
+                "https://i",
+            ],
+            "not both",
+        ),
+    ],
+)
+def test_verify_without_one_whole_signer_is_a_usage_error_in_one_line(
+    tmp_path, capsys, flags, said
+):
+    from arcvllm import cli
+
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps({"images": []}))
+    (tmp_path / "cosign.pub").write_text("")
+    flags = [str(tmp_path / "cosign.pub") if f == "KEY" else f for f in flags]
+    assert cli.main(["release", "verify", str(manifest), *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("arcvllm: verify: ") and said in err[0], err
+
+
+def readme_commands(section: str) -> list[list[str]]:
+    """The commands of README's first shell block under SECTION as the shell splits them
+    into words (continuations joined, comments dropped)."""
+    text = (ROOT / "README.md").read_text()
+    block = text[text.index(section) :].split("```")[1].removeprefix("sh\n")
+    joined = block.replace("\\\n", " ")
+    return [shlex.split(line, comments=True) for line in joined.splitlines() if line.strip()]
+
+
+def test_readmes_pull_path_verifies_the_hosted_release_by_its_signing_identity(tmp_path):
+    """The hosted release is keyless: README shows the identity check with flags that exist,
+    and its regular expression takes the release workflow on a tag, nothing else."""
+    from arcvllm import cli
+
+    commands = readme_commands("## Run a released image")
+    words = next(c for c in commands if c[:2] == ["cosign", "verify"])
+    assert "--key" not in words
+    assert (
+        words[words.index("--certificate-identity-regexp") + 1] == release.RELEASE_IDENTITY_REGEXP
+    )
+    assert words[words.index("--certificate-oidc-issuer") + 1] == release.GITHUB_OIDC_ISSUER
+    verify = next(c for c in commands if c[:3] == ["arcvllm", "release", "verify"])
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text("{}")
+    args = cli.build_parser().parse_args(
+        [str(manifest) if w == "manifest.json" else w for w in verify[1:]]
+    )
+    signer = release.Signer.of(
+        args.key, args.certificate_identity_regexp, args.certificate_oidc_issuer
+    )
+    assert signer == release.Signer(
+        None, release.RELEASE_IDENTITY_REGEXP, release.GITHUB_OIDC_ISSUER
+    )
+    pattern = re.compile(release.RELEASE_IDENTITY_REGEXP)
+    workflow = "https://github.com/arcvllm/arcvllm/.github/workflows/"
+    assert pattern.match(workflow + "release.yml@refs/tags/v0.1.0")
+    for other in (
+        workflow + "ci.yml@refs/heads/main",
+        workflow + "release.yml@refs/heads/v1",
+        "https://github.com/evil/arcvllm/.github/workflows/release.yml@refs/tags/v1",
+    ):
+        assert not pattern.match(other), other
