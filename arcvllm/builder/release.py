@@ -27,7 +27,7 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from arcvllm import options
-from arcvllm.builder import image
+from arcvllm.builder import disk, image
 from arcvllm.errors import ArcvllmError, CheckFailed, UsageError, status
 
 SBOM_PATH = "/opt/arcvllm/sbom.cdx.json"
@@ -253,6 +253,21 @@ def sign(by_digest: str, key: Path, sbom_file: Path, provenance_file: Path) -> N
     _run([*attest, "--predicate", str(provenance_file), by_digest], "cosign attest provenance")
 
 
+def engine_root(fallback: Path) -> Path:
+    """The engine's data root (where a build's layers and cache go), if this machine holds
+    it; else FALLBACK (the release's folder)."""
+    from arcvllm.engine import docker_binary
+
+    done = subprocess.run(
+        [docker_binary(), "info", "--format", "{{.DockerRootDir}}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    root = Path(done.stdout.strip()) if done.returncode == 0 and done.stdout.strip() else None
+    return root if root is not None and root.exists() else fallback
+
+
 def release_one(
     target: Target,
     version: str,
@@ -275,7 +290,9 @@ def release_one(
     spec.tags = [f"{repo}:{tags[0]}"]
     spec.oci_layout = layout
     print(f"release: building {spec.tags[0]} ({spec.target})", file=sys.stderr)
-    image.build(spec, root)
+    with disk.watch(engine_root(out)) as room:  # the runner's 14 GB: each build's peak said
+        image.build(spec, root)
+    print(f"release: {room.line(spec.tags[0])}", file=sys.stderr)
     digest = layout_digest(layout)
     push_layout(layout, [f"{registry}/{repo}:{tag}" for tag in tags], digest)
     by_digest = f"{registry}/{repo}@{digest}"
@@ -358,6 +375,60 @@ def release(
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     if str(key) != KEYLESS:  # beside the manifest: what an operator verifies with
         shutil.copyfile(public, out / "cosign.pub")
+    return manifest
+
+
+def assemble(
+    parts: Sequence[Path],
+    out: Path,
+    stacks: Sequence[str] | None = None,
+    sides: Sequence[str] | None = None,
+) -> dict:
+    """One release's manifest from the folders its jobs wrote (the hosted release builds
+    one stack, or the side images, per job): each part's manifest.json names the same
+    version, commit and registry, and together they hold every image of the release (the
+    named stacks and side images, default all) once. Writes OUT/manifest.json, with each
+    part's SBOM and provenance files beside it; returns the manifest."""
+    manifests = []
+    for part in parts:
+        file = part / "manifest.json"
+        if not file.is_file():
+            raise UsageError(f"assemble: no manifest.json in {part}")
+        manifests.append((part, json.loads(file.read_text())))
+    if not manifests:
+        raise UsageError("assemble: name the folders of the release's jobs")
+    keys = ("version", "revision", "created", "registry", "public_key")
+    first = {k: manifests[0][1].get(k) for k in keys}
+    for part, manifest in manifests[1:]:
+        differ = [k for k in keys if manifest.get(k) != first[k]]
+        if differ:
+            said = ", ".join(f"{k} {manifest.get(k)!r} (not {first[k]!r})" for k in differ)
+            raise CheckFailed(f"assemble: {part} is another release's: {said}")
+    by_name: dict[str, dict] = {}
+    for part, manifest in manifests:
+        for entry in manifest["images"]:
+            if entry["name"] in by_name:
+                raise CheckFailed(f"assemble: {entry['name']} is in two parts (again in {part})")
+            by_name[entry["name"]] = entry
+    wanted = [t.name for t in targets(stacks, sides)]
+    missing = [name for name in wanted if name not in by_name]
+    if missing:
+        raise CheckFailed(f"assemble: no part holds {', '.join(missing)}")
+    extra = sorted(set(by_name) - set(wanted))
+    if extra:
+        raise CheckFailed(f"assemble: not images of this release: {', '.join(extra)}")
+    out.mkdir(parents=True, exist_ok=True)
+    for part, manifest in manifests:
+        for entry in manifest["images"]:
+            sbom_file = part / entry["sbom"]["file"]
+            shutil.copyfile(sbom_file, out / sbom_file.name)
+            provenance_file = sbom_file.with_name(
+                sbom_file.name.removesuffix(".cdx.json") + ".provenance.json"
+            )
+            if provenance_file.is_file():
+                shutil.copyfile(provenance_file, out / provenance_file.name)
+    manifest = {**first, "images": [by_name[name] for name in wanted]}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
 
 
@@ -526,6 +597,15 @@ def _cmd(args) -> int:
         if differ:
             raise CheckFailed(f"two clean builds differ: {', '.join(differ)}")
         return 0
+    if args.action == "assemble":
+        manifest = assemble(args.parts, args.out, _names(args.stacks), _names(args.sides))
+        if args.json:
+            print(json.dumps(manifest, indent=2))
+        else:
+            for e in manifest["images"]:
+                print(f"{e['name']:14} {e['ref']}")
+            print(f"manifest: {args.out / 'manifest.json'}")
+        return 0
     if args.action == "entry":
         found = entry(args.manifest, args.name)
         if args.field not in found:
@@ -604,9 +684,18 @@ def register(subparsers) -> None:
     r.add_argument("images", nargs="+", help="stacks and side images (cpu, router, ...)")
     r.add_argument("--builds", default="1 2", help="`1 2` (default), or `2` beside a NAME-1")
     r.add_argument("--out", type=Path, default=Path("build/reproducible"), help="the layouts")
+    a = sub.add_parser(
+        "assemble",
+        help="one manifest from the parts a release's jobs wrote (one stack, or the side "
+        "images, each)",
+    )
+    a.add_argument("parts", nargs="+", type=options.existing_dir, help="each job's folder")
+    a.add_argument("--out", type=Path, required=True, help="the release's folder")
+    a.add_argument("--stacks", help="the release's stacks (default: all; '' for none)")
+    a.add_argument("--sides", help="its side images (default: all; '' for none)")
     e = sub.add_parser("entry", help="one field of one image's manifest entry (ref, layout, ...)")
     e.add_argument("manifest", type=options.existing_file)
     e.add_argument("name", help="a stack or side image (cpu, gateway, ...)")
     e.add_argument("field", help="ref, digest, layout, repository, ...")
-    for each in (b, v, c, r, e):
+    for each in (b, v, c, r, a, e):
         options.add_json(each)
