@@ -1326,3 +1326,33 @@ def test_parts_of_two_commits_or_a_missing_image_are_no_release(tmp_path, capsys
     assert cli.main(["release", "assemble", *map(str, [*good, sides, twice]), "--out", out]) == 1
     assert f"{names[1]} is in two parts" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+# ---- the base image: the same bytes on any machine and any day (finding 14) -------------
+
+
+@pytest.mark.docker
+def test_the_base_image_made_twice_is_the_same_layer(engine, tmp_path):
+    """The measurements of issue 33: the base engine.sh made was another layer each time
+    (a tree tarred at the time it was made), and every image built on it followed. Made
+    twice now (mmdebstrap's own tar, dated by the suite's Release): one layer."""
+    docker = docker_binary()
+    tag = f"rel-base-test-{os.getpid()}:bookworm-slim"
+    env = {**os.environ, "BASE_IMAGE": tag, "TMPDIR": str(tmp_path),
+           "ARCVLLM_DOCKER_RUN": str(tmp_path / "run")}  # fmt: skip
+    layers = []
+    try:
+        for _ in range(2):
+            done = subprocess.run([str(ROOT / "scripts/ci/engine.sh"), "up"], env=env,
+                                  capture_output=True, text=True, timeout=900)  # fmt: skip
+            assert done.returncode == 0, done.stderr[-2000:]
+            inspect = [docker, "image", "inspect", tag, "--format", "{{json .RootFS.Layers}}"]
+            layers.append(json.loads(subprocess.run(inspect, capture_output=True, text=True,
+                                                    check=True).stdout))  # fmt: skip
+            said = re.search(r"layer (sha256:[0-9a-f]{64})", done.stderr).group(1)
+            assert layers[-1] == [said]
+            subprocess.run([docker, "image", "rm", tag], capture_output=True, check=True)
+    finally:
+        subprocess.run([docker, "image", "rm", tag], capture_output=True)
+    assert layers[0] == layers[1], layers
+    assert list(tmp_path.glob("*.tar")) == []  # the tar goes
