@@ -96,7 +96,8 @@ rehearsal: $(VENV)/.stamp ## CI: the XPU rehearsal of STACK and its tests, on th
 	scripts/ci/rehearsal.sh $(STACK)
 
 # ---- release: images to pull (docs/release.md) ----
-# `make release`: VERSION, REGISTRY, COSIGN_KEY, RELEASE_STACKS (a comma-separated few).
+# `make release`: VERSION, REGISTRY, COSIGN_KEY, RELEASE_STACKS and RELEASE_SIDES (a
+# comma-separated few; unset: all, empty: none; the hosted release builds one per job).
 COSIGN_KEY     ?= cosign.key
 RELEASE_OUT    ?= $(BUILD)/release/$(VERSION)
 # REPRO_IMAGES: stacks and side images; REPRO_BUILDS=2 compares with a NAME-1 layout already
@@ -108,7 +109,8 @@ REPRO_BUILDS   ?= 1 2
 .PHONY: release reproducible release-rehearsal
 release: $(VENV)/.stamp wheelhouse ## build, push, sign and attest every image: VERSION, REGISTRY, COSIGN_KEY (manifest in build/release/VERSION)
 	$(ARCVLLM) release build --version '$(VERSION)' --registry '$(REGISTRY)' --key $(COSIGN_KEY) \
-		--out $(RELEASE_OUT) $(if $(RELEASE_STACKS),--stacks $(RELEASE_STACKS))
+		--out $(RELEASE_OUT) $(if $(filter undefined,$(origin RELEASE_STACKS)),,--stacks '$(RELEASE_STACKS)') \
+		$(if $(filter undefined,$(origin RELEASE_SIDES)),,--sides '$(RELEASE_SIDES)')
 reproducible: $(VENV)/.stamp wheelhouse ## build each of REPRO_IMAGES twice with no cache and compare the digests (names what differs)
 	$(ARCVLLM) release reproducible $(REPRO_IMAGES) --builds '$(REPRO_BUILDS)' --out $(REPRO_OUT)
 release-rehearsal: $(VENV)/.stamp ## CI: make release of the CPU stack and side images into a local registry (pulled on a clean engine by release-check.sh)

@@ -15,7 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from arcvllm.bench.measurements import (
+    bulk_note,
+    bulk_share,
     compare_speculation,
+    in_bulk,
     measure_boundaries,
     measure_prefix,
     speculation_summary,
@@ -26,7 +29,7 @@ from arcvllm.bench.reference import load_reference, ratio_rows, summary_metrics
 from arcvllm.bench.runner import VLLM_BENCH_KEYS, run_vllm_bench, vllm_bench_args
 from arcvllm.errors import ArcvllmError, Unavailable, UsageError
 from arcvllm.options import add_json, add_server, url
-from arcvllm.server.client import Client
+from arcvllm.server.client import Client, Stream
 from arcvllm.server.discovery import Served, discover, served_model
 from arcvllm.server.log import LogSource
 
@@ -179,6 +182,7 @@ def measure(
             "tokens": s.tokens,
             "ttft_ms": s.ttft * 1000,
             "decode_tok_s": s.decode_tok_s(),
+            "bulk_share": bulk_share(s),
         }
         for s in streams
     ]
@@ -188,6 +192,7 @@ def measure(
         speculative=spec_before is not None,
     )  # fmt: skip
     spec_after = m.spec_decode(client.metrics(), model) if spec_before else None
+    compare = compare_plain(opts, client, plain, served, rng) if plain else None
     return {
         "vllm_bench": {k: vb.get(k) for k in VLLM_BENCH_KEYS},
         "boundary": boundary,
@@ -196,9 +201,20 @@ def measure(
         "speculation": speculation_summary(
             spec_after - spec_before if spec_before and spec_after else None
         ),
-        "compare": compare_plain(opts, client, plain, served, rng) if plain else None,
+        "compare": compare,
         "runs": [[asdict(s) for s in token_steps(st, served.block_size)] for st in streams],
+        "bulk_delivery": delivery(streams, compare),
     }
+
+
+def delivery(streams: list[Stream], compare: Mapping[str, Any] | None) -> dict[str, Any]:
+    """How many of the streams bench timed itself (block crossings, and both sides of the
+    comparison) arrived in bulk; `bulk` says whether any did."""
+    total, bulk = len(streams), sum(in_bulk(s) for s in streams)
+    for side in ("plain", "speculative") if compare else ():
+        total += compare[side]["streams"]
+        bulk += compare[side]["bulk_streams"]
+    return {"bulk": bulk > 0, "bulk_streams": bulk, "streams": total}
 
 
 def run_vllm_bench_of(
@@ -306,6 +322,10 @@ def format_report(report: Mapping[str, Any]) -> str:
             f"mean accepted length {fmt(acc.get('mean_accepted_length'))}; identical outputs "
             f"{compare['same_tokens']} of {compare['runs']}"
         )
+    bulk = report.get("bulk_delivery") or {}
+    note = bulk_note(bulk.get("streams", 0), bulk.get("bulk_streams", 0))
+    if note:
+        lines.append(note)
     ref = report.get("reference")
     if ref:
         lines.append(f"\nagainst {ref['name']} ({ref['source']}):")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -53,18 +54,40 @@ class Source:
         return datetime.fromtimestamp(self.epoch, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def source(root: Path | None = None) -> Source:
-    """HEAD's short revision and commit time; SOURCE_DATE_EPOCH overrides the time, and a
-    tree outside git is `unknown` at that time (else 0)."""
+def source(root: Path | None = None, release: bool = False) -> Source:
+    """HEAD's short revision and commit time (SOURCE_DATE_EPOCH overrides the time).
+
+    A checkout git cannot read (owned by another user: "dubious ownership", a broken
+    repository) is an error for every build: its images would be `unknown`, dated 1970.
+    A tree that is not a git checkout at all (an unpacked archive, no `.git`; or no git
+    installed) builds locally as revision `unknown` at SOURCE_DATE_EPOCH (else 0); a
+    RELEASE refuses it too: it is named and dated by its commit.
+    """
     root = root or checkout_root()
     env_epoch = os.environ.get("SOURCE_DATE_EPOCH", "")
+    outside = not (root / ".git").exists() or shutil.which("git") is None
+    if outside:
+        if release:
+            raise Unavailable(
+                f"{root} is not a git checkout (or no git is installed): a release is named "
+                "and dated by its commit"
+            )
+        return Source("unknown", int(env_epoch) if env_epoch.isdigit() else 0)
 
     def git(*args: str) -> str:
         run = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
-        return run.stdout.strip() if run.returncode == 0 else ""
+        if run.returncode != 0 or not run.stdout.strip():
+            said = [line for line in run.stderr.splitlines() if line.strip()]
+            why = next((line for line in said if line.startswith("fatal:")), None)
+            raise Unavailable(
+                f"git cannot read the checkout at {root} ({why or (said or ['no output'])[0]}); "
+                f"an image is named and dated by its commit (if the checkout is yours: "
+                f"git config --global --add safe.directory {root})"
+            )
+        return run.stdout.strip()
 
-    revision = git("rev-parse", "--short=12", "HEAD") or "unknown"
-    epoch = env_epoch if env_epoch.isdigit() else git("log", "-1", "--format=%ct") or "0"
+    revision = git("rev-parse", "--short=12", "HEAD")
+    epoch = env_epoch if env_epoch.isdigit() else git("log", "-1", "--format=%ct")
     return Source(revision, int(epoch))
 
 
@@ -157,8 +180,6 @@ def run(argv: Sequence[str], cwd: Path, layout: Path | None = None) -> None:
     """Run a build, its output passed through; once more after a known transient failure.
     LAYOUT, the build's OCI layout directory, is emptied before each run (a layout of an
     earlier build would be merged into)."""
-    import shutil
-
     for attempt in (1, 2):
         if layout is not None:
             shutil.rmtree(layout, ignore_errors=True)
@@ -337,8 +358,6 @@ def wheelhouse(source: Path | None, dest: Path) -> list[Path]:
     """DEST (the build context's build/wheelhouse) with every wheel of SOURCE linked in (or
     copied, across file systems): wheels no index has, e.g. torch +cpu. SOURCE: pip's
     find-links here, else /opt/wheels."""
-    import shutil
-
     if source is None:
         from arcvllm.builder import index
 

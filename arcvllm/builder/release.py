@@ -7,7 +7,8 @@ registry holds the layout's digest, sign that digest with cosign (a key pair fro
 a file; the hosted workflow signs keyless), attach the image's own SBOM
 (/opt/arcvllm/sbom.cdx.json) as a signed CycloneDX attestation, and write manifest.json
 (stack -> digest, tags, vLLM version, patch plan, SBOM, signature). `verify` checks a
-manifest's every digest against a public key: an unsigned or altered digest fails.
+manifest's every digest against a public key, or the keyless signer's identity: an
+unsigned, foreign-signed or altered digest fails.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from arcvllm import options
-from arcvllm.builder import image
+from arcvllm.builder import disk, image
 from arcvllm.errors import ArcvllmError, CheckFailed, UsageError, status
 
 SBOM_PATH = "/opt/arcvllm/sbom.cdx.json"
@@ -160,9 +161,8 @@ def cosign_flags(registry: str) -> list[str]:
     return ["--allow-http-registry"] if _local(registry) else []
 
 
-def provenance(spec: image.Build, digest: str) -> dict:
+def provenance(spec: image.Build, digest: str, src: image.Source) -> dict:
     """A SLSA v1 provenance predicate: what built the image from which commit and inputs."""
-    src = image.source()
     args = {**spec.args, **spec.extra_args}
     return {
         "buildDefinition": {
@@ -240,9 +240,46 @@ def push_layout(layout: Path, refs: Sequence[str], digest: str) -> None:
             raise ArcvllmError(f"{ref}: the registry holds {pushed.strip()}, the build {digest}")
 
 
-def release_one(target: Target, version: str, registry: str, key: Path, out: Path) -> dict:
-    """Build, push, sign and attest one image; its manifest entry. The layout is pushed as
-    it is, never loaded into the engine: one copy of each image on disk."""
+def sign(by_digest: str, key: Path, sbom_file: Path, provenance_file: Path) -> None:
+    """Sign the image BY_DIGEST and attest its SBOM (CycloneDX) and its provenance (SLSA v1)
+    with KEY: a key file signs offline (no transparency log), `keyless` with the CI's OIDC
+    identity (Fulcio and Rekor)."""
+    signer = ["-y", *cosign_flags(by_digest.split("/")[0])]
+    signer += [] if str(key) == KEYLESS else ["--key", str(key), "--tlog-upload=false"]
+    _run(["cosign", "sign", *signer, by_digest], f"cosign sign {by_digest}")
+    attest = ["cosign", "attest", *signer, "--type", "cyclonedx", "--predicate", str(sbom_file)]
+    _run([*attest, by_digest], f"cosign attest {by_digest}")
+    attest = ["cosign", "attest", *signer, "--type", "slsaprovenance1"]
+    _run([*attest, "--predicate", str(provenance_file), by_digest], "cosign attest provenance")
+
+
+def engine_root(fallback: Path) -> Path:
+    """The engine's data root (where a build's layers and cache go), if this machine holds
+    it; else FALLBACK (the release's folder)."""
+    from arcvllm.engine import docker_binary
+
+    done = subprocess.run(
+        [docker_binary(), "info", "--format", "{{.DockerRootDir}}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    root = Path(done.stdout.strip()) if done.returncode == 0 and done.stdout.strip() else None
+    return root if root is not None and root.exists() else fallback
+
+
+def release_one(
+    target: Target,
+    version: str,
+    registry: str,
+    key: Path,
+    out: Path,
+    src: image.Source,
+    root: Path | None = None,
+) -> dict:
+    """Build, push, sign and attest one image of the commit SRC (the checkout ROOT); its
+    manifest entry. The layout is pushed as it is, never loaded into the engine: one copy
+    of each image on disk."""
     if target.kind == "server":
         spec = image.spec_for(target.name)
     else:
@@ -253,22 +290,17 @@ def release_one(target: Target, version: str, registry: str, key: Path, out: Pat
     spec.tags = [f"{repo}:{tags[0]}"]
     spec.oci_layout = layout
     print(f"release: building {spec.tags[0]} ({spec.target})", file=sys.stderr)
-    image.build(spec)
+    with disk.watch(engine_root(out)) as room:  # the runner's 14 GB: each build's peak said
+        image.build(spec, root)
+    print(f"release: {room.line(spec.tags[0])}", file=sys.stderr)
     digest = layout_digest(layout)
     push_layout(layout, [f"{registry}/{repo}:{tag}" for tag in tags], digest)
     by_digest = f"{registry}/{repo}@{digest}"
     sbom_file = out / f"{repo}-{tags[0]}.cdx.json"
     sbom_file.write_bytes(layout_file(layout, SBOM_PATH))
-    # A key file signs offline (no transparency log); keyless signs with the CI's identity.
-    signer = ["-y", *cosign_flags(registry)]
-    signer += [] if str(key) == KEYLESS else ["--key", str(key), "--tlog-upload=false"]
-    _run(["cosign", "sign", *signer, by_digest], f"cosign sign {by_digest}")
-    attest = ["cosign", "attest", *signer, "--type", "cyclonedx", "--predicate", str(sbom_file)]
-    _run([*attest, by_digest], f"cosign attest {by_digest}")
     provenance_file = out / f"{repo}-{tags[0]}.provenance.json"
-    provenance_file.write_text(json.dumps(provenance(spec, digest), indent=2) + "\n")
-    attest = ["cosign", "attest", *signer, "--type", "slsaprovenance1"]
-    _run([*attest, "--predicate", str(provenance_file), by_digest], "cosign attest provenance")
+    provenance_file.write_text(json.dumps(provenance(spec, digest, src), indent=2) + "\n")
+    sign(by_digest, key, sbom_file, provenance_file)
     labels = layout_config(layout).get("config", {}).get("Labels") or {}
     print(f"release: {by_digest} pushed, signed, SBOM attested", file=sys.stderr)
     return {
@@ -287,6 +319,17 @@ def release_one(target: Target, version: str, registry: str, key: Path, out: Pat
     }
 
 
+def check_registry(registry: str) -> None:
+    """REGISTRY is host[:port][/path], its path in lower case (OCI repository names are:
+    `ghcr.io/${{ github.repository_owner }}` of an owner with capitals is not one)."""
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9.-]+(:[0-9]+)?(/[a-z0-9._/-]+)?", registry):
+        raise UsageError(
+            f"release: REGISTRY {registry!r} is not host[:port][/path] (the path in lower case)"
+        )
+
+
 def release(
     version: str,
     registry: str,
@@ -294,8 +337,10 @@ def release(
     out: Path,
     stacks: Sequence[str] | None = None,
     sides: Sequence[str] | None = None,
+    root: Path | None = None,
 ) -> dict:
-    """Every image of the release; writes OUT/manifest.json and returns it."""
+    """Every image of the release from the checkout ROOT (default: this one); writes
+    OUT/manifest.json and returns it. Nothing is built unless git names the commit."""
     import re
 
     if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,100}", version):
@@ -310,27 +355,80 @@ def release(
             f"release: VERSION {version} but arcvllm is {package} (the images' version "
             f"label): set __version__ in arcvllm/__init__.py to {version} first"
         )
-    if not re.fullmatch(r"[A-Za-z0-9.-]+(:[0-9]+)?(/[a-z0-9._/-]+)?", registry):
-        raise UsageError(f"release: REGISTRY {registry!r} is not host[:port][/path]")
+    check_registry(registry)
     if str(key) != KEYLESS and not key.is_file():
         raise UsageError(f"no cosign key at {key} (cosign generate-key-pair)")
     public = key.with_suffix(".pub")
     if str(key) != KEYLESS and not public.is_file():
         raise UsageError(f"no public key {public} beside {key} (cosign generate-key-pair)")
+    src = image.source(root, release=True)  # no release of `unknown`, dated 1970
     chosen = targets(stacks, sides)
     out.mkdir(parents=True, exist_ok=True)
-    src = image.source()
     manifest = {
         "version": version,
         "revision": src.revision,
         "created": src.created,
         "registry": registry,
         "public_key": None if str(key) == KEYLESS else key.with_suffix(".pub").name,
-        "images": [release_one(t, version, registry, key, out) for t in chosen],
+        "images": [release_one(t, version, registry, key, out, src, root) for t in chosen],
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     if str(key) != KEYLESS:  # beside the manifest: what an operator verifies with
         shutil.copyfile(public, out / "cosign.pub")
+    return manifest
+
+
+def assemble(
+    parts: Sequence[Path],
+    out: Path,
+    stacks: Sequence[str] | None = None,
+    sides: Sequence[str] | None = None,
+) -> dict:
+    """One release's manifest from the folders its jobs wrote (the hosted release builds
+    one stack, or the side images, per job): each part's manifest.json names the same
+    version, commit and registry, and together they hold every image of the release (the
+    named stacks and side images, default all) once. Writes OUT/manifest.json, with each
+    part's SBOM and provenance files beside it; returns the manifest."""
+    manifests = []
+    for part in parts:
+        file = part / "manifest.json"
+        if not file.is_file():
+            raise UsageError(f"assemble: no manifest.json in {part}")
+        manifests.append((part, json.loads(file.read_text())))
+    if not manifests:
+        raise UsageError("assemble: name the folders of the release's jobs")
+    keys = ("version", "revision", "created", "registry", "public_key")
+    first = {k: manifests[0][1].get(k) for k in keys}
+    for part, manifest in manifests[1:]:
+        differ = [k for k in keys if manifest.get(k) != first[k]]
+        if differ:
+            said = ", ".join(f"{k} {manifest.get(k)!r} (not {first[k]!r})" for k in differ)
+            raise CheckFailed(f"assemble: {part} is another release's: {said}")
+    by_name: dict[str, dict] = {}
+    for part, manifest in manifests:
+        for entry in manifest["images"]:
+            if entry["name"] in by_name:
+                raise CheckFailed(f"assemble: {entry['name']} is in two parts (again in {part})")
+            by_name[entry["name"]] = entry
+    wanted = [t.name for t in targets(stacks, sides)]
+    missing = [name for name in wanted if name not in by_name]
+    if missing:
+        raise CheckFailed(f"assemble: no part holds {', '.join(missing)}")
+    extra = sorted(set(by_name) - set(wanted))
+    if extra:
+        raise CheckFailed(f"assemble: not images of this release: {', '.join(extra)}")
+    out.mkdir(parents=True, exist_ok=True)
+    for part, manifest in manifests:
+        for entry in manifest["images"]:
+            sbom_file = part / entry["sbom"]["file"]
+            shutil.copyfile(sbom_file, out / sbom_file.name)
+            provenance_file = sbom_file.with_name(
+                sbom_file.name.removesuffix(".cdx.json") + ".provenance.json"
+            )
+            if provenance_file.is_file():
+                shutil.copyfile(provenance_file, out / provenance_file.name)
+    manifest = {**first, "images": [by_name[name] for name in wanted]}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
 
 
@@ -380,27 +478,87 @@ def reproducible(names: Sequence[str], builds: Sequence[str], out: Path) -> list
     return differ
 
 
-def verify_ref(ref: str, public_key: Path, attestation: bool = True) -> tuple[bool, str]:
-    """cosign's verdict on a digest: its signature (and its SBOM attestation)."""
-    registry = ref.split("/")[0]
-    flags = ["--key", str(public_key), "--insecure-ignore-tlog=true", *cosign_flags(registry)]
+# Who signs the hosted release: .github/workflows/release.yml of this repository on a tag,
+# with the identity GitHub Actions' OIDC issuer vouches for (README's pull path).
+GITHUB_OIDC_ISSUER = "https://token.actions.githubusercontent.com"
+RELEASE_IDENTITY_REGEXP = (
+    r"^https://github\.com/arcvllm/arcvllm/\.github/workflows/release\.yml@refs/tags/v"
+)
+
+
+@dataclass(frozen=True)
+class Signer:
+    """Who must have signed a release: the public key of a key pair's release, or the
+    identity of a keyless one (cosign's --certificate-identity-regexp and
+    --certificate-oidc-issuer: the workflow that signed, and who vouched for it)."""
+
+    key: Path | None = None
+    identity_regexp: str | None = None
+    oidc_issuer: str | None = None
+
+    @classmethod
+    def of(cls, key: Path | None, identity_regexp: str | None, oidc_issuer: str | None) -> Signer:
+        """The signer a command line names: a key, or an identity and its issuer."""
+        identity = identity_regexp is not None or oidc_issuer is not None
+        if key is not None and identity:
+            raise UsageError(
+                "verify: --key (a key pair's release) or --certificate-identity-regexp with "
+                "--certificate-oidc-issuer (a keyless one), not both"
+            )
+        if key is None and not identity:
+            raise UsageError(
+                "verify: name the signer: --key cosign.pub (a key pair's release), or "
+                "--certificate-identity-regexp RE --certificate-oidc-issuer URL (keyless: the "
+                "hosted release, README's pull path)"
+            )
+        if identity and not (identity_regexp and oidc_issuer):
+            raise UsageError(
+                "verify: a keyless release is verified by both --certificate-identity-regexp "
+                "and --certificate-oidc-issuer"
+            )
+        return cls(key, identity_regexp, oidc_issuer)
+
+    def cosign_flags(self) -> list[str]:
+        """cosign's flags for this signer. A key pair's release was signed offline (no
+        transparency log entry to check); a keyless one is checked against Rekor's."""
+        if self.key is not None:
+            return ["--key", str(self.key), "--insecure-ignore-tlog=true"]
+        return [
+            "--certificate-identity-regexp",
+            str(self.identity_regexp),
+            "--certificate-oidc-issuer",
+            str(self.oidc_issuer),
+        ]
+
+
+def verify_argvs(ref: str, signer: Signer, attestation: bool = True) -> list[list[str]]:
+    """cosign's checks of one digest: its signature, then its SBOM and provenance attestations."""
+    flags = [*signer.cosign_flags(), *cosign_flags(ref.split("/")[0])]
     checks = [["cosign", "verify", *flags, ref]]
     if attestation:
-        checks.append(["cosign", "verify-attestation", "--type", "cyclonedx", *flags, ref])
-    for argv in checks:
-        proc = subprocess.run(argv, capture_output=True, text=True)
+        for kind in ("cyclonedx", "slsaprovenance1"):
+            checks.append(["cosign", "verify-attestation", "--type", kind, *flags, ref])
+    return checks
+
+
+def verify_ref(ref: str, signer: Signer, attestation: bool = True) -> tuple[bool, str]:
+    """cosign's verdict on a digest: its signature (and its SBOM and provenance)."""
+    for argv in verify_argvs(ref, signer, attestation):
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
         if proc.returncode != 0:
             lines = proc.stderr.strip().splitlines()
             return False, lines[-1] if lines else f"{argv[1]} exit {proc.returncode}"
-    return True, "signature and SBOM attestation verified"
+    if not attestation:
+        return True, "signature verified"
+    return True, "signature, SBOM and provenance attestations verified"
 
 
-def verify(manifest_file: Path, public_key: Path) -> list[dict]:
+def verify(manifest_file: Path, signer: Signer) -> list[dict]:
     """Every image of a manifest checked; a list of {ref, ok, detail}."""
     manifest = json.loads(manifest_file.read_text())
     results = []
     for entry in manifest["images"]:
-        ok, detail = verify_ref(entry["ref"], public_key)
+        ok, detail = verify_ref(entry["ref"], signer)
         results.append({"name": entry["name"], "ref": entry["ref"], "ok": ok, "detail": detail})
     return results
 
@@ -439,6 +597,15 @@ def _cmd(args) -> int:
         if differ:
             raise CheckFailed(f"two clean builds differ: {', '.join(differ)}")
         return 0
+    if args.action == "assemble":
+        manifest = assemble(args.parts, args.out, _names(args.stacks), _names(args.sides))
+        if args.json:
+            print(json.dumps(manifest, indent=2))
+        else:
+            for e in manifest["images"]:
+                print(f"{e['name']:14} {e['ref']}")
+            print(f"manifest: {args.out / 'manifest.json'}")
+        return 0
     if args.action == "entry":
         found = entry(args.manifest, args.name)
         if args.field not in found:
@@ -446,7 +613,8 @@ def _cmd(args) -> int:
         print(json.dumps(found[args.field]) if args.json else found[args.field])
         return 0
     if args.action == "verify":
-        results = verify(args.manifest, args.key)
+        signer = Signer.of(args.key, args.certificate_identity_regexp, args.certificate_oidc_issuer)
+        results = verify(args.manifest, signer)
         if args.json:
             print(json.dumps(results, indent=2))
         else:
@@ -484,9 +652,27 @@ def register(subparsers) -> None:
     b.add_argument("--out", type=Path, required=True, help="folder for layouts and manifest")
     b.add_argument("--stacks", help="comma-separated stacks (default: all; '' for none)")
     b.add_argument("--sides", help="comma-separated side images (default: all; '' for none)")
-    v = sub.add_parser("verify", help="verify every digest of a manifest")
+    v = sub.add_parser(
+        "verify",
+        help="verify every digest of a manifest: by a public key, or by the keyless signer's "
+        "identity",
+        description="cosign's verdict on every digest of a manifest: its signature, SBOM and "
+        "provenance attestations. A key pair's release: --key cosign.pub. The hosted, keyless "
+        f"release: --certificate-identity-regexp '{RELEASE_IDENTITY_REGEXP}' "
+        f"--certificate-oidc-issuer {GITHUB_OIDC_ISSUER} (cosign's flags).",
+    )
     v.add_argument("manifest", type=options.existing_file)
-    v.add_argument("--key", type=options.existing_file, required=True, help="cosign public key")
+    v.add_argument("--key", type=options.existing_file, help="cosign public key (a key pair's)")
+    v.add_argument(
+        "--certificate-identity-regexp",
+        metavar="RE",
+        help="keyless: the signing identity (the release workflow's URL), a regular expression",
+    )
+    v.add_argument(
+        "--certificate-oidc-issuer",
+        metavar="URL",
+        help=f"keyless: who issued that identity (GitHub Actions: {GITHUB_OIDC_ISSUER})",
+    )
     c = sub.add_parser("compare", help="two builds' OCI layouts: one digest, or what differs")
     c.add_argument("first", type=options.existing_dir)
     c.add_argument("second", type=options.existing_dir)
@@ -498,9 +684,18 @@ def register(subparsers) -> None:
     r.add_argument("images", nargs="+", help="stacks and side images (cpu, router, ...)")
     r.add_argument("--builds", default="1 2", help="`1 2` (default), or `2` beside a NAME-1")
     r.add_argument("--out", type=Path, default=Path("build/reproducible"), help="the layouts")
+    a = sub.add_parser(
+        "assemble",
+        help="one manifest from the parts a release's jobs wrote (one stack, or the side "
+        "images, each)",
+    )
+    a.add_argument("parts", nargs="+", type=options.existing_dir, help="each job's folder")
+    a.add_argument("--out", type=Path, required=True, help="the release's folder")
+    a.add_argument("--stacks", help="the release's stacks (default: all; '' for none)")
+    a.add_argument("--sides", help="its side images (default: all; '' for none)")
     e = sub.add_parser("entry", help="one field of one image's manifest entry (ref, layout, ...)")
     e.add_argument("manifest", type=options.existing_file)
     e.add_argument("name", help="a stack or side image (cpu, gateway, ...)")
     e.add_argument("field", help="ref, digest, layout, repository, ...")
-    for each in (b, v, c, r, e):
+    for each in (b, v, c, r, a, e):
         options.add_json(each)

@@ -104,11 +104,17 @@ class Stream:
         return gaps
 
     def decode_tok_s(self) -> float | None:
-        """Tokens per second after the first chunk; None with fewer than two chunks."""
-        if len(self.chunks) < 2:
+        """Tokens received per second of wall time, from the request to the last token;
+        None if none came.
+
+        Wall time, not the span between chunks: tokens held back on the way (a proxy's
+        buffer, a loaded client) arrive bunched, and the span of their arrival says
+        nothing of how fast the server made them. The first token's prefill is inside:
+        for decode runs of a short prompt and hundreds of tokens, a few percent.
+        """
+        if not self.chunks or self.chunks[-1].at <= 0:
             return None
-        span = self.chunks[-1].at - self.chunks[0].at
-        return (self.tokens - self.chunks[0].tokens) / span if span > 0 else None
+        return self.tokens / self.chunks[-1].at
 
     def output(self) -> dict[str, Any]:
         """What two greedy runs must agree on: the text and the token ids (if served)."""

@@ -106,34 +106,46 @@ start_engine() {
 	exit 1
 }
 
-# No registry here: build the base image from Debian's own packages when it is absent.
+# No registry here: build the base image from Debian's own packages when it is absent. The
+# same suite state gives the same bytes on any machine and any day: mmdebstrap writes the
+# tar itself (sorted, numeric owners, every mtime clamped to SOURCE_DATE_EPOCH), and that
+# epoch is the suite's own Release date (a point release's: it moves only with the next
+# point release); the host's apt snippets and sources go in by mmdebstrap's hooks, so they
+# are in that tar too. `docker import` keeps the tar as the layer (its diff_id is the tar's
+# sha256). docs/release.md says what this holds and what it does not.
 ensure_base_image() {
 	[[ $base_image == none ]] && return # an engine that only pulls (release-check.sh)
 	"$docker" image inspect "$base_image" >/dev/null 2>&1 && return
 	"$docker" pull -q "$base_image" >/dev/null 2>&1 && return
-	local mirror rootfs
+	local mirror tar released epoch
 	mirror=$(apt_mirror)
-	rootfs=$(mktemp -d "${TMPDIR:-/tmp}/arcvllm-rootfs.XXXXXX")
+	released=$(curl -fsS --max-time 60 "$mirror/dists/$suite/Release" | sed -n 's/^Date: //p')
+	if [[ -z $released ]] || ! epoch=$(date -u -d "$released" +%s); then
+		log "no Date in $mirror/dists/$suite/Release: cannot date the base image"
+		exit 3
+	fi
+	mkdir -p "$run_dir"
+	tar=$(mktemp "${TMPDIR:-/tmp}/arcvllm-base.XXXXXX.tar")
 	# shellcheck disable=SC2064 # expand now: the path is local
-	trap "rm -rf '$rootfs'" EXIT
-	log "making $base_image with mmdebstrap from $mirror"
+	trap "rm -f '$tar'" EXIT
+	log "making $base_image with mmdebstrap from $mirror ($suite of $released)"
 	# apt as this host configures it (its 99* snippets: a mirror's settings, e.g. a frozen
-	# snapshot's Check-Valid-Until), as the image gets them below
+	# snapshot's Check-Valid-Until), for mmdebstrap and, by the hooks, in the image
 	local opts=() snippet
 	for snippet in /etc/apt/apt.conf.d/99*; do
 		[[ -f $snippet ]] && opts+=("--aptopt=$snippet")
 	done
-	mmdebstrap --quiet --variant=minbase "${opts[@]}" "$suite" "$rootfs" "$mirror" \
-		>"$run_dir/mmdebstrap.log" 2>&1
-	rm -f "$rootfs/etc/apt/apt.conf.d/99mmdebstrap" # its copy of the options: copied as they are below
-	cp /etc/apt/apt.conf.d/99* "$rootfs/etc/apt/apt.conf.d/" 2>/dev/null || true
-	if [[ -f /etc/apt/sources.list.d/debian.sources ]]; then
-		cp /etc/apt/sources.list.d/debian.sources "$rootfs/etc/apt/sources.list.d/"
-		rm -f "$rootfs/etc/apt/sources.list"
-	fi
-	rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
-	tar -C "$rootfs" -c . | "$docker" import - "$base_image" >/dev/null
-	rm -rf "$rootfs"
+	local sources=/etc/apt/sources.list.d/debian.sources
+	# shellcheck disable=SC2016 # $1 is the hooks' own: mmdebstrap's root, in their shell
+	SOURCE_DATE_EPOCH=$epoch mmdebstrap --quiet --variant=minbase "${opts[@]}" \
+		--customize-hook='rm -f "$1/etc/apt/apt.conf.d/99mmdebstrap"' \
+		--customize-hook='for f in /etc/apt/apt.conf.d/99*; do [ ! -f "$f" ] || cp "$f" "$1/etc/apt/apt.conf.d/"; done' \
+		--customize-hook="if [ -f $sources ]; then cp $sources \"\$1/etc/apt/sources.list.d/\"; rm -f \"\$1/etc/apt/sources.list\"; fi" \
+		--customize-hook='rm -rf "$1"/var/cache/apt/archives/*.deb "$1"/var/lib/apt/lists/*' \
+		"$suite" "$tar" "$mirror" >"$run_dir/mmdebstrap.log" 2>&1
+	"$docker" import - "$base_image" <"$tar" >/dev/null
+	log "$base_image: layer sha256:$(sha256sum "$tar" | cut -d' ' -f1)"
+	rm -f "$tar"
 	trap - EXIT
 }
 

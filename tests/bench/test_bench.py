@@ -216,13 +216,98 @@ def test_a_server_that_counts_no_hits_shows_a_zero_hit_rate(http_server):
 
 
 def test_decode_summary_gives_tokens_per_second_and_itl_percentiles():
-    # Two streams: 1 token per 10 ms, and chunks of 3 tokens per 30 ms (speculation).
+    # Two streams: 1 token per 10 ms, and chunks of 3 tokens per 30 ms (speculation), each
+    # first token 100 ms after its request: tokens over wall time, 11 / 0.2 s and 31 / 0.4 s.
     plain = stream(0, [1] * 11, gap=0.010)
     spec = stream(0, [1] + [3] * 10, gap=0.030)
     summary = measurements.decode_summary([plain, spec])
-    assert summary["decode_tok_s"] == pytest.approx(100.0)
+    assert summary["decode_tok_s"] == pytest.approx((55.0 + 77.5) / 2)
     assert summary["itl_ms_p50"] == pytest.approx(10.0)
     assert summary["tokens"] == 11 + 31 and summary["streams"] == 2
+    assert summary["bulk_streams"] == 0 and summary["bulk_delivery"] is False
+
+
+# ---- tokens delivered in bulk (a buffering hop, a loaded client) ------------------------
+
+# Chunk timings in tests/bench/recorded/: what a client saw, seconds after its request.
+RECORDED = ROOT / "tests" / "bench" / "recorded"
+
+
+def recorded(name: str) -> Stream:
+    """A stream from a recording: {"chunks": [[tokens, at], ...]}."""
+    doc = json.loads((RECORDED / f"{name}.json").read_text())
+    return Stream(doc.get("prompt_len", 0), [Chunk(n, at) for n, at in doc["chunks"]])
+
+
+def test_a_stream_held_back_then_let_go_is_rated_by_wall_time_and_called_bulk():
+    """The CI run of the issue: 5 chunks 6.5 s after the request, the other 1996 within
+    0.1 s. The span of arrival gave 3457 tok/s and ITL p50 0.1 ms for a server that makes
+    ~300 tok/s; tokens over wall time gives ~300, and the stream is said to be bulk."""
+    held = recorded("held-back-2000")
+    assert held.tokens == 2000 and held.chunks[4].at > 6.4
+    span = held.chunks[-1].at - held.chunks[0].at
+    assert (held.tokens - 1) / span > 3000  # what the span of arrival would say
+    assert held.decode_tok_s() == pytest.approx(held.tokens / held.chunks[-1].at)
+    assert 250 < held.decode_tok_s() < 350
+    assert measurements.bulk_share(held) > 0.99 and measurements.in_bulk(held)
+    summary = measurements.decode_summary([held])
+    assert summary["bulk_streams"] == 1 and summary["bulk_delivery"] is True
+
+
+def steady() -> Stream:
+    """Decode step by step: a token every 5-7 ms (the tiny CPU model's pace), the first
+    after 30 ms of prefill."""
+    gaps = itertools.cycle([0.005, 0.006, 0.007, 0.006])
+    at = list(itertools.accumulate(itertools.islice(gaps, 299), initial=0.030))
+    return Stream(0, [Chunk(1, t) for t in at])
+
+
+def test_a_stream_that_arrived_step_by_step_is_not_bulk_even_with_a_stall_in_it():
+    """A stream step by step, and the same with one stall of the client, after which it
+    read 5 chunks together."""
+    decoded = steady()
+    assert len(decoded.chunks) > 50 and not measurements.in_bulk(decoded)
+    assert measurements.bulk_share(decoded) == 0.0
+    assert decoded.decode_tok_s() == pytest.approx(300 / decoded.chunks[-1].at)
+    stalled = Stream(decoded.prompt_len, list(decoded.chunks))
+    at = stalled.chunks[20].at
+    for i in range(16, 21):  # chunks 16-20 read together when the client came back
+        stalled.chunks[i] = Chunk(stalled.chunks[i].tokens, at + (i - 16) * 1e-5)
+    assert 0 < measurements.bulk_share(stalled) < measurements.BULK_SHARE
+    assert not measurements.in_bulk(stalled)
+    assert measurements.bulk_share(stream(0, [3])) == 0.0  # one chunk: nothing to judge
+
+
+def test_a_report_with_bulk_streams_says_so_in_its_table():
+    from arcvllm.bench.command import format_report
+
+    report = {
+        "summary": {"decode_tok_s": 300.0},
+        "boundary": {
+            "boundary_steps": 3, "itl_ms_boundary_p50": 0.1,
+            "other_steps": 300, "itl_ms_other_p50": 0.1,
+        },
+        "bulk_delivery": {"bulk": True, "bulk_streams": 2, "streams": 4},
+    }  # fmt: skip
+    table = format_report(report).splitlines()
+    said = [line for line in table if "in bulk" in line]
+    assert said == [measurements.bulk_note(4, 2)] and said[0].startswith("warning: 2 of 4 ")
+    report["bulk_delivery"] = {"bulk": False, "bulk_streams": 0, "streams": 4}
+    assert "in bulk" not in format_report(report)
+
+
+def test_bench_json_flags_the_streams_it_timed_that_arrived_in_bulk():
+    from arcvllm.bench.command import delivery
+
+    held = recorded("held-back-2000")
+    compare = {
+        "plain": measurements.decode_summary([held]),
+        "speculative": measurements.decode_summary([steady()]),
+    }
+    assert delivery([steady(), steady()], compare) == {
+        "bulk": True, "bulk_streams": 1, "streams": 4,
+    }  # fmt: skip
+    assert delivery([steady()], None) == {"bulk": False, "bulk_streams": 0, "streams": 1}
 
 
 def test_speculation_summary_is_the_servers_counters_or_nothing():

@@ -14,18 +14,21 @@ import io
 import json
 import os
 import re
+import shlex
 import subprocess
 import tarfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, QuietHandler
+from conftest import ROOT, QuietHandler, free_port
 
 from arcvllm import __version__
 from arcvllm.builder import image, release, sbom, stack
 from arcvllm.engine import docker_binary
-from arcvllm.errors import ArcvllmError, UsageError
+from arcvllm.errors import ArcvllmError, Unavailable, UsageError
 
 RELEASE_DIR = Path(os.environ.get("ARCVLLM_RELEASE_DIR", ROOT / "build" / "release" / "ci"))
 
@@ -46,6 +49,79 @@ def test_a_build_is_dated_by_its_commit_not_the_clock(monkeypatch):
     assert f"CREATED={src.created}" in argv and f"REVISION={src.revision}" in argv
     plan = next(a for a in argv if a.startswith("ARCVLLM_PATCHES="))
     assert "mamba-copy-uint64=upstream" in plan
+
+
+def committed_repo(path: Path, owner: int | None = None) -> tuple[Path, str]:
+    """A real git checkout with one commit at PATH (owned by OWNER, a uid, if given): it and
+    its revision as `image.source` names it."""
+    path.mkdir()
+    env = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", str(path), *args], env=env, capture_output=True,
+                              text=True, check=True)  # fmt: skip
+        return done.stdout.strip()
+
+    git("init", "-q")
+    (path / "README").write_text("one commit\n")
+    git("add", "README")
+    git("-c", "user.name=t", "-c", "user.email=t@t.invalid", "commit", "-qm", "one")
+    revision = git("rev-parse", "--short=12", "HEAD")
+    if owner is not None:
+        subprocess.run(["chown", "-R", f"{owner}:{owner}", str(path)], check=True)
+    return path, revision
+
+
+SAFE_DIRECTORY = 'git config --global --add safe.directory "$GITHUB_WORKSPACE"'
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown of a checkout needs root")
+
+
+@needs_root
+def test_a_release_refuses_a_checkout_git_will_not_read_in_one_line(tmp_path, monkeypatch):
+    """The hosted job: root in a container over a checkout owned by the runner's user.
+    Every git call fails ("dubious ownership"); the release stops before building anything
+    (exit 3) instead of naming its images `unknown` and dating them 1970."""
+    monkeypatch.delenv("SUDO_UID", raising=False)  # git trusts a sudo caller's own checkout
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(tmp_path / "gitconfig"))
+    (tmp_path / "gitconfig").write_text("")
+    repo, revision = committed_repo(tmp_path / "checkout", owner=1000)
+    out = tmp_path / "out"
+    with pytest.raises(Unavailable) as err:
+        release.release("ci", "registry.example.org/a", Path(release.KEYLESS), out, root=repo)
+    message = str(err.value)
+    assert err.value.exit_code == 3 and "\n" not in message
+    assert "dubious ownership" in message and f"safe.directory {repo}" in message
+    assert not out.exists()  # nothing made
+    with pytest.raises(Unavailable, match="dubious ownership"):  # a plain build too
+        image.source(repo)
+    # the workflow's fix: the checkout marked safe in git's global config
+    (tmp_path / "gitconfig").write_text(f"[safe]\n\tdirectory = {repo}\n")
+    src = image.source(repo, release=True)
+    assert src.revision == revision and src.epoch > 1_700_000_000
+
+
+def test_a_tree_outside_git_builds_as_unknown_locally_and_is_no_release(tmp_path, monkeypatch):
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    tree = tmp_path / "unpacked"
+    tree.mkdir()
+    assert image.source(tree) == image.Source("unknown", 1700000000)
+    with pytest.raises(Unavailable, match="not a git checkout") as err:
+        image.source(tree, release=True)
+    assert err.value.exit_code == 3
+
+
+def test_every_hosted_job_marks_its_checkout_safe_for_git_right_after_checking_it_out():
+    """Each job runs as root in a container over a checkout the runner's user owns: without
+    safe.directory every git call after actions/checkout fails (its own setting is gone)."""
+    for name in ("ci.yml", "release.yml"):
+        jobs = yaml.safe_load((ROOT / ".github/workflows" / name).read_text())["jobs"]
+        for job_name, job in jobs.items():
+            steps = job["steps"]
+            uses = [s.get("uses", "") for s in steps]
+            at = next(i for i, u in enumerate(uses) if u.startswith("actions/checkout"))
+            after = steps[at + 1].get("run", "")
+            assert SAFE_DIRECTORY in after, f"{name} {job_name}"
 
 
 def test_a_release_build_exports_a_reproducible_oci_layout(tmp_path):
@@ -370,7 +446,9 @@ def cosign(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.release
 def test_every_released_digest_verifies(released):
-    results = release.verify(RELEASE_DIR / "manifest.json", RELEASE_DIR / "cosign.pub")
+    results = release.verify(
+        RELEASE_DIR / "manifest.json", release.Signer(RELEASE_DIR / "cosign.pub")
+    )
     assert results and all(r["ok"] for r in results), results
     names = {r["name"] for r in results}
     assert {"cpu", "gateway"} <= names
@@ -385,7 +463,9 @@ def test_a_digest_signed_by_another_key_is_refused(released, tmp_path):
         capture_output=True,
         check=True,
     )
-    ok, detail = release.verify_ref(released["images"][0]["ref"], tmp_path / "other.pub")
+    ok, detail = release.verify_ref(
+        released["images"][0]["ref"], release.Signer(tmp_path / "other.pub")
+    )
     assert not ok, detail
 
 
@@ -407,7 +487,8 @@ def test_an_unsigned_digest_in_the_same_repository_is_refused(released, tmp_path
     assert pushed.returncode == 0, pushed.stderr
     digest = re.search(r"digest: (sha256:[0-9a-f]{64})", pushed.stdout).group(1)
     assert digest != gateway["digest"]
-    ok, detail = release.verify_ref(f"{gateway['repository']}@{digest}", RELEASE_DIR / "cosign.pub")
+    signer = release.Signer(RELEASE_DIR / "cosign.pub")
+    ok, detail = release.verify_ref(f"{gateway['repository']}@{digest}", signer)
     assert not ok
     assert "no signatures found" in detail.lower() or "no matching" in detail.lower(), detail
     subprocess.run([docker, "image", "rm", tag], capture_output=True)
@@ -510,7 +591,7 @@ def test_the_release_workflow_runs_the_rehearsals_make_targets():
     """One road: the hosted release is `make release` (what release-rehearsal.sh runs with
     a key and a local registry), and pull requests run .ci/run itself."""
     release_yml = yaml.safe_load((ROOT / ".github/workflows/release.yml").read_text())
-    steps = [s.get("run", "") for s in release_yml["jobs"]["release"]["steps"]]
+    steps = [s.get("run", "") for s in release_yml["jobs"]["build"]["steps"]]
     assert any(r.startswith("make release ") and "COSIGN_KEY=keyless" in r for r in steps)
     assert any("scripts/ci/engine.sh up" in r for r in steps)
     rehearsal = (ROOT / "scripts/ci/release-rehearsal.sh").read_text()
@@ -534,18 +615,21 @@ def test_every_hosted_job_runs_where_engine_sh_installs_and_starts_its_engine():
             image = container.get("image", "")
             assert image.startswith(f"python:{sys.version_info[0]}.{sys.version_info[1]}-"), where
             assert image.endswith("-trixie"), where
-            assert "--privileged" in container.get("options", ""), where
-            assert "/var/lib/arcvllm-docker:/var/lib/arcvllm-docker" in container["volumes"], where
             runs = [s.get("run", "") for s in job["steps"]]
+            if any("engine.sh" in r or r.startswith("make rehearsal") or ".ci/run" in r
+                   for r in runs):  # fmt: skip
+                assert "--privileged" in container.get("options", ""), where
+                volumes = container["volumes"]
+                assert "/var/lib/arcvllm-docker:/var/lib/arcvllm-docker" in volumes, where
             assert not any("sudo" in r for r in runs), where  # root in the container already
             assert "uses" not in job["steps"][0], where  # git first: checkout keeps the history
     release = yaml.safe_load((ROOT / ".github/workflows/release.yml").read_text())
-    runs = [s.get("run", "") for s in release["jobs"]["release"]["steps"]]
+    runs = [s.get("run", "") for job in release["jobs"].values() for s in job["steps"]]
     assert 'scripts/ci/engine.sh up >>"$GITHUB_ENV"' in runs
     assert any('image sums "$stack" --write' in r for r in runs)  # pinned in stacks.yaml
-    assert any("git add configs/stacks.yaml" in r for r in runs)  # by the pull request
-    verify = next(r for r in runs if "cosign verify-attestation" in r)
-    assert "cyclonedx" in verify and "slsaprovenance1" in verify
+    assert any("scripts/ci/pin-sums-pr.sh" in r for r in runs)  # by the pull request
+    verify = next(r for r in runs if "release verify" in r)
+    assert "--certificate-identity-regexp" in verify and "--certificate-oidc-issuer" in verify
 
 
 def test_engine_sh_takes_the_engine_and_the_release_tools_from_trixie():
@@ -699,3 +783,573 @@ def test_the_release_pins_the_sums_it_recorded_in_stacks_yaml(tmp_path):
     ]
     assert sums.pin(out, "xpu-0.23", {}) == pinned_text  # nothing to pin: unchanged
     assert sums.pin(out, "xpu-0.23", stack.get("xpu-0.23", out).build_args()) == pinned_text
+
+
+# ---- the hosted release on GitHub's terms (finding 12) ----------------------------------
+
+
+def workflow_runs(name: str = "release.yml") -> list[str]:
+    """Every `run:` of every job of a workflow."""
+    jobs = yaml.safe_load((ROOT / ".github/workflows" / name).read_text())["jobs"]
+    return [s.get("run", "") for job in jobs.values() for s in job["steps"]]
+
+
+def test_the_registry_of_an_owner_with_capitals_is_lowercased_before_release_reads_it(tmp_path):
+    """`ghcr.io/${{ github.repository_owner }}` keeps the owner's capitals, which no OCI
+    repository name and no release takes: the workflow's own line, run by bash, gives the
+    registry in lower case."""
+    text = (ROOT / ".github/workflows/release.yml").read_text()
+    assert "ghcr.io/${{ github.repository_owner }}" not in text
+    line = next(r for r in workflow_runs() if "REGISTRY=" in r and "GITHUB_ENV" in r)
+    env_file = tmp_path / "github-env"
+    env = {"PATH": os.environ["PATH"], "GITHUB_ENV": str(env_file), "GITHUB_REF_NAME": "v0.1.0"}
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", line],
+        env={**env, "GITHUB_REPOSITORY_OWNER": "ArcVLLM-Labs"},
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    written = dict(line.split("=", 1) for line in env_file.read_text().splitlines())
+    registry = written["REGISTRY"]
+    assert registry == "ghcr.io/arcvllm-labs"
+    release.check_registry(registry)
+    with pytest.raises(UsageError, match="lower case"):
+        release.check_registry("ghcr.io/ArcVLLM-Labs")
+
+
+GH_REFUSES = """#!/bin/sh
+echo "pull request create failed: GraphQL: GitHub Actions is not permitted to create or \
+approve pull requests (createPullRequest)" >&2
+exit 1
+"""
+GH_OPENS = """#!/bin/sh
+echo "https://github.com/ArcVLLM-Labs/arcvllm/pull/7"
+"""
+
+
+def pin_sums_checkout(tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
+    """A clone (with the script and a stacks.yaml) of a bare origin; the script's env."""
+    origin = tmp_path / "origin.git"
+    env = {
+        **os.environ,
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GITHUB_REPOSITORY": "ArcVLLM-Labs/arcvllm",
+        "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
+    }
+
+    def git(*args: str, cwd: Path = tmp_path) -> None:
+        subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True)
+
+    git("init", "-q", "--bare", "-b", "main", str(origin))
+    work = tmp_path / "work"
+    (work / "scripts" / "ci").mkdir(parents=True)
+    (work / "configs").mkdir()
+    (work / "configs" / "stacks.yaml").write_text("stacks: {}\n")
+    script = work / "scripts" / "ci" / "pin-sums-pr.sh"
+    script.write_text((ROOT / "scripts" / "ci" / "pin-sums-pr.sh").read_text())
+    script.chmod(0o755)
+    git("init", "-q", "-b", "main", cwd=work)
+    git("add", ".", cwd=work)
+    git("-c", "user.name=t", "-c", "user.email=t@t.invalid", "commit", "-qm", "one", cwd=work)
+    git("remote", "add", "origin", str(origin), cwd=work)
+    git("push", "-q", "origin", "main", cwd=work)
+    (tmp_path / "bin").mkdir()
+    return work, origin, env
+
+
+def stand_in_gh(tmp_path: Path, script: str) -> None:
+    """A stand-in for GitHub's `gh` (GitHub is not reachable here), answering as GitHub does."""
+    gh = tmp_path / "bin" / "gh"
+    gh.write_text(script)
+    gh.chmod(0o755)
+
+
+@pytest.mark.parametrize("opens", [False, True], ids=["refused", "opened"])
+def test_the_pin_sums_branch_is_pushed_and_a_refused_pull_request_gives_its_compare_url(
+    tmp_path, opens
+):
+    work, origin, env = pin_sums_checkout(tmp_path)
+    stand_in_gh(tmp_path, GH_OPENS if opens else GH_REFUSES)
+    (work / "configs" / "stacks.yaml").write_text("stacks: {pinned: 1}\n")
+    done = subprocess.run(
+        [str(work / "scripts/ci/pin-sums-pr.sh"), "v0.1.0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    pushed = subprocess.run(
+        ["git", "--git-dir", str(origin), "show", "pin-sums-v0.1.0:configs/stacks.yaml"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert pushed.stdout == "stacks: {pinned: 1}\n", pushed.stderr
+    out = done.stdout.strip().splitlines()
+    if opens:
+        assert out == [
+            "pin-sums: https://github.com/ArcVLLM-Labs/arcvllm/pull/7 (its CI starts once "
+            "someone pushes to it, or closes and reopens it)"
+        ]
+    else:
+        assert len(out) == 1 and out[0].startswith("::warning::pin-sums: GitHub opened no")
+        assert "not permitted to create or approve pull requests" in out[0]
+        compare = "https://github.com/ArcVLLM-Labs/arcvllm/compare/main...pin-sums-v0.1.0"
+        assert out[0].endswith(f"open it at {compare}?expand=1")
+
+
+def test_without_a_new_sum_no_branch_is_pushed(tmp_path):
+    work, origin, env = pin_sums_checkout(tmp_path)
+    stand_in_gh(tmp_path, "#!/bin/sh\nexit 99\n")
+    done = subprocess.run(
+        [str(work / "scripts/ci/pin-sums-pr.sh"), "v0.1.0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0 and "no pull request" in done.stdout, done.stderr
+    branches = subprocess.run(
+        ["git", "--git-dir", str(origin), "branch"], env=env, capture_output=True, text=True
+    ).stdout
+    assert branches.split() == ["*", "main"] or branches.split() == ["main"], branches
+
+
+def test_the_release_docs_name_the_setting_the_pull_request_needs_and_its_silent_ci():
+    text = " ".join((ROOT / "docs/release.md").read_text().split())
+    assert "Allow GitHub Actions to create and approve pull requests" in text
+    assert "starts no workflow" in text
+
+
+# ---- verifying a release: by key, or by the keyless signer's identity (finding 13) -------
+
+
+def pushable_layout(path: Path) -> Path:
+    """A small real OCI image layout (media types and all), as skopeo pushes one."""
+    config = json.dumps(
+        {"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": []}}
+    ).encode()
+    body = layer({"hello": b"a signed image\n"})
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **blob(path, config)},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", **blob(path, body)}],
+    }
+    (manifest_blob := blob(path, json.dumps(manifest).encode()))
+    index = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [{"mediaType": manifest["mediaType"], **manifest_blob}],
+    }
+    (path / "index.json").write_text(json.dumps(index))
+    (path / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+    return path
+
+
+@pytest.fixture(scope="module")
+def key_signed(tmp_path_factory) -> Iterator[dict]:
+    """A real registry on loopback (Debian's docker-registry, scripts/ci/registry.sh), one
+    image pushed by release.push_layout and signed and attested by release.sign with a key
+    pair cosign made, and a manifest naming it."""
+    tmp = tmp_path_factory.mktemp("signed")
+    env = {**os.environ, "REGISTRY_PORT": str(free_port()), "REGISTRY_DIR": str(tmp / "registry")}
+    script = str(ROOT / "scripts" / "ci" / "registry.sh")
+    up = subprocess.run([script, "up"], env=env, capture_output=True, text=True, timeout=60)
+    assert up.returncode == 0, up.stderr
+    registry = up.stdout.strip().removeprefix("REGISTRY=")
+    try:
+        layout = pushable_layout(tmp / "layout")
+        digest = release.layout_digest(layout)
+        release.push_layout(layout, [f"{registry}/arcvllm-test:signed"], digest)
+        ref = f"{registry}/arcvllm-test@{digest}"
+        password = {**os.environ, "COSIGN_PASSWORD": "test"}
+        subprocess.run(
+            ["cosign", "generate-key-pair", "--output-key-prefix", str(tmp / "cosign")],
+            env=password,
+            capture_output=True,
+            check=True,
+            timeout=60,
+        )
+        (tmp / "sbom.json").write_text(json.dumps({"bomFormat": "CycloneDX", "specVersion": "1.6"}))
+        predicate = release.provenance(image.spec_for("cpu"), digest, image.source(ROOT))
+        (tmp / "provenance.json").write_text(json.dumps(predicate))
+        os.environ["COSIGN_PASSWORD"] = "test"
+        try:
+            release.sign(ref, tmp / "cosign.key", tmp / "sbom.json", tmp / "provenance.json")
+        finally:
+            del os.environ["COSIGN_PASSWORD"]
+        manifest = tmp / "manifest.json"
+        manifest.write_text(json.dumps({"images": [{"name": "test", "ref": ref}]}))
+        yield {"ref": ref, "manifest": manifest, "public": tmp / "cosign.pub", "tmp": tmp}
+    finally:
+        subprocess.run([script, "down"], env=env, capture_output=True, timeout=60)
+
+
+def stand_in_trust_roots(folder: Path) -> dict[str, str]:
+    """cosign's keyless trust roots, stand-ins (Sigstore's TUF repository is not reachable
+    here): a Fulcio root and Rekor and CT log keys made here, in cosign's own variables."""
+    folder.mkdir(exist_ok=True)
+    for name in ("fulcio", "rekor", "ct"):
+        key = folder / f"{name}.key"
+        subprocess.run(
+            ["openssl", "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", str(key)],
+            check=True,
+            capture_output=True,
+        )
+        subprocess.run(
+            ["openssl", "ec", "-in", str(key), "-pubout", "-out", str(folder / f"{name}.pub")],
+            check=True,
+            capture_output=True,
+        )
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-new",
+            "-key",
+            str(folder / "fulcio.key"),
+            "-subj",
+            "/CN=stand-in Fulcio root",
+            "-days",
+            "1",
+            "-out",
+            str(folder / "fulcio.pem"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return {
+        "TUF_ROOT": str(folder / "tuf"),
+        "SIGSTORE_ROOT_FILE": str(folder / "fulcio.pem"),
+        "SIGSTORE_REKOR_PUBLIC_KEY": str(folder / "rekor.pub"),
+        "SIGSTORE_CT_LOG_PUBLIC_KEY_FILE": str(folder / "ct.pub"),
+    }
+
+
+def test_a_release_verifies_by_its_key_signature_sbom_and_provenance(key_signed, capsys):
+    from arcvllm import cli
+
+    argv = ["release", "verify", str(key_signed["manifest"]), "--key", str(key_signed["public"])]
+    assert cli.main(argv) == 0, capsys.readouterr()
+    out = capsys.readouterr().out
+    assert (
+        out == f"ok   {key_signed['ref']}  signature, SBOM and provenance attestations verified\n"
+    )
+
+
+def test_a_key_signed_release_checked_by_identity_is_refused_by_cosign(
+    key_signed, capsys, monkeypatch
+):
+    """Real cosign, keyless verification, trust roots given: a signature without a
+    certificate from the named identity does not pass."""
+    from arcvllm import cli
+
+    for name, value in stand_in_trust_roots(key_signed["tmp"] / "roots").items():
+        monkeypatch.setenv(name, value)
+    identity = [
+        "--certificate-identity-regexp",
+        release.RELEASE_IDENTITY_REGEXP,
+        "--certificate-oidc-issuer",
+        release.GITHUB_OIDC_ISSUER,
+    ]
+    assert cli.main(["release", "verify", str(key_signed["manifest"]), *identity]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith(f"FAIL {key_signed['ref']}  "), out
+    assert "no matching signatures" in out, out
+
+
+def test_a_keyless_release_is_verified_with_cosigns_identity_flags_and_the_transparency_log():
+    signer = release.Signer.of(None, release.RELEASE_IDENTITY_REGEXP, release.GITHUB_OIDC_ISSUER)
+    ref = "ghcr.io/arcvllm/arcvllm@sha256:" + "1" * 64
+    identity = [
+        "--certificate-identity-regexp",
+        release.RELEASE_IDENTITY_REGEXP,
+        "--certificate-oidc-issuer",
+        "https://token.actions.githubusercontent.com",
+    ]
+    assert release.verify_argvs(ref, signer) == [
+        ["cosign", "verify", *identity, ref],
+        ["cosign", "verify-attestation", "--type", "cyclonedx", *identity, ref],
+        ["cosign", "verify-attestation", "--type", "slsaprovenance1", *identity, ref],
+    ]  # no key, and Rekor's entry is checked (no --insecure-ignore-tlog)
+    by_key = release.verify_argvs("127.0.0.1:5000/a@sha256:1", release.Signer(Path("c.pub")), False)
+    assert by_key == [
+        [
+            "cosign",
+            "verify",
+            "--key",
+            "c.pub",
+            "--insecure-ignore-tlog=true",
+            "--allow-http-registry",
+            "127.0.0.1:5000/a@sha256:1",
+        ]
+    ]
+
+
+@pytest.mark.parametrize(
+    "flags, said",
+    [
+        ([], "name the signer"),
+        (["--certificate-identity-regexp", "^x"], "both --certificate-identity-regexp"),
+        (["--certificate-oidc-issuer", "https://i"], "both --certificate-identity-regexp"),
+        (
+            [
+                "--key",
+                "KEY",
+                "--certificate-identity-regexp",
+                "^x",
+                "--certificate-oidc-issuer",
+                "https://i",
+            ],
+            "not both",
+        ),
+    ],
+)
+def test_verify_without_one_whole_signer_is_a_usage_error_in_one_line(
+    tmp_path, capsys, flags, said
+):
+    from arcvllm import cli
+
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps({"images": []}))
+    (tmp_path / "cosign.pub").write_text("")
+    flags = [str(tmp_path / "cosign.pub") if f == "KEY" else f for f in flags]
+    assert cli.main(["release", "verify", str(manifest), *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("arcvllm: verify: ") and said in err[0], err
+
+
+def readme_commands(section: str) -> list[list[str]]:
+    """The commands of README's first shell block under SECTION as the shell splits them
+    into words (continuations joined, comments dropped)."""
+    text = (ROOT / "README.md").read_text()
+    block = text[text.index(section) :].split("```")[1].removeprefix("sh\n")
+    joined = block.replace("\\\n", " ")
+    return [shlex.split(line, comments=True) for line in joined.splitlines() if line.strip()]
+
+
+def test_readmes_pull_path_verifies_the_hosted_release_by_its_signing_identity(tmp_path):
+    """The hosted release is keyless: README shows the identity check with flags that exist,
+    and its regular expression takes the release workflow on a tag, nothing else."""
+    from arcvllm import cli
+
+    commands = readme_commands("## Run a released image")
+    words = next(c for c in commands if c[:2] == ["cosign", "verify"])
+    assert "--key" not in words
+    assert (
+        words[words.index("--certificate-identity-regexp") + 1] == release.RELEASE_IDENTITY_REGEXP
+    )
+    assert words[words.index("--certificate-oidc-issuer") + 1] == release.GITHUB_OIDC_ISSUER
+    verify = next(c for c in commands if c[:3] == ["arcvllm", "release", "verify"])
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text("{}")
+    args = cli.build_parser().parse_args(
+        [str(manifest) if w == "manifest.json" else w for w in verify[1:]]
+    )
+    signer = release.Signer.of(
+        args.key, args.certificate_identity_regexp, args.certificate_oidc_issuer
+    )
+    assert signer == release.Signer(
+        None, release.RELEASE_IDENTITY_REGEXP, release.GITHUB_OIDC_ISSUER
+    )
+    pattern = re.compile(release.RELEASE_IDENTITY_REGEXP)
+    workflow = "https://github.com/arcvllm/arcvllm/.github/workflows/"
+    assert pattern.match(workflow + "release.yml@refs/tags/v0.1.0")
+    for other in (
+        workflow + "ci.yml@refs/heads/main",
+        workflow + "release.yml@refs/heads/v1",
+        "https://github.com/evil/arcvllm/.github/workflows/release.yml@refs/tags/v1",
+    ):
+        assert not pattern.match(other), other
+
+
+# ---- the hosted release, one job per image (finding 11) ---------------------------------
+
+
+def test_the_hosted_release_builds_each_stack_and_the_side_images_in_a_job_of_its_own():
+    """A hosted runner guarantees 14 GB; one XPU build peaks near 25 GB. Every stack of
+    stacks.yaml is one job's (and only its), the side images one more job's; the last job
+    needs them all and assembles their manifests."""
+    jobs = yaml.safe_load((ROOT / ".github/workflows/release.yml").read_text())["jobs"]
+    matrix = jobs["build"]["strategy"]["matrix"]["include"]
+    stacks, _ = stack.load()
+    assert sorted(m["stacks"] for m in matrix if m["stacks"]) == sorted(stacks)
+    assert all("," not in m["stacks"] and not (m["stacks"] and m["sides"]) for m in matrix)
+    sides = [n for m in matrix for n in m["sides"].split(",") if n]
+    assert sorted(sides) == sorted(stack.side_images())
+    build = [s.get("run", "") for s in jobs["build"]["steps"]]
+    at = next(i for i, r in enumerate(build) if r.startswith("make release "))
+    assert any("free-disk.sh" in r for r in build[:at])  # room first
+    assert 'RELEASE_STACKS="${{ matrix.stacks }}"' in build[at]
+    assert 'RELEASE_SIDES="${{ matrix.sides }}"' in build[at]
+    assert jobs["publish"]["needs"] == "build"
+    publish = [s.get("run", "") for s in jobs["publish"]["steps"]]
+    assert any("release assemble build/release/parts/*" in r for r in publish)
+    # the runner's toolchains, mounted to be emptied, are where free-disk.sh is pointed
+    volumes = jobs["build"]["container"]["volumes"]
+    assert [v.split(":")[1] for v in volumes[1:]] == [
+        "/runner-free/dotnet", "/runner-free/android", "/runner-free/ghc",
+        "/runner-free/hostedtoolcache",
+    ]  # fmt: skip
+    assert "scripts/ci/free-disk.sh /runner-free/*" in build
+
+
+def test_make_release_passes_an_empty_list_as_none_and_an_unset_one_as_all():
+    def argv(*assignments: str) -> str:
+        done = subprocess.run(
+            ["make", "-n", "-s", "release", "VERSION=ci", "REGISTRY=r", "COSIGN_KEY=k",
+             *assignments], cwd=ROOT, capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        return " ".join(done.stdout.replace("\\\n", " ").split())
+
+    assert "--stacks" not in argv() and "--sides" not in argv()
+    assert "--stacks 'xpu-0.23' --sides ''" in argv("RELEASE_STACKS=xpu-0.23", "RELEASE_SIDES=")
+    assert "--stacks '' --sides 'gateway,router'" in argv(
+        "RELEASE_STACKS=", "RELEASE_SIDES=gateway,router"
+    )
+
+
+def test_free_disk_empties_the_runners_toolchains_and_says_the_room_before_and_after(tmp_path):
+    toolchains = []
+    for name in ("dotnet", "android"):
+        folder = tmp_path / "runner-free" / name
+        (folder / "sdk").mkdir(parents=True)
+        (folder / "sdk" / "big").write_bytes(b"x" * 1024)
+        (folder / "file").write_text("x")
+        toolchains.append(folder)
+    env = {**os.environ, "ARCVLLM_DOCKER_ROOT": str(tmp_path / "docker")}
+    done = subprocess.run(
+        [str(ROOT / "scripts/ci/free-disk.sh"), *map(str, toolchains), str(tmp_path / "absent")],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert all(folder.is_dir() and not any(folder.iterdir()) for folder in toolchains)
+    assert re.fullmatch(
+        rf"free-disk: \d+ GB free on {tmp_path / 'docker'} before, \d+ GB after emptying: .*\n",
+        done.stdout,
+    ), done.stdout
+
+
+@pytest.fixture
+def own_file_system(tmp_path) -> Iterator[Path]:
+    """A file system of this test's own (a 256 MB tmpfs): the machine's disk is shared with
+    builds that write and free gigabytes meanwhile."""
+    folder = tmp_path / "fs"
+    folder.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", str(folder)], check=True)
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+@needs_root
+def test_a_builds_disk_peak_is_seen_while_it_runs_and_said_in_one_line(own_file_system):
+    """The build's files come and go: the peak is what a watch during it saw, not the
+    difference of before and after."""
+    from arcvllm.builder import disk
+
+    tmp_path = own_file_system
+    with disk.watch(tmp_path, every=0.05) as room:
+        big = tmp_path / "layer"
+        big.write_bytes(os.urandom(64 << 20))
+        time.sleep(0.5)
+        big.unlink()
+        time.sleep(0.2)
+    assert room.samples > 3
+    assert room.peak_used >= 60 << 20, room
+    assert room.after == room.before  # the file went again
+    line = room.line("arcvllm:cpu-1.0")
+    assert line.startswith(f"disk ({tmp_path}): ") and "peak use " in line
+
+
+def release_part(folder: Path, names: list[str], **fields: str) -> Path:
+    """The folder one release job leaves: manifest.json, and each image's SBOM and provenance."""
+    folder.mkdir(parents=True)
+    images = []
+    for name in names:
+        sbom_file = folder / f"arcvllm-{name}-1.0.cdx.json"
+        sbom_file.write_text("{}")
+        (folder / f"arcvllm-{name}-1.0.provenance.json").write_text("{}")
+        images.append({"name": name, "ref": f"ghcr.io/o/arcvllm@sha256:{name}",
+                       "sbom": {"file": sbom_file.name}})  # fmt: skip
+    manifest = {
+        "version": "1.0", "revision": "abc", "created": "2026-12-05T16:05:06Z",
+        "registry": "ghcr.io/o", "public_key": None, **fields, "images": images,
+    }  # fmt: skip
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return folder
+
+
+def test_the_release_jobs_parts_assemble_into_one_manifest_of_every_image(tmp_path, capsys):
+    from arcvllm import cli
+
+    stacks, _ = stack.load()
+    sides = list(stack.side_images())
+    parts = [release_part(tmp_path / "parts" / name, [name]) for name in stacks]
+    parts.append(release_part(tmp_path / "parts" / "sides", sides))
+    out = tmp_path / "release"
+    argv = ["release", "assemble", *map(str, reversed(parts)), "--out", str(out)]
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [e["name"] for e in manifest["images"]] == [*stacks, *sides]  # the release's order
+    assert manifest["revision"] == "abc" and manifest["public_key"] is None
+    assert {p.name for p in out.iterdir()} == {"manifest.json"} | {
+        f"arcvllm-{n}-1.0.{kind}.json" for n in [*stacks, *sides] for kind in ("cdx", "provenance")
+    }
+
+
+def test_parts_of_two_commits_or_a_missing_image_are_no_release(tmp_path, capsys):
+    from arcvllm import cli
+
+    stacks, _ = stack.load()
+    names = list(stacks)
+    good = [release_part(tmp_path / n, [n]) for n in names[1:]]
+    sides = release_part(tmp_path / "sides", list(stack.side_images()))
+    other = release_part(tmp_path / "other", names[:1], revision="def")
+    out = str(tmp_path / "out")
+    assert cli.main(["release", "assemble", *map(str, [*good, sides]), "--out", out]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"arcvllm: assemble: no part holds {names[0]}"]
+    assert cli.main(["release", "assemble", *map(str, [*good, sides, other]), "--out", out]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is another release's: revision 'def' (not 'abc')" in err[0]
+    twice = release_part(tmp_path / "twice", names[1:2])
+    assert cli.main(["release", "assemble", *map(str, [*good, sides, twice]), "--out", out]) == 1
+    assert f"{names[1]} is in two parts" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+# ---- the base image: the same bytes on any machine and any day (finding 14) -------------
+
+
+@pytest.mark.docker
+def test_the_base_image_made_twice_is_the_same_layer(engine, tmp_path):
+    """The measurements of issue 33: the base engine.sh made was another layer each time
+    (a tree tarred at the time it was made), and every image built on it followed. Made
+    twice now (mmdebstrap's own tar, dated by the suite's Release): one layer."""
+    docker = docker_binary()
+    tag = f"rel-base-test-{os.getpid()}:bookworm-slim"
+    env = {**os.environ, "BASE_IMAGE": tag, "TMPDIR": str(tmp_path),
+           "ARCVLLM_DOCKER_RUN": str(tmp_path / "run")}  # fmt: skip
+    layers = []
+    try:
+        for _ in range(2):
+            done = subprocess.run([str(ROOT / "scripts/ci/engine.sh"), "up"], env=env,
+                                  capture_output=True, text=True, timeout=900)  # fmt: skip
+            assert done.returncode == 0, done.stderr[-2000:]
+            inspect = [docker, "image", "inspect", tag, "--format", "{{json .RootFS.Layers}}"]
+            layers.append(json.loads(subprocess.run(inspect, capture_output=True, text=True,
+                                                    check=True).stdout))  # fmt: skip
+            said = re.search(r"layer (sha256:[0-9a-f]{64})", done.stderr).group(1)
+            assert layers[-1] == [said]
+            subprocess.run([docker, "image", "rm", tag], capture_output=True, check=True)
+    finally:
+        subprocess.run([docker, "image", "rm", tag], capture_output=True)
+    assert layers[0] == layers[1], layers
+    assert list(tmp_path.glob("*.tar")) == []  # the tar goes

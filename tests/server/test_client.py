@@ -228,6 +228,7 @@ def test_decode_rate_and_gaps_of_a_stream():
     s = Stream(prompt_len=4, chunks=[Chunk(1, 0.1), Chunk(1, 0.2), Chunk(2, 0.4)])
     assert s.tokens == 4 and s.ttft == 0.1
     assert [round(g, 9) for g in s.token_gaps()] == [0.1, 0.1, 0.1]
-    assert round(s.decode_tok_s(), 9) == 10.0
-    assert Stream(chunks=[Chunk(3, 0.1)]).decode_tok_s() is None
+    assert round(s.decode_tok_s(), 9) == 10.0  # 4 tokens by 0.4 s after the request
+    assert round(Stream(chunks=[Chunk(3, 0.1)]).decode_tok_s(), 9) == 30.0
+    assert Stream().decode_tok_s() is None
     assert Stream().ttft == 0.0
