@@ -32,6 +32,7 @@ COMMANDS = (
     "model",
     "serving.serve",
     "smoke",
+    "operate.canary",
     "verify",
     "bench",
     "operate.doctor",

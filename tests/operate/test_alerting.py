@@ -5,7 +5,6 @@ Like tests/operate/test_prometheus.py these run the host's binaries (`make tools
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import threading
@@ -15,29 +14,13 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import ROOT, QuietHandler, free_port, stop_server
+from support.alerting import TEMPLATE, AlertPath, entrypoint, shipped_config, started
 from support.prometheus import PROM, RULES, tool
 
 from arcvllm.builder import dockerfile
 from arcvllm.server.client import WaitTimeout, wait_until
 
-ALERTMANAGER = ROOT / "deploy" / "alertmanager"
-TEMPLATE = ALERTMANAGER / "alertmanager.yml"
-ENTRYPOINT = ROOT / "docker" / "alertmanager-entrypoint.sh"
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
-
-
-def entrypoint(
-    run_dir: Path, *args: str, url: str | None, template: Path = TEMPLATE
-) -> tuple[list[str], dict[str, str]]:
-    """The image's entrypoint with the host's Alertmanager: what the container runs."""
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "ALERTMANAGER_TEMPLATE": str(template),
-        "ALERTMANAGER_RUN_DIR": str(run_dir),
-    }
-    if url is not None:
-        env["ALERT_WEBHOOK_URL"] = url
-    return [str(ENTRYPOINT), *args], env
 
 
 def run_entrypoint(tmp_path: Path, url: str | None) -> subprocess.CompletedProcess:
@@ -146,36 +129,6 @@ def test_prometheus_sends_its_alerts_to_the_alertmanager_service():
 # ---- a real alert reaches a webhook -----------------------------------------------------
 
 
-class Sink:
-    """A webhook receiver: every JSON body POSTed to it."""
-
-    def __init__(self) -> None:
-        from http.server import ThreadingHTTPServer
-
-        received = self.received = []
-
-        class Handler(QuietHandler):
-            def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length", 0))
-                received.append(json.loads(self.rfile.read(length)))
-                self.send(200, "{}")
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/arcvllm"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def started(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    with log.open("w") as out:
-        return subprocess.Popen(
-            argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-
-
 def test_a_down_replica_reaches_the_operators_webhook(tmp_path):
     """ArcvllmReplicaDown (its `for:` cut from 20 m to 1 s, the same expression) fires on a
     replica target nobody answers; Prometheus sends it to Alertmanager, which the image's
@@ -184,74 +137,20 @@ def test_a_down_replica_reaches_the_operators_webhook(tmp_path):
 
     began = time.monotonic()
     dead_port, router_port = free_port(), free_port()  # nothing listens on them
-    am_port, prom_port = free_port(), free_port()
-    # The shipped configuration with loopback addresses and short waits.
-    (tmp_path / "am").mkdir()
-    template = tmp_path / "alertmanager-template.yml"
-    am_config = yaml.safe_load(TEMPLATE.read_text())
-    am_config["route"].update(group_wait="1s", group_interval="1s")
-    template.write_text(yaml.safe_dump(am_config))
-    (tmp_path / "rules").mkdir()
     rules = RULES.read_text()
     down = 'expr: up{job="vllm"} == 0\n        for: 20m'
     assert rules.count(down) == 1
-    (tmp_path / "rules" / "arcvllm.yml").write_text(rules.replace(down, down[:-3] + "1s"))
     (tmp_path / "targets.yml").write_text(
         yaml.safe_dump([{"targets": [f"127.0.0.1:{dead_port}"], "labels": {"replica": "vllm-0"}}])
     )
-    config = yaml.safe_load((PROM / "prometheus.yml").read_text())
-    config["global"].update(scrape_interval="1s", scrape_timeout="1s", evaluation_interval="1s")
-    config["rule_files"] = [str(tmp_path / "rules" / "arcvllm.yml")]
-    config["alerting"]["alertmanagers"][0]["static_configs"] = [
-        {"targets": [f"127.0.0.1:{am_port}"]}
-    ]
+    config = shipped_config()
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
     jobs["vllm"]["file_sd_configs"] = [{"files": [str(tmp_path / "targets.yml")]}]
     jobs["router"]["static_configs"][0]["targets"] = [f"127.0.0.1:{router_port}"]
-    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-
-    sink = Sink()
-    procs: list[subprocess.Popen] = []
-    try:
-        argv, env = entrypoint(
-            tmp_path / "am",
-            f"--storage.path={tmp_path / 'am'}",
-            f"--web.listen-address=127.0.0.1:{am_port}",
-            "--cluster.listen-address=",
-            url=sink.url,
-            template=template,
-        )
-        procs.append(started(argv, tmp_path / "alertmanager.log", env))
-        procs.append(
-            started(
-                [
-                    tool("prometheus"),
-                    f"--config.file={tmp_path / 'prometheus.yml'}",
-                    f"--storage.tsdb.path={tmp_path / 'data'}",
-                    f"--web.listen-address=127.0.0.1:{prom_port}",
-                ],
-                tmp_path / "prometheus.log",
-            )
-        )
-
-        def delivered() -> dict | None:
-            for proc, name in zip(procs, ("alertmanager", "prometheus"), strict=True):
-                if proc.poll() is not None:
-                    log = (tmp_path / f"{name}.log").read_text()[-3000:]
-                    pytest.fail(f"{name} exited: {log}")
-            for body in sink.received:
-                for alert in body["alerts"]:
-                    if alert["labels"]["alertname"] == "ArcvllmReplicaDown":
-                        return alert
-            return None
-
-        try:
-            alert = wait_until(delivered, 60, 0.5, "ArcvllmReplicaDown at the webhook")
-        except WaitTimeout as exc:
-            logs = "".join(
-                (tmp_path / f"{n}.log").read_text()[-1500:] for n in ("alertmanager", "prometheus")
-            )
-            pytest.fail(f"{exc}; received {sink.received}: {logs}")
+    config["scrape_configs"] = [jobs["vllm"], jobs["router"]]
+    path = AlertPath(tmp_path, config, {"arcvllm.yml": rules.replace(down, down[:-3] + "1s")})
+    with path:
+        alert = path.delivered("ArcvllmReplicaDown", 60)
         assert alert["status"] == "firing"
         assert alert["labels"] == {
             "alertname": "ArcvllmReplicaDown",
@@ -265,13 +164,9 @@ def test_a_down_replica_reaches_the_operators_webhook(tmp_path):
             "vLLM replica vllm-0 has not answered for 20 minutes"
         )
         # Alertmanager itself agrees: the alert is active there.
-        active = httpx.get(f"http://127.0.0.1:{am_port}/api/v2/alerts", timeout=10).json()
+        active = httpx.get(f"http://127.0.0.1:{path.am_port}/api/v2/alerts", timeout=10).json()
         assert "ArcvllmReplicaDown" in {a["labels"]["alertname"] for a in active}
-    finally:
-        for proc in procs:
-            stop_server(proc)
-        sink.close()
-    assert all(proc.returncode is not None for proc in procs)
+    assert all(proc.returncode is not None for proc in path.procs)
     assert time.monotonic() - began < 90
 
 
@@ -289,7 +184,7 @@ def test_the_single_server_config_is_valid_and_has_no_router_job():
     )
     assert result.returncode == 0, result.stdout + result.stderr
     config = yaml.safe_load(SINGLE.read_text())
-    assert [job["job_name"] for job in config["scrape_configs"]] == ["vllm"]
+    assert [job["job_name"] for job in config["scrape_configs"]] == ["vllm", "canary"]
     assert config["alerting"] == yaml.safe_load((PROM / "prometheus.yml").read_text())["alerting"]
 
 
@@ -333,7 +228,8 @@ def test_one_server_found_under_both_names_is_one_target_labelled_vllm(tmp_path)
     config["global"].update(scrape_interval="1s", scrape_timeout="1s")
     config.pop("alerting")
     config["rule_files"] = []
-    (job,) = config["scrape_configs"]
+    job = config["scrape_configs"][0]
+    config["scrape_configs"] = [job]
     assert job.pop("dns_sd_configs")[0]["names"] == ["vllm", "vllm-cpu"]
     job["static_configs"] = [
         {"targets": [address], "labels": {"__meta_dns_name": name}} for name in ("vllm", "vllm-cpu")

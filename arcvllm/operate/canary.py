@@ -1,0 +1,178 @@
+"""`arcvllm canary`: a serving deployment's output checked every few minutes, its results
+as Prometheus metrics. Runs beside the server (a compose service, a Kubernetes
+Deployment, or any host that reaches the gateway), as one more client with the key.
+
+Each round runs a small, bounded set of `arcvllm verify`'s rows (arcvllm.verify.suite):
+the decode across two block boundaries (speculative, where the server speculates), a
+cached prefix resumed, prompts of every length mod 64, sampled answers to open prompts.
+The model is the oracle, as in verify: a server that goes wrong while it serves (NaN at
+long context, a state lost at a block boundary, `!!!!`) fails a check here, and
+deploy/prometheus/rules/canary.yml turns that into an alert for Alertmanager.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from arcvllm import options
+from arcvllm.errors import ArcvllmError
+from arcvllm.server.report import Report, table
+from arcvllm.text import error_line
+from arcvllm.verify import plan as P
+
+ROWS = (P.DECODE, P.RESUME, P.RESIDUES, P.DEGENERATION)
+PORT = 9400
+INTERVAL = 300.0
+# A speculating server accepting fewer of its drafts than this is as good as a drafter with
+# no weights (an MTP preset on a checkpoint without `mtp.*`: every draft rejected).
+ACCEPTANCE_FLOOR = 0.3
+
+PREFIX = "arcvllm_canary"
+DESCRIPTION = """\
+Runs a bounded set of `arcvllm verify`'s rows (decode across two block boundaries, a cached
+prefix resumed, prompts of every length mod 64, sampled answers to open prompts) against a
+serving deployment every --interval seconds, the model itself as the oracle, and serves the
+results as Prometheus metrics on --port (arcvllm_canary_*): each check's pass, the last
+success, the degeneration score, the speculative acceptance. deploy/prometheus/rules/
+canary.yml alerts on them."""
+
+
+class Metrics:
+    """The canary's series, in a registry of their own."""
+
+    def __init__(self, acceptance_floor: float = ACCEPTANCE_FLOOR) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge
+
+        self.acceptance_floor = acceptance_floor
+
+        self.registry = CollectorRegistry()
+
+        def gauge(name: str, doc: str, *labels: str) -> Gauge:
+            return Gauge(f"{PREFIX}_{name}", doc, labels, registry=self.registry)
+
+        self.check = gauge(
+            "check_ok", "1: the check passed in the last round, 0: it failed", "check"
+        )
+        self.up = gauge("up", "1: the last round reached the server")
+        self.rounds = Counter(
+            f"{PREFIX}_rounds", "Rounds by result (pass, fail, error)", ["result"],
+            registry=self.registry,
+        )  # fmt: skip
+        self.last_round = gauge("last_round_timestamp_seconds", "When the last round ended")
+        self.last_success = gauge(
+            "last_success_timestamp_seconds", "When a round last passed it all (or the start)"
+        )
+        # Per served model, so a series exists only once a round has measured it (a
+        # server that does not speculate has no acceptance, not an acceptance of 0).
+        self.run = gauge("degeneration_longest_run", "Longest run of one token", "model")
+        self.entropy = gauge(
+            "degeneration_min_entropy_nats", "Lowest mean top-k entropy of an answer", "model"
+        )
+        self.acceptance = gauge("spec_acceptance_rate", "Drafts accepted in a round", "model")
+        self.floor = gauge("spec_acceptance_floor", "Below it drafts are as good as none", "model")
+        self.seconds = gauge("round_seconds", "How long the last round took")
+        # Counted from the start: a canary that never passes alerts as one that stopped.
+        self.last_success.set(time.time())
+
+    def record(self, report: Report | None, error: str | None, seconds: float) -> str:
+        """Set the series from one round's REPORT (None: the round did not get that far,
+        ERROR says why); the round's result."""
+        now = time.time()
+        self.last_round.set(now)
+        self.seconds.set(round(seconds, 1))
+        if report is None:
+            self.up.set(0)
+            self.rounds.labels("error").inc()
+            return "error"
+        self.up.set(1)
+        for check in report.checks:
+            if check.name in ROWS and check.ok is not None:
+                self.check.labels(check.name).set(1 if check.ok else 0)
+        measured, model = report.measurements, str(report.server.get("model", ""))
+        if "degeneration_longest_run" in measured:
+            self.run.labels(model).set(measured["degeneration_longest_run"])
+            self.entropy.labels(model).set(measured["degeneration_min_entropy"])
+        if measured.get("spec_acceptance_rate") is not None:
+            self.acceptance.labels(model).set(measured["spec_acceptance_rate"])
+            self.floor.labels(model).set(self.acceptance_floor)
+        result = "pass" if report.verdict == "pass" else "fail"
+        self.rounds.labels(result).inc()
+        if result == "pass":
+            self.last_success.set(now)
+        return result
+
+    def exposition(self) -> str:
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry).decode()
+
+
+def one_round(opts, metrics: Metrics) -> tuple[str, Report | None]:
+    """Run the rows once against the server; the result recorded in METRICS."""
+    from arcvllm.verify.suite import run
+
+    start = time.perf_counter()
+    try:
+        report = run(opts)
+        error = None
+    except ArcvllmError as exc:
+        report, error = None, str(exc)
+    except Exception as exc:  # a server that answers garbage is a failed round, not a crash
+        report, error = None, error_line(exc)
+    result = metrics.record(report, error, time.perf_counter() - start)
+    if error:
+        print(f"arcvllm canary: round failed: {error}", file=sys.stderr, flush=True)
+    return result, report
+
+
+def _cmd(args: argparse.Namespace) -> int:
+    from prometheus_client import start_http_server
+
+    from arcvllm.verify.command import options_from
+
+    opts = options_from(args, rows=ROWS)
+    metrics = Metrics(args.acceptance_floor)
+    if args.once:
+        result, report = one_round(opts, metrics)
+        if report is not None:
+            print(table(report, "canary"), flush=True)
+        return 0 if result == "pass" else 1
+    start_http_server(args.port, addr=args.listen, registry=metrics.registry)
+    print(f"arcvllm canary: metrics on {args.listen}:{args.port}/metrics", flush=True)
+    while True:
+        result, report = one_round(opts, metrics)
+        failed = ", ".join(report.failed) if report is not None and report.failed else ""
+        print(f"arcvllm canary: round {result}{': ' + failed if failed else ''}", flush=True)
+        time.sleep(args.interval)
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "canary",
+        help="check a serving deployment's output every few minutes; Prometheus metrics",
+        description=DESCRIPTION,
+    )
+    options.add_server(parser)
+    parser.add_argument("--model", help="served model name (default: the only one served)")
+    parser.add_argument("--preset", help="take the served model name (and chunk) from this preset")
+    parser.add_argument(
+        "--request-timeout", type=float, default=600.0, help="seconds per request (600)"
+    )
+    parser.set_defaults(rows=ROWS, log_file=None, log_cmd=None, max_num_batched_tokens=None)
+    parser.add_argument(
+        "--interval", type=float, default=INTERVAL, help=f"seconds between rounds ({INTERVAL:g})"
+    )
+    parser.add_argument("--port", type=int, default=PORT, help=f"the metrics port ({PORT})")
+    parser.add_argument("--listen", default="0.0.0.0", help="the metrics address (0.0.0.0)")
+    parser.add_argument(
+        "--acceptance-floor",
+        type=float,
+        default=ACCEPTANCE_FLOOR,
+        help=f"alert when a speculating server accepts fewer drafts ({ACCEPTANCE_FLOOR})",
+    )
+    parser.add_argument(
+        "--once", action="store_true", help="one round, its table, exit 1 unless it passed"
+    )
+    parser.set_defaults(func=_cmd)
