@@ -13,6 +13,7 @@ deploy/prometheus/rules/canary.yml turns that into an alert for Alertmanager.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 
@@ -137,14 +138,18 @@ def _cmd(args: argparse.Namespace) -> int:
     if args.once:
         result, report = one_round(opts, metrics)
         if report is not None:
-            print(table(report, "canary"), flush=True)
+            print(report.to_json() if args.json else table(report, "canary"), flush=True)
         return 0 if result == "pass" else 1
     start_http_server(args.port, addr=args.listen, registry=metrics.registry)
     print(f"arcvllm canary: metrics on {args.listen}:{args.port}/metrics", flush=True)
     while True:
         result, report = one_round(opts, metrics)
-        failed = ", ".join(report.failed) if report is not None and report.failed else ""
-        print(f"arcvllm canary: round {result}{': ' + failed if failed else ''}", flush=True)
+        failed = report.failed if report is not None else []
+        if args.json:
+            print(json.dumps({"round": result, "failed": failed}), flush=True)
+        else:
+            why = f": {', '.join(failed)}" if failed else ""
+            print(f"arcvllm canary: round {result}{why}", flush=True)
         time.sleep(args.interval)
 
 
@@ -175,4 +180,5 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--once", action="store_true", help="one round, its table, exit 1 unless it passed"
     )
+    options.add_json(parser, help="--once: the round's report; else a JSON line per round")
     parser.set_defaults(func=_cmd)
