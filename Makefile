@@ -117,7 +117,7 @@ release-rehearsal: $(VENV)/.stamp ## CI: make release of the CPU stack and side 
 	REPRO_OUT=$(abspath $(REPRO_OUT)) scripts/ci/release-rehearsal.sh
 
 # ---- operate: the server and its gateway (docs/deploy.md), the smoke test (docs/smoke.md) ----
-.PHONY: gpus up down logs engine presets doctor field-report bench bench-image smoke-test smoke-check smoke-emulated
+.PHONY: gpus up down logs engine presets doctor field-report bench bench-image smoke-test smoke-check smoke-emulated verify verify-check
 gpus: $(VENV)/.stamp ## the XPU server's GPUs: every B70's render node, never an iGPU (build/gpus.yaml)
 	@$(ARCVLLM) gpus --compose $(GPUS_FILE) --env-file $(ENV_FILE)
 up: $(VENV)/.stamp ## start the server and its gateway with compose (XPU service; FLAVOR=cpu: the CPU service); settings: ENV_FILE
@@ -148,5 +148,14 @@ smoke-test: $(VENV)/.stamp ## build and start the image (STACK, PRESET), prove d
 	scripts/ci/engine.sh run $(MAKE) --no-print-directory build gateway-image smoke-check
 smoke-check: $(VENV)/.stamp ## the smoke test against the image as built, through the gateway (no build step)
 	$(SMOKE) $(if $(SMOKE_REPORT),--out $(SMOKE_REPORT)) $(SMOKE_ARGS)
+# verify starts its own compose project on VERIFY_PORT and removes it, pass or fail;
+# VERIFY_REPORT (default reports/verify-STACK.json), VERIFY_ARGS (e.g. --rows ...).
+VERIFY_PORT   ?= 8002
+VERIFY         = $(ARCVLLM) deploy verify $(NAMES) --port $(VERIFY_PORT) \
+	$(if $(VERIFY_REPORT),--out $(VERIFY_REPORT)) $(VERIFY_ARGS)
+verify: $(VENV)/.stamp ## the acceptance test: build and start the image (STACK, PRESET), check its output on every mamba-state path against the model itself, stop it
+	scripts/ci/engine.sh run $(MAKE) --no-print-directory build gateway-image verify-check
+verify-check: $(VENV)/.stamp ## arcvllm verify against the image as built, through the gateway (no build step)
+	$(VERIFY)
 smoke-emulated: $(VENV)/.stamp ## the smoke test with XPU-like (>= 2^63) mamba copy pointers emulated; must pass
 	$(SMOKE) --emulate-high-addresses $(if $(EMULATED_REPORT),--out $(EMULATED_REPORT)) $(SMOKE_ARGS)

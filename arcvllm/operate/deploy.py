@@ -48,6 +48,8 @@ from arcvllm.serving.emulation import BANNER, ENV
 PROJECT = "arcvllm"
 SMOKE_PROJECT = "arcvllm-smoke"
 SMOKE_PORT = "8001"
+VERIFY_PROJECT = "arcvllm-verify"
+VERIFY_PORT = "8002"
 # Model load and warm-up before the first /health 200: the B70 preset's is the longer.
 SMOKE_HEALTH_TIMEOUT = {"xpu": 900.0, "cpu": 600.0}
 # The emulation's banner, as the server logs it at start (up to its first variable part).
@@ -268,6 +270,51 @@ def smoke(args: argparse.Namespace) -> int:
     return 0
 
 
+def verify(args: argparse.Namespace) -> int:
+    """`arcvllm verify` through the gateway of a project of its own, stopped after: the
+    deployment's acceptance test before it takes traffic (docs/verify.md)."""
+    from arcvllm.server.client import Client, WaitTimeout
+    from arcvllm.server.log import LogSource
+    from arcvllm.verify.command import finish, options_from
+
+    single = resolve(args)
+    folder = Path(args.secrets).resolve()
+    out = Path(args.out or f"reports/verify-{single.stack}.json")
+    log = out.with_suffix(".log")
+    project = smoke_project(single, folder, single.env_file)
+    logs = project.shell("logs", "--no-color", single.service)
+    if args.dry_run:
+        for line in (
+            project.shell("up", "-d", single.service, compose.GATEWAY),
+            f"{logs} > {shlex.quote(str(log))}",
+            project.shell("down", "-v"),
+        ):
+            print(line)
+        return 0
+    args.out = str(out)
+    server = ComposeServer(project, single.service, log)
+    base_url, cert = f"https://127.0.0.1:{single.port}", str(folder / "cert.pem")
+    try:
+        key = make_secrets(folder)
+        write_gpus(single)
+        server.start()
+        timeout = args.health_timeout or SMOKE_HEALTH_TIMEOUT[single.flavor]
+        try:
+            Client(base_url, key, ca_cert=cert).wait_healthy(timeout)
+        except WaitTimeout as exc:
+            raise Unavailable(f"the server did not start: {exc} (its log: {log})") from exc
+        opts = options_from(
+            args, base_url=base_url, preset=single.preset, api_key=key, ca_cert=cert,
+            log=LogSource(cmd=logs),
+        )  # fmt: skip
+        report = finish(args, opts)
+    finally:
+        server.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+    print(f"server log: {log}", file=sys.stderr)
+    return 0 if report.verdict == "pass" else CheckFailed.exit_code
+
+
 # ---- the other actions ----
 
 
@@ -453,6 +500,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     test.add_argument("--dry-run", action="store_true", help="print the compose commands")
     test.set_defaults(func=smoke)
+
+    from arcvllm.verify.command import add_rows
+
+    accept = sub.add_parser(
+        "verify",
+        help="arcvllm verify through the gateway, in a project of its own, stopped after",
+        description="Start the server and the gateway as their own compose project on their "
+        "own port (a throwaway key and self-signed certificate), run `arcvllm verify` through "
+        "the gateway (every mamba-state path checked against the model itself), save the "
+        "server's log beside the report (.log), and remove the project, its volumes and the "
+        "secrets, pass or fail. The acceptance test of a host before it takes traffic.",
+    )
+    add_names(accept, VERIFY_PROJECT, VERIFY_PORT, preset=False)
+    add_rows(accept)
+    accept.add_argument(
+        "--health-timeout", type=float, help="seconds to wait for the server (600 CPU, 900 XPU)"
+    )
+    accept.add_argument(
+        "--secrets",
+        default=str(checkout_root() / "build" / "verify-gateway"),
+        help="where the throwaway key and certificate are made (removed at the end)",
+    )
+    accept.add_argument("--dry-run", action="store_true", help="print the compose commands")
+    accept.set_defaults(func=verify)
 
     check_host = sub.add_parser("doctor", help="host preflight for the deployment's preset")
     add_names(check_host, PROJECT, None)
