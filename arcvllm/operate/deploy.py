@@ -43,6 +43,7 @@ from arcvllm.operate.host import (
     render_node_gids,
 )
 from arcvllm.paths import checkout_root
+from arcvllm.presets import get_preset
 from arcvllm.serving.emulation import BANNER, ENV
 
 PROJECT = "arcvllm"
@@ -77,6 +78,7 @@ class Single:
     def variables(self) -> dict[str, str]:
         """What compose interpolates for it beyond the settings file."""
         env = {"IMAGE": self.image, "PORT": self.port, "GATEWAY_IMAGE": self.gateway_image}
+        env[PRESET_SETTING[self.flavor]] = self.preset  # the server's preset (compose.yaml)
         return env | ({"RENDER_GID": self.render_gid} if self.render_gid else {})
 
     def compose(self, env_file: Path | None = None, **extra: str) -> compose.Project:
@@ -89,6 +91,11 @@ class Single:
         )
 
 
+# The setting each flavour's server takes its preset from: compose.yaml interpolates it
+# into the service's ARCVLLM_PRESET (the settings file's is the XPU server's).
+PRESET_SETTING = {"xpu": "ARCVLLM_PRESET", "cpu": "CPU_PRESET"}
+
+
 def resolve(
     args: argparse.Namespace,
     environ: Mapping[str, str] = os.environ,
@@ -96,7 +103,12 @@ def resolve(
     strict: bool = True,
 ) -> Single:
     """The deployment ARGS name (add_names). STRICT: the settings file must pass its check
-    (anything that starts a server); else an unreadable one is compose's to report."""
+    (anything that starts a server); else an unreadable one is compose's to report.
+
+    The preset: --preset, else the shell's or the settings file's ARCVLLM_PRESET (XPU) or
+    CPU_PRESET (CPU), else the stack's. A preset named alone chooses the flavour and, when
+    the flavour's default stack is not one of its stacks, its first stack. A preset that
+    is unknown, of the other flavour or not for the stack is a usage error."""
     env_file = Path(args.env_file).resolve()
     try:
         values = settings.load(env_file)
@@ -107,17 +119,36 @@ def resolve(
     stacks, defaults = stack.load()
     if args.stack is not None and args.stack not in stacks:
         raise UsageError(f"unknown stack {args.stack!r}; stacks: {', '.join(stacks)}")
-    flavor = args.flavor or (stacks[args.stack].flavor if args.stack else default_flavor(dri_dir))
+    named = get_preset(args.preset) if getattr(args, "preset", None) else None
+    flavor = (
+        args.flavor
+        or (stacks[args.stack].flavor if args.stack else None)
+        or (named.flavor if named else None)
+        or default_flavor(dri_dir)
+    )
+    chosen = named
+    if chosen is None and (value := effective(PRESET_SETTING[flavor], values, environ, "")):
+        chosen = get_preset(value)
+    if chosen is not None and chosen.flavor != flavor:
+        raise UsageError(f"preset {chosen.name} is {chosen.flavor}, not {flavor}")
     name = args.stack or defaults[flavor]
+    if args.stack is None and chosen is not None and name not in chosen.stacks:
+        name = next((s for s in chosen.stacks if s in stacks), name)
     if stacks[name].flavor != flavor:
         raise UsageError(f"stack {name} is {stacks[name].flavor}, not {flavor}")
+    preset = chosen or get_preset(stacks[name].build_args()["PRESET"])
+    if name not in preset.stacks:
+        raise UsageError(
+            f"preset {preset.name} does not run on stack {name} "
+            f"(its stacks: {', '.join(preset.stacks)})"
+        )
     gateway = stack.side_images()["gateway"].ref
     return Single(
         env_file=env_file,
         settings=values,
         flavor=flavor,
         stack=name,
-        preset=args.preset or stacks[name].build_args()["PRESET"],
+        preset=preset.name,
         image=args.image or effective("IMAGE", values, environ, f"arcvllm:{name}"),
         port=str(args.port or effective("PORT", values, environ, DEFAULT_PORT)),
         gateway_image=args.gateway_image or effective("GATEWAY_IMAGE", values, environ, gateway),
@@ -138,7 +169,7 @@ def check(single: Single, environ: Mapping[str, str] = os.environ, dri_dir: Path
 def write_gpus(single: Single) -> None:
     """XPU: the file of this host's B70s compose.yaml's `vllm` needs (`arcvllm gpus`)."""
     if single.flavor == "xpu":
-        gpus.write_for(Host(settings=single.settings), single.gpus_file)
+        gpus.write_for(Host(settings=single.settings), single.gpus_file, single.preset)
 
 
 def passed_through(project: compose.Project, *args: str) -> int:
@@ -216,8 +247,6 @@ def smoke_project(single: Single, folder: Path, env_file: Path) -> compose.Proje
         "GATEWAY_TLS_CERT": str(folder / "cert.pem"),
         "GATEWAY_TLS_KEY": str(folder / "key.pem"),
     }
-    if single.flavor == "cpu":
-        extra["CPU_PRESET"] = single.preset
     return single.compose(env_file, **extra)
 
 
@@ -390,7 +419,11 @@ def add_names(parser: argparse.ArgumentParser, project: str, port: str | None, p
                         "where this host has a render node, else cpu")  # fmt: skip
     parser.add_argument("--stack", help="default: the flavour's default stack")
     if preset:
-        parser.add_argument("--preset", help="default: the stack's preset")
+        parser.add_argument(
+            "--preset",
+            help="default: ARCVLLM_PRESET (XPU) or CPU_PRESET (CPU) of the shell, else of the "
+            "settings file, else the stack's; a preset alone also chooses the flavour",
+        )
     parser.add_argument("--image", help="default: IMAGE (shell, settings), else arcvllm:STACK")
     parser.add_argument("--gateway-image", help="default: GATEWAY_IMAGE, else stacks.yaml's")
     where = f"{port}" if port else f"PORT (shell, settings), else {DEFAULT_PORT}"

@@ -591,8 +591,10 @@ def report(host: Host, preset: Preset, rows: Sequence[Finding]) -> dict:
 
 
 def preflight(host: Host, preset_name: str | None, as_json: bool = False) -> int:
-    """The table (or JSON) for PRESET_NAME (default: the host's), CheckFailed on any fail."""
-    preset = get_preset(preset_name or default_preset(host.environ))
+    """The table (or JSON) for PRESET_NAME (default: $ARCVLLM_PRESET, else the settings
+    file's, else the production preset), CheckFailed on any fail."""
+    name = preset_name or host.environ.get("ARCVLLM_PRESET") or host.settings.get("ARCVLLM_PRESET")
+    preset = get_preset(name or DEFAULT_PRESET)
     rows = diagnose(host, preset)
     if as_json:
         print(json.dumps(report(host, preset, rows), indent=2))
@@ -617,7 +619,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="host preflight: can this host serve a preset?",
         description="Check GPU nodes, driver, runtime, shared memory, RAM and disk for a preset.",
     )
-    parser.add_argument("--preset", help=f"default: $ARCVLLM_PRESET, else {DEFAULT_PRESET}")
+    parser.add_argument(
+        "--preset",
+        help=f"default: $ARCVLLM_PRESET, else the --env-file's, else {DEFAULT_PRESET}",
+    )
     parser.add_argument(
         "--root",
         default="/",
@@ -627,8 +632,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--env-file",
         type=options.existing_file,
-        help="the settings file (docker/arcvllm.env): its RENDER_GID is checked against the "
-        "render nodes' group (default: $RENDER_GID, as compose hands it to the container)",
+        help="the settings file (docker/arcvllm.env): its ARCVLLM_PRESET is the preset checked "
+        "unless named, its RENDER_GID is checked against the render nodes' group (default: "
+        "$RENDER_GID, as compose hands it to the container)",
     )
     options.add_json(parser, help="the report as JSON")
     parser.set_defaults(func=_cmd_doctor)

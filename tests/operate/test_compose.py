@@ -564,3 +564,32 @@ def test_a_missing_compose_tool_is_one_line(monkeypatch):
     project = compose.Project("p", Path("/e"), (COMPOSE_FILE,))
     with pytest.raises(Unavailable, match="no compose tool: /nonexistent/compose not found"):
         project.run("ps")
+
+
+@pytest.mark.compose
+def test_the_preset_deploy_up_names_is_the_servers_environment(tmp_path):
+    """`arcvllm deploy up --preset X` hands compose X: compose's own rendering of the
+    project it runs gives each flavour's server ARCVLLM_PRESET=X over the settings file's."""
+    import argparse
+
+    from arcvllm.operate import deploy
+
+    compose_binary()
+    gpus = tmp_path / "gpus.yaml"  # what `arcvllm gpus --compose` writes, for one node
+    gpus.write_text('services:\n  vllm:\n    devices: ["/dev/null:/dev/dri/renderD128"]\n')
+    for flavor, preset, service in (
+        ("xpu", "qwen3.6-35b-a3b-w4a16-2xb70", "vllm"),
+        ("cpu", "tiny-hybrid-cpu-mtp", "vllm-cpu"),
+    ):
+        names = argparse.Namespace(
+            env_file=ENV_FILE, flavor=flavor, stack=None, preset=preset, image=None,
+            gateway_image=None, port=None, project="opr-preset", gpus_file=str(gpus),
+        )  # fmt: skip
+        project = deploy.resolve(names, environ={}, dri_dir=tmp_path).compose()
+        done = subprocess.run(
+            project.argv("config"), capture_output=True, text=True, timeout=60,
+            env=project.environ({"PATH": os.environ["PATH"], "RENDER_GID": "4242"}),
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        env = yaml.safe_load(done.stdout)["services"][service]["environment"]
+        assert env["ARCVLLM_PRESET"] == preset, (flavor, env["ARCVLLM_PRESET"])
