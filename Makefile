@@ -115,9 +115,11 @@ release-rehearsal: $(VENV)/.stamp ## CI: make release of the CPU stack and side 
 	REPRO_OUT=$(abspath $(REPRO_OUT)) scripts/ci/release-rehearsal.sh
 
 # ---- operate: the server and its gateway (docs/deploy.md), the smoke test (docs/smoke.md) ----
-.PHONY: gpus up down logs engine presets doctor field-report bench bench-image smoke-test smoke-check smoke-emulated
+.PHONY: gpus key up down logs engine presets doctor field-report bench bench-image smoke-test smoke-check smoke-emulated
 gpus: $(VENV)/.stamp ## the XPU server's GPUs: every B70's render node, never an iGPU (build/gpus.yaml)
 	@$(ARCVLLM) gpus --compose $(GPUS_FILE) --env-file $(ENV_FILE)
+key: $(VENV)/.stamp ## make the API key file of ENV_FILE (VLLM_API_KEY_FILE), readable by the containers' UID 1000 only
+	$(ARCVLLM) deploy key --env-file $(ENV_FILE)
 up: $(VENV)/.stamp ## start the server and its gateway with compose (XPU service; FLAVOR=cpu: the CPU service); settings: ENV_FILE
 	$(ARCVLLM) deploy up $(DEPLOYMENT)
 down: $(VENV)/.stamp ## stop and remove the compose service (cache volumes are kept; DOWN_FLAGS=-v drops them)

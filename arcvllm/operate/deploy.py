@@ -349,6 +349,18 @@ def logs(args: argparse.Namespace) -> int:
     return passed_through(single.compose(), *follow)
 
 
+def key(args: argparse.Namespace) -> int:
+    """The key file compose hands out (--out, else the settings file's VLLM_API_KEY_FILE),
+    made so the containers' UID 1000 reads it: its path is printed, never the key."""
+    from arcvllm.operate.host import new_api_key_file
+
+    values = settings.load(Path(args.env_file))
+    path = Path(args.out) if args.out else api_key_file(values, compose.docker_dir(), os.environ)
+    new_api_key_file(path.resolve(), replace=args.force)
+    print(json.dumps({"file": str(path.resolve())}) if args.json else path.resolve())
+    return 0
+
+
 def doctor(args: argparse.Namespace) -> int:
     from arcvllm.operate.doctor import preflight
 
@@ -441,7 +453,7 @@ def add_names(parser: argparse.ArgumentParser, project: str, port: str | None, p
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "deploy",
-        help="compose.yaml's server and gateway: up, down, logs, smoke, bench, doctor, report",
+        help="compose.yaml's server and gateway: up, down, logs, key, smoke, bench, doctor, report",
         description=__doc__.split("\n\n")[1],
     )
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -486,6 +498,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     test.add_argument("--dry-run", action="store_true", help="print the compose commands")
     test.set_defaults(func=smoke)
+
+    make_key = sub.add_parser(
+        "key",
+        help="make the API key file, readable by the containers' user (UID 1000) only",
+        description=key.__doc__,
+    )
+    make_key.add_argument(
+        "--env-file",
+        type=options.existing_file,
+        default="docker/arcvllm.env",
+        help="the settings file whose VLLM_API_KEY_FILE is made (docker/arcvllm.env)",
+    )
+    make_key.add_argument("--out", help="this file instead of VLLM_API_KEY_FILE")
+    make_key.add_argument("--force", action="store_true", help="replace an existing key file")
+    options.add_json(make_key, help="the file made, as JSON (never the key)")
+    make_key.set_defaults(func=key)
 
     check_host = sub.add_parser("doctor", help="host preflight for the deployment's preset")
     add_names(check_host, PROJECT, None)

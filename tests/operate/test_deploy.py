@@ -420,3 +420,48 @@ def test_deploy_doctor_checks_the_settings_files_preset_two_b70s(tmp_path):
         assert doc["preset"] == "qwen3.6-35b-a3b-w4a16-2xb70", (command, done.stderr)
         (gpu,) = [r for r in doc["rows"] if r["check"] == "GPU (sysfs)"]
         assert "needs 2 GPU(s)" in gpu["seen"] or "no XPU" in gpu["seen"], gpu
+
+
+# ---- the key file: made so the containers' user (UID 1000) reads it ----
+
+
+def test_deploy_key_makes_the_settings_files_key_file_once(tmp_path):
+    mine = tmp_path / "mine.env"
+    key_file = tmp_path / "secrets" / "api-key"
+    mine.write_text(f"VLLM_API_KEY_FILE={key_file}\n")
+    done = run_cli("deploy", "key", "--env-file", str(mine), env={})
+    assert done.returncode == 0, done.stderr
+    key = key_file.read_text().strip()
+    assert key not in done.stdout + done.stderr and str(key_file) in done.stdout
+    assert key_file.stat().st_mode & 0o777 == 0o644
+    again = run_cli("deploy", "key", "--env-file", str(mine), env={})
+    assert again.returncode == 2 and "already exists" in again.stderr
+    assert key_file.read_text().strip() == key
+
+
+@pytest.mark.docker
+def test_the_key_deploy_key_makes_is_read_in_a_container_as_uid_1000_and_a_private_one_is_not(
+    engine, tmp_path
+):
+    """What the check says is what a container of UID 1000 finds: the key `deploy key`
+    makes is read there; one made with umask 077 by root is refused by both."""
+    from arcvllm.errors import Unavailable
+    from arcvllm.operate import host
+
+    made = tmp_path / "secrets" / "api-key"
+    host.new_api_key_file(made)
+    private = tmp_path / "private"
+    private.write_text("k-1\n")
+    private.chmod(0o600)
+
+    def read_in_container(path: Path) -> int:
+        return docker("run", "--rm", "--user", "1000:1000", "-v", f"{path}:/run/secrets/api-key:ro",
+                      "debian:bookworm-slim", "cat", "/run/secrets/api-key",
+                      check=False).returncode  # fmt: skip
+
+    assert read_in_container(made) == 0
+    host.check_api_key_file(made)
+    if os.geteuid() != 1000:
+        assert read_in_container(private) != 0
+        with pytest.raises(Unavailable, match="not readable by UID 1000"):
+            host.check_api_key_file(private)
