@@ -593,3 +593,35 @@ def test_the_preset_deploy_up_names_is_the_servers_environment(tmp_path):
         assert done.returncode == 0, done.stderr
         env = yaml.safe_load(done.stdout)["services"][service]["environment"]
         assert env["ARCVLLM_PRESET"] == preset, (flavor, env["ARCVLLM_PRESET"])
+
+
+# ---- one project: the server, its gateway and its Prometheus together (name: arcvllm) ----
+
+
+@pytest.mark.compose
+@pytest.mark.parametrize("files", [(COMPOSE_FILE,), (COMPOSE_FILE, SCALE_FILE)])
+def test_the_compose_files_name_their_project_wherever_compose_runs(tmp_path, files):
+    """By hand, without -p, compose named the project after the folder (`docker`): the
+    monitoring profile's Prometheus landed in another network than `make up`'s server."""
+    argv = [*compose_binary(), "--env-file", str(ENV_FILE)]
+    for path in files:
+        argv += ["-f", str(path)]
+    done = subprocess.run([*argv, "config", "--format", "json"], capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path, env={"PATH": os.environ["PATH"]})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["name"] == "arcvllm"
+
+
+COMPOSE_CALL = re.compile(r"docker compose +-")
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_every_compose_command_in_the_docs_names_its_project(doc):
+    """A command an operator copies lands in the project `make up` (arcvllm) or `arcvllm
+    scale up` (arcvllm-scale) made, whatever folder it runs from."""
+    unnamed = [
+        f"{doc.name}:{number}: {line.strip()}"
+        for number, line in enumerate(doc.read_text().splitlines(), start=1)
+        if COMPOSE_CALL.search(line) and not re.search(r" -p arcvllm(-scale)? ", line)
+    ]
+    assert not unnamed, "\n".join(unnamed)
