@@ -36,6 +36,7 @@ COMMANDS = (
     "operate.fieldreport",
     "operate.scale",
     "operate.deploy",
+    "operate.weights",
     "builder.tinymodel",
 )
 

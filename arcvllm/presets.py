@@ -14,6 +14,7 @@ import importlib
 import io
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -114,6 +115,16 @@ def preset_from_mapping(data: Mapping[str, Any], source: str = "<preset>") -> Pr
     ):
         if not isinstance(value, Mapping):
             raise ArcvllmError(f"{source}: {key} must be a mapping")
+    revision = checkpoint.get("revision")
+    if revision is not None and not re.fullmatch(r"[0-9a-f]{40}", str(revision)):
+        raise ArcvllmError(
+            f"{source}: checkpoint.revision must be a commit (40 hex digits), not {revision!r}"
+        )
+    patterns = checkpoint.get("allow_patterns")
+    if patterns is not None and (
+        not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns)
+    ):
+        raise ArcvllmError(f"{source}: checkpoint.allow_patterns must be a list of file patterns")
     if data["flavor"] == "xpu" and not model_config.get("architectures"):
         raise ArcvllmError(
             f"{source}: an XPU preset needs model_config (architectures, quantization_config, "

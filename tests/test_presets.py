@@ -471,3 +471,16 @@ def test_the_json_list_is_the_table(capsys):
     assert {p["name"] for p in listed} >= REQUIRED
     tiny = next(p for p in listed if p["name"] == "tiny-hybrid-cpu")
     assert (tiny["flavor"], tiny["gpus"], tiny["stacks"]) == ("cpu", 0, ["cpu"])
+
+
+def test_a_checkpoint_pins_a_commit_and_lists_its_patterns_or_is_refused():
+    """`arcvllm model fetch` downloads checkpoint.repo at checkpoint.revision: a branch
+    name there would give different bytes on different days."""
+    good = {"repo": "org/m", "revision": "a" * 40, "allow_patterns": ["*.json"]}
+    assert P.preset_from_mapping(minimal(checkpoint=good)).checkpoint["revision"] == "a" * 40
+    for bad, said in (
+        ({"repo": "org/m", "revision": "main"}, "checkpoint.revision must be a commit"),
+        ({"repo": "org/m", "allow_patterns": "*.json"}, "checkpoint.allow_patterns must be"),
+    ):
+        with pytest.raises(ArcvllmError, match=said):
+            P.preset_from_mapping(minimal(checkpoint=bad), "mine.yaml")

@@ -30,7 +30,7 @@ from arcvllm import options
 from arcvllm.builder import stack
 from arcvllm.engine import docker_binary
 from arcvllm.errors import ArcvllmError, CheckFailed, Unavailable, UsageError
-from arcvllm.operate import compose, gpus, settings
+from arcvllm.operate import compose, gpus, settings, weights
 from arcvllm.operate.host import (
     DEFAULT_PORT,
     DRI_DIR,
@@ -158,12 +158,28 @@ def resolve(
     )
 
 
+def check_model(single: Single, environ: Mapping[str, str] = os.environ) -> None:
+    """The preset's model folder under MODELS_DIR is there and finished (a model inside the
+    image, the CPU presets', is not checked): else the server would restart in a loop."""
+    preset = get_preset(single.preset)
+    if weights.model_subdir(preset) is None:
+        return
+    folder = weights.host_dir(preset, weights.models_dir(single.settings, environ))
+    if why := weights.problem(folder):
+        raise Unavailable(
+            f"the model of {preset.name} is not ready: {why} (MODELS_DIR): "
+            f"arcvllm model fetch {preset.name} (make model)"
+        )
+
+
 def check(single: Single, environ: Mapping[str, str] = os.environ, dri_dir: Path = DRI_DIR):
-    """Before compose starts the server: a RENDER_GID that is the render nodes' group, and a
-    key file compose can hand out (one line each; `arcvllm settings check`'s checks)."""
+    """Before compose starts the server: a RENDER_GID that is the render nodes' group, a
+    key file compose can hand out (one line each; `arcvllm settings check`'s checks), and
+    the preset's model in MODELS_DIR."""
     source = str(single.env_file)
     settings.check_render_gid(settings.read(single.env_file), render_node_gids(dri_dir), source)
     check_api_key_file(api_key_file(single.settings, compose.docker_dir(), environ))
+    check_model(single, environ)
 
 
 def write_gpus(single: Single) -> None:
@@ -271,6 +287,7 @@ def smoke(args: argparse.Namespace) -> int:
             print(line)
         return 0
     args.out = str(out)
+    check_model(single)
     try:
         key = make_secrets(folder)
         write_gpus(single)

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 
 from arcvllm import options
 from arcvllm.errors import CheckFailed
+from arcvllm.operate import weights
 from arcvllm.operate.host import (
     Host,
     intel_gpus,
@@ -388,31 +389,41 @@ def check_ram(host: Host, preset: Preset) -> Finding:
     return Finding("host RAM", OK, seen)
 
 
-def hf_cache_dir(environ: Mapping[str, str]) -> str:
-    if "HF_HUB_CACHE" in environ:
-        return environ["HF_HUB_CACHE"]
-    home = environ.get("HF_HOME") or os.path.join(
-        environ.get("XDG_CACHE_HOME") or os.path.join(environ.get("HOME", "/root"), ".cache"),
-        "huggingface",
-    )
-    return os.path.join(home, "hub")
-
-
-def check_disk(host: Host, preset: Preset) -> Finding:
-    cache = hf_cache_dir(host.environ)
-    probe = host.existing(cache)
-    if probe is None:
-        return Finding("HF cache disk", WARN, f"nothing at {cache} or above it under {host.root}")
-    free = host.disk_usage(probe)[2]
-    local = preset.model.startswith("/") and host.path(preset.model).exists()
-    # A local model needs room only for compile caches; a hub model downloads its weights.
-    need = 2 * GIB if local else preset.disk_gib * GIB
-    seen = f"{gib(free)} free at {cache}; needs {gib(need)}" + (" (model local)" if local else "")
+def check_model(host: Host, preset: Preset) -> Finding:
+    """The preset's weights where the server reads them: in the container the folder under
+    /models (compose's mount of MODELS_DIR) or inside the image; on the host the folder under
+    MODELS_DIR (environment, settings file, /models) that `arcvllm model fetch` fills, and
+    room for the checkpoint (needs.disk_gib) while it is not there. Nothing is downloaded
+    at start: the server reads a folder."""
+    sub = weights.model_subdir(preset)
+    inside = host.in_container()
+    if sub is None and not inside:
+        return Finding("model", OK, f"{preset.model} inside the image")
+    label = preset.model if inside else str(weights.models_dir(host.settings, host.environ) / sub)
+    folder = host.path(label)
+    why = weights.problem(folder)
+    if why is None:
+        return Finding("model", OK, f"{label}: config and weights")
+    why = why.replace(str(folder), label)
+    fetch = f"arcvllm model fetch {preset.name} (make model)"
+    if inside:
+        fix = (
+            f"this image should carry {preset.model}: use the image of a preset's stack"
+            if sub is None
+            else f"mount MODELS_DIR holding it at /models (compose does); on the host: {fetch}"
+        )
+        return Finding("model", FAIL, why, fix)
+    probe = host.existing(label)
+    free = host.disk_usage(probe)[2] if probe is not None else 0
+    need = preset.disk_gib * GIB
+    rel = probe.relative_to(host.root).as_posix() if probe is not None else None
+    at = label if rel is None else "/" if rel == "." else f"/{rel}"
+    seen = f"{why}; {gib(free)} free at {at}, the checkpoint needs {gib(need)}"
     if free < need:
-        return Finding("HF cache disk", FAIL, seen, "free disk or point HF_HOME at a larger volume")
-    if free < 1.5 * need:
-        return Finding("HF cache disk", WARN, seen, "little headroom: compile caches grow")
-    return Finding("HF cache disk", OK, seen)
+        return Finding(
+            "model", FAIL, seen, f"free disk or set MODELS_DIR to a larger volume, then {fetch}"
+        )
+    return Finding("model", WARN, seen, f"{fetch} puts it in MODELS_DIR")
 
 
 def check_kernel(host: Host, preset: Preset) -> Finding:
@@ -556,7 +567,7 @@ CHECKS = (
     check_xpu_smi,
     check_shm,
     check_ram,
-    check_disk,
+    check_model,
 )
 
 

@@ -46,8 +46,10 @@ def build(
     xe_ids: frozenset[int] | None = H.BATTLEMAGE,
     firmware: tuple[str, ...] = ("xe/bmg_guc_70.bin.zst", "xe/bmg_huc.bin.zst"),
     bar_gib: float = 32,
+    model: bool = True,
 ) -> H.Host:
-    """A fake machine under tmp_path/root: the files doctor reads, and nothing else."""
+    """A fake machine under tmp_path/root: the files doctor reads, and nothing else; MODEL:
+    XPU1's checkpoint at /models (MODELS_DIR's default, and the container's mount)."""
     root = tmp_path / "root"
     (root / "dev/dri").mkdir(parents=True)
     (root / "dev/shm").mkdir()
@@ -112,6 +114,8 @@ def build(
     for name in firmware:
         (root / "lib/firmware" / name).parent.mkdir(parents=True, exist_ok=True)
         (root / "lib/firmware" / name).write_bytes(b"fw")
+    if model:
+        put_model(root / XPU1.model.lstrip("/"))
     # Tools live under the root: doctor looks for them on $PATH under --root.
     bindir = root / "usr/bin"
     bindir.mkdir(parents=True)
@@ -355,25 +359,54 @@ def test_ram_ok_warn_fail_against_what_the_preset_needs(tmp_path):
     assert small.status == D.FAIL
 
 
-# ---- HF cache disk ----
+# ---- the model: where `arcvllm model fetch` puts it, what the server mounts ----
 
 
-def test_disk_ok_warn_fail_for_a_model_to_download(tmp_path):
-    env = {"HF_HOME": "/data/hf"}
-    ok = finding(build(tmp_path / "a", environ=env), D.check_disk)
-    assert ok.status == D.OK and "/data/hf/hub" in ok.seen
-    need = XPU1.disk_gib
-    tight = build(tmp_path / "b", environ=env, disk_free_gib=need * 1.2)
-    assert finding(tight, D.check_disk).status == D.WARN
-    full = build(tmp_path / "c", environ=env, disk_free_gib=need / 2)
-    assert finding(full, D.check_disk).status == D.FAIL
+def put_model(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"w")
+    return folder
 
 
-def test_disk_needs_little_when_the_model_is_local(tmp_path):
-    host = build(tmp_path, disk_free_gib=XPU1.disk_gib / 2)
-    (host.root / XPU1.model.lstrip("/")).mkdir(parents=True)
-    r = finding(host, D.check_disk)
-    assert r.status == D.OK and "model local" in r.seen
+def test_the_model_row_says_where_the_weights_go_and_how_they_get_there(tmp_path):
+    """It read like a download into the HF cache: it is MODELS_DIR, filled by `arcvllm
+    model fetch`, with room for the checkpoint or not."""
+    host = build(tmp_path / "a", container=False, environ={"MODELS_DIR": "/srv/models"})
+    assert (host.root / "models/Qwen3.6-35B-A3B-W4A16").is_dir()  # not MODELS_DIR's
+    row = finding(host, D.check_model)
+    assert row.check == "model" and row.status == D.WARN
+    assert row.seen.startswith("no folder /srv/models/Qwen3.6-35B-A3B-W4A16")
+    assert f"500.0 GiB free at /, the checkpoint needs {XPU1.disk_gib:.1f} GiB" in row.seen
+    assert row.fix == f"arcvllm model fetch {XPU1.name} (make model) puts it in MODELS_DIR"
+    full = build(tmp_path / "b", container=False, disk_free_gib=XPU1.disk_gib / 2, model=False)
+    row = finding(full, D.check_model)
+    assert row.status == D.FAIL and "set MODELS_DIR to a larger volume" in row.fix
+    put_model(host.root / "srv/models/Qwen3.6-35B-A3B-W4A16")
+    row = finding(host, D.check_model)
+    assert (row.status, row.seen) == (D.OK, "/srv/models/Qwen3.6-35B-A3B-W4A16: config and weights")
+
+
+def test_the_settings_files_models_dir_is_the_one_checked(tmp_path):
+    host = build(tmp_path, container=False, model=False)
+    host.settings = {"MODELS_DIR": "/data/llm"}
+    assert finding(host, D.check_model).status == D.WARN
+    put_model(host.root / "data/llm/Qwen3.6-35B-A3B-W4A16")
+    assert finding(host, D.check_model).status == D.OK
+
+
+def test_in_the_container_a_missing_model_fails_and_the_image_model_is_there(tmp_path):
+    host = build(tmp_path, disk_free_gib=XPU1.disk_gib / 2, model=False)
+    row = finding(host, D.check_model)
+    assert row.status == D.FAIL and "mount MODELS_DIR" in row.fix
+    put_model(host.root / XPU1.model.lstrip("/"))
+    assert finding(host, D.check_model).status == D.OK
+    cpu = finding(host, D.check_model, CPU)
+    assert cpu.status == D.FAIL and "/opt/arcvllm/models/tiny-hybrid" in cpu.seen
+    put_model(host.root / CPU.model.lstrip("/"))
+    assert finding(host, D.check_model, CPU).status == D.OK
+    outside = build(tmp_path / "h", container=False)
+    assert finding(outside, D.check_model, CPU).seen == f"{CPU.model} inside the image"
 
 
 # ---- the command ----
@@ -442,14 +475,11 @@ def test_root_hides_the_tools_and_files_of_the_machine_doctor_runs_on(tmp_path):
     assert rows["sycl-ls"]["seen"] == "not installed in this image"
     assert rows["kernel"]["seen"].startswith("Linux 6.17.0-13-generic")
     assert report["kernel"] == "6.17.0-13-generic" != os.uname().release
-    assert "/data/hf/hub" in rows["HF cache disk"]["seen"]
+    assert rows["model"]["seen"] == "/models/Qwen3.6-35B-A3B-W4A16: config and weights"
 
 
 def test_json_is_one_report_with_every_row(tmp_path):
     host = build(tmp_path, tools={"sycl-ls": SYCL_OK, "xpu-smi": XPU_SMI_OK})
-    # The model is local, so the disk row needs only compile-cache room (2 GiB) on the
-    # real filesystem under tmp_path, not the preset's download size: hardware-neutral.
-    (host.root / XPU1.model.lstrip("/")).mkdir(parents=True)
     done = run_cli("--root", str(host.root), "--json", "--preset", XPU1.name)
     report = json.loads(done.stdout)
     assert done.returncode == 0 and report["ok"] is True and report["where"] == "container"
