@@ -15,6 +15,7 @@ import io
 import json
 import os
 import re
+import shlex
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -256,6 +257,39 @@ def flag_values(args: Sequence[str]) -> dict[str, str | bool]:
         else:
             values[key] = not head[2:].replace("_", "-").startswith("no-")
     return values
+
+
+# The setting that carries extra vLLM server arguments under compose (docker/arcvllm.env):
+# the container's environment, read by `arcvllm serve`.
+EXTRA_ARGS = "VLLM_EXTRA_ARGS"
+# Flags the deployment sets itself: extra arguments must not move them.
+RESERVED_FLAGS = {
+    "model": "the preset's (ARCVLLM_PRESET names another preset)",
+    "served-model-name": "the preset's, which clients and the smoke test name",
+    "host": "compose and the gateway reach the server on 0.0.0.0:8000",
+    "port": "compose and the gateway reach the server on 0.0.0.0:8000",
+    "api-key": "the key comes from VLLM_API_KEY_FILE (an argument shows in ps)",
+}
+_FLAG = re.compile(r"[a-z0-9][a-z0-9-]*")
+
+
+def extra_args(value: str) -> list[str]:
+    """VLLM_EXTRA_ARGS as arguments, refused in one line when not shaped like vLLM's long
+    flags and their values (shell words, --flag or --flag=value first), or when it sets a
+    flag the deployment owns. vLLM's own parser judges the rest, where vLLM is."""
+    try:
+        args = shlex.split(value)
+    except ValueError as exc:
+        raise ArcvllmError(f"{EXTRA_ARGS}: {exc}") from None
+    if args and not args[0].startswith("--"):
+        raise ArcvllmError(f"{EXTRA_ARGS}: starts with {args[0]!r}, not a --flag")
+    for key, tokens in split_flags(args):
+        flag = tokens[0].split("=", 1)[0]
+        if key is None or not _FLAG.fullmatch(flag[2:].replace("_", "-")):
+            raise ArcvllmError(f"{EXTRA_ARGS}: {flag!r} is not a vLLM flag (--long-flag VALUE)")
+        if key in RESERVED_FLAGS:
+            raise ArcvllmError(f"{EXTRA_ARGS}: --{key} is the deployment's: {RESERVED_FLAGS[key]}")
+    return args
 
 
 def check_mamba_block_size(args: Sequence[str]) -> None:
