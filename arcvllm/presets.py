@@ -382,6 +382,64 @@ def speculative_config(preset: Preset) -> dict[str, Any] | None:
     return dict(value)
 
 
+# ---- parsers: the reasoning and tool-call parsers a preset names, in each release ----
+
+# Where a release registers its parsers by name (vLLM 0.20 .. 0.33): a dict of
+# name -> (module file, class) in the package's __init__, read as text (no import).
+PARSER_REGISTRIES = {
+    "reasoning-parser": ("reasoning", "_REASONING_PARSERS_TO_REGISTER"),
+    "tool-call-parser": ("tool_parsers", "_TOOL_PARSERS_TO_REGISTER"),
+}
+
+
+def release_parsers(vllm_dir: Path) -> dict[str, frozenset[str]]:
+    """Flag -> the parser names the release in VLLM_DIR (its `vllm/` package) registers
+    and ships the module of, read from its files."""
+    import ast
+
+    found: dict[str, frozenset[str]] = {}
+    for flag, (package, variable) in PARSER_REGISTRIES.items():
+        path = vllm_dir / package / "__init__.py"
+        try:
+            tree = ast.parse(path.read_text())
+        except (OSError, SyntaxError) as exc:
+            raise ArcvllmError(f"{path}: cannot read vLLM's --{flag} registry ({exc})") from None
+        registry = next(
+            (
+                node.value
+                for node in tree.body
+                if isinstance(node, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id == variable for t in node.targets)
+                and isinstance(node.value, ast.Dict)
+            ),
+            None,
+        )
+        if registry is None:
+            raise ArcvllmError(f"{path}: no {variable}: not a layout arcvllm knows")
+        names = set()
+        for key, value in zip(registry.keys, registry.values, strict=True):
+            module = ast.literal_eval(value)[0] if isinstance(value, ast.Tuple) else None
+            if isinstance(key, ast.Constant) and (vllm_dir / package / f"{module}.py").is_file():
+                names.add(str(key.value))
+        found[flag] = frozenset(names)
+    return found
+
+
+def parser_problems(
+    preset: Preset, version: str, parsers: Mapping[str, frozenset[str]]
+) -> list[str]:
+    """The parsers PRESET names that vLLM VERSION (PARSERS: release_parsers) lacks."""
+    problems = []
+    for flag in PARSER_REGISTRIES:
+        name = preset.vllm_args.get(flag)
+        if name is not None and str(name) not in parsers[flag]:
+            problems.append(
+                f"preset {preset.name}: --{flag} {name} is not one of vLLM {version}'s "
+                f"({', '.join(sorted(parsers[flag]))})"
+            )
+    return problems
+
+
 # ---- memory fit, computed from the config excerpt (pure) ----
 
 GPU_GIB = 32.0  # Arc Pro B70
