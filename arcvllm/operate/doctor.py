@@ -21,6 +21,7 @@ from arcvllm import options
 from arcvllm.errors import CheckFailed
 from arcvllm.operate import weights
 from arcvllm.operate.host import (
+    B70,
     Host,
     intel_gpus,
     level_zero_devices,
@@ -315,11 +316,25 @@ def check_runtime(host: Host, preset: Preset) -> Finding:
     )
 
 
+# How the devices are checked where sycl-ls and xpu-smi are not (the XPU image has neither).
+PROBE_HINT = (
+    "docker run --rm --device /dev/dri/renderD<B70> --group-add <its GID> IMAGE arcvllm gpus "
+    "--probe"
+)
+
+
+def missing_tool(host: Host, name: str) -> Finding:
+    """A diagnostic tool that is not installed: in the image the XPU probe row covers it."""
+    if host.in_container():
+        return Finding(name, OK, "not in this image (the XPU probe row checks the devices)")
+    fix = f"optional; from the image: {PROBE_HINT}"
+    return Finding(name, WARN, "not installed on the host", fix)
+
+
 def check_sycl_ls(host: Host, preset: Preset) -> Finding:
     tool = host.which("sycl-ls")
     if tool is None:
-        where = "in this image" if host.in_container() else "on the host"
-        return Finding("sycl-ls", WARN, f"not installed {where}", "run doctor inside the XPU image")
+        return missing_tool(host, "sycl-ls")
     rc, out = host.run([tool], host.environ)
     gpus = [line.strip() for line in out.splitlines() if "level_zero:gpu" in line]
     if rc == 0 and gpus:
@@ -337,8 +352,7 @@ def check_sycl_ls(host: Host, preset: Preset) -> Finding:
 def check_xpu_smi(host: Host, preset: Preset) -> Finding:
     tool = host.which("xpu-smi")
     if tool is None:
-        where = "in this image" if host.in_container() else "on the host"
-        return Finding("xpu-smi", WARN, f"not installed {where}", "optional: GPU telemetry")
+        return missing_tool(host, "xpu-smi")
     rc, out = host.run([tool, "discovery"], host.environ)
     names = [ln.strip(" |") for ln in out.splitlines() if "Device Name" in ln]
     if rc == 0 and names:
@@ -353,6 +367,63 @@ def check_xpu_smi(host: Host, preset: Preset) -> Finding:
         )
     last = out.splitlines()[-1] if out else "no output"
     return Finding("xpu-smi", status, f"rc {rc}: {last}", "xpu-smi cannot reach the GPU driver")
+
+
+def probe_report(out: str) -> dict | None:
+    """The JSON line of `arcvllm gpus --probe --json` in OUT (stdout and stderr), or None."""
+    for line in out.splitlines():
+        if line.startswith("{"):
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                return None
+            return doc if isinstance(doc, dict) else None
+    return None
+
+
+def check_xpu_probe(host: Host, preset: Preset) -> Finding:
+    """The devices as this machine's PyTorch sees them, and a computation on each:
+    `arcvllm gpus --probe` (arcvllm/serving/probe.py), found on $PATH under the root."""
+    name = "XPU probe"
+    if preset.flavor == "cpu":
+        return Finding(name, OK, "not needed: CPU preset")
+    tool = host.which("arcvllm")
+    if tool is None:
+        return Finding(name, WARN, "no arcvllm on PATH here", f"from the image: {PROBE_HINT}")
+    rc, out = host.run([tool, "gpus", "--probe", "--json"], host.environ)
+    doc = probe_report(out)
+    if doc is None:
+        last = out.splitlines()[-1] if out else "no output"
+        fix = "the runtime may hang or crash on the device: check the driver (dmesg)"
+        return Finding(name, FAIL, f"the probe gave no report (rc {rc}): {last}", fix)
+    if doc.get("torch") is None:
+        status = FAIL if host.in_container() else WARN
+        return Finding(name, status, "no torch here", f"run it in the XPU image: {PROBE_HINT}")
+    if doc.get("problem"):
+        return Finding(name, FAIL, doc["problem"],
+                       "the runtime cannot see the GPU: the render node, group and driver rows "
+                       "above say why")  # fmt: skip
+    devices = doc.get("devices") or []
+    seen = "; ".join(
+        f"xpu:{d['index']} {d['name']} ({d.get('pci_id') or '?'}) {d['total_gib']:.1f} GiB, "
+        f"driver {d['driver']}" + ("" if d["computes"] else f": {d.get('error')}")
+        for d in devices
+    )
+    failed = [d for d in devices if not d["computes"]]
+    if failed:
+        return Finding(name, FAIL, seen, "a device does not compute: the driver or firmware "
+                       "(dmesg, the GPU firmware row), or the GPU itself")  # fmt: skip
+    need = max(preset.gpus, 1)
+    if len(devices) < need:
+        return Finding(name, FAIL, f"{seen}: {preset.name} needs {need}",
+                       "pass every B70 the preset needs: arcvllm gpus --compose FILE")  # fmt: skip
+    other = [d for d in devices[:need] if d.get("integrated") or d.get("pci_id") != f"0x{B70:04x}"]
+    if other:
+        names = ", ".join(f"xpu:{d['index']} is {d['name']}" for d in other)
+        return Finding(name, WARN, f"{seen}: {names}, not an Arc Pro B70",
+                       "give the server only the B70s' render nodes (arcvllm gpus --compose "
+                       "FILE): an iGPU as device 0 takes the preset's first GPU")  # fmt: skip
+    return Finding(name, OK, seen + " (computes)")
 
 
 def check_shm(host: Host, preset: Preset) -> Finding:
@@ -565,6 +636,7 @@ CHECKS = (
     check_runtime,
     check_sycl_ls,
     check_xpu_smi,
+    check_xpu_probe,
     check_shm,
     check_ram,
     check_model,

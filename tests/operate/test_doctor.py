@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import re
+import shlex
 import stat
 import subprocess
 import sys
@@ -151,14 +152,33 @@ SYCL_NOGPU = 'echo "[opencl:cpu][opencl:0] Intel(R) OpenCL, CPU"'
 XPU_SMI_OK = 'echo "| 0 | Device Name: Intel(R) Arc(TM) Pro B70 Graphics |"'
 
 
+def probe_tool(*devices: dict, torch: str | None = "2.11.0+xpu", problem=None) -> str:
+    """An `arcvllm` on the fake PATH whose `gpus --probe --json` says DEVICES (as
+    arcvllm/serving/probe.py prints them)."""
+    doc = {"torch": torch, "problem": problem, "devices": list(devices)}
+    doc["ok"] = problem is None and bool(devices) and all(d["computes"] for d in devices)
+    return f"echo {shlex.quote(json.dumps(doc))}; exit {0 if doc['ok'] else 3}"
+
+
+def probed(index: int = 0, **changes) -> dict:
+    device = {"index": index, "name": "Intel(R) Arc(TM) Pro B70 Graphics", "total_gib": 31.9}
+    device |= {"free_gib": 31.5, "driver": "1.6.35096+9", "compute_units": 256}
+    device |= {"computes": True, "error": None, "pci_id": "0xe223", "integrated": False}
+    return device | changes
+
+
+PROBE_OK = probe_tool(probed())
+READY_TOOLS = {"sycl-ls": SYCL_OK, "xpu-smi": XPU_SMI_OK, "arcvllm": PROBE_OK}
+
+
 def test_a_ready_b70_host_is_all_ok(tmp_path):
-    host = build(tmp_path, container=False, tools={"sycl-ls": SYCL_OK, "xpu-smi": XPU_SMI_OK})
+    host = build(tmp_path, container=False, tools=READY_TOOLS)
     rows = D.diagnose(host, XPU1)
     assert [r.status for r in rows] == [D.OK] * len(D.CHECKS), rows
 
 
 def test_a_ready_b70_container_only_leaves_the_firmware_to_the_host(tmp_path):
-    host = build(tmp_path, tools={"sycl-ls": SYCL_OK, "xpu-smi": XPU_SMI_OK})
+    host = build(tmp_path, tools=READY_TOOLS)
     rows = {r.check: r.status for r in D.diagnose(host, XPU1)}
     assert {k for k, v in rows.items() if v != D.OK} == {"GPU firmware"}
     assert rows["GPU firmware"] == D.WARN
@@ -314,7 +334,10 @@ def test_sycl_ls_ok_fail_warn(tmp_path):
     assert ok.status == D.OK and "Arc(TM) Pro B70" in ok.seen
     blind = finding(build(tmp_path / "b", tools={"sycl-ls": SYCL_NOGPU}), D.check_sycl_ls)
     assert blind.status == D.FAIL and "render group" in blind.fix
-    assert finding(build(tmp_path / "c"), D.check_sycl_ls).status == D.WARN
+    image = finding(build(tmp_path / "c"), D.check_sycl_ls)  # the XPU image has none
+    assert image.status == D.OK and "the XPU probe row checks the devices" in image.seen
+    host = finding(build(tmp_path / "d", container=False), D.check_sycl_ls)
+    assert host.status == D.WARN and "arcvllm gpus --probe" in host.fix
 
 
 def test_xpu_smi_ok_fail_warn(tmp_path):
@@ -325,7 +348,49 @@ def test_xpu_smi_ok_fail_warn(tmp_path):
         D.check_xpu_smi,
     )
     assert broken.status == D.FAIL and "init failed" in broken.seen
-    assert finding(build(tmp_path / "c"), D.check_xpu_smi).status == D.WARN
+    assert finding(build(tmp_path / "c"), D.check_xpu_smi).status == D.OK
+    assert finding(build(tmp_path / "d", container=False), D.check_xpu_smi).status == D.WARN
+
+
+# ---- the XPU probe: `arcvllm gpus --probe` on $PATH under the root ----
+
+
+def test_the_probe_names_each_device_and_passes_when_each_computes(tmp_path):
+    row = finding(build(tmp_path, tools={"arcvllm": PROBE_OK}), D.check_xpu_probe)
+    assert row.check == "XPU probe" and row.status == D.OK, row
+    assert row.seen == (
+        "xpu:0 Intel(R) Arc(TM) Pro B70 Graphics (0xe223) 31.9 GiB, driver 1.6.35096+9 (computes)"
+    )
+
+
+def test_the_probe_fails_a_device_that_does_not_compute_or_is_not_there(tmp_path):
+    lost = probe_tool(probed(computes=False, error="RuntimeError: UR_RESULT_ERROR_DEVICE_LOST"))
+    row = finding(build(tmp_path / "a", tools={"arcvllm": lost}), D.check_xpu_probe)
+    assert row.status == D.FAIL and "DEVICE_LOST" in row.seen and "dmesg" in row.fix
+    one = finding(build(tmp_path / "b", tools={"arcvllm": PROBE_OK}), D.check_xpu_probe, XPU2)
+    assert one.status == D.FAIL and "needs 2" in one.seen
+    blind = probe_tool(problem="torch 2.11.0+xpu sees no XPU device: ...")
+    row = finding(build(tmp_path / "c", tools={"arcvllm": blind}), D.check_xpu_probe)
+    assert row.status == D.FAIL and "sees no XPU device" in row.seen
+
+
+def test_the_probe_warns_when_the_servers_first_device_is_an_igpu(tmp_path):
+    igpu = probed(name="Intel(R) Graphics", pci_id="0x7d67", integrated=True)
+    tool = probe_tool(igpu, probed(1))
+    row = finding(build(tmp_path, tools={"arcvllm": tool}), D.check_xpu_probe)
+    assert row.status == D.WARN and "xpu:0 is Intel(R) Graphics, not an Arc Pro B70" in row.seen
+    assert "arcvllm gpus --compose" in row.fix
+
+
+def test_without_torch_the_probe_points_at_the_image_and_in_the_image_fails(tmp_path):
+    none = probe_tool(torch=None, problem="no torch in this Python: run the probe in the XPU image")
+    host = finding(build(tmp_path / "a", container=False, tools={"arcvllm": none}),
+                   D.check_xpu_probe)  # fmt: skip
+    assert host.status == D.WARN and "docker run --rm --device /dev/dri/renderD<B70>" in host.fix
+    inside = finding(build(tmp_path / "b", tools={"arcvllm": none}), D.check_xpu_probe)
+    assert inside.status == D.FAIL
+    assert finding(build(tmp_path / "c"), D.check_xpu_probe).status == D.WARN  # no arcvllm
+    assert finding(build(tmp_path / "d"), D.check_xpu_probe, CPU).status == D.OK
 
 
 # ---- /dev/shm ----
@@ -472,7 +537,7 @@ def test_root_hides_the_tools_and_files_of_the_machine_doctor_runs_on(tmp_path):
     done = run_cli("--root", str(host.root), "--json", env=env)
     report = json.loads(done.stdout)
     rows = {r["check"]: r for r in report["rows"]}
-    assert rows["sycl-ls"]["seen"] == "not installed in this image"
+    assert rows["sycl-ls"]["seen"] == "not in this image (the XPU probe row checks the devices)"
     assert rows["kernel"]["seen"].startswith("Linux 6.17.0-13-generic")
     assert report["kernel"] == "6.17.0-13-generic" != os.uname().release
     assert rows["model"]["seen"] == "/models/Qwen3.6-35B-A3B-W4A16: config and weights"
