@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass, field
 from types import ModuleType
 from typing import Any
 
+from arcvllm.errors import CheckFailed, Unavailable
+
 GIB = 1024**3
 # The computation: the sum of 2 x (0 .. 7) on the device, 56 when the device computes.
 EXPECTED = 56.0
@@ -141,11 +143,11 @@ def show(result: Probe, as_json: bool) -> int:
         print(table(result))
     if result.problem is not None:
         print(f"arcvllm: {result.problem}", file=sys.stderr)
-        return 3
+        return Unavailable.exit_code
     if not result.ok:
         failed = ", ".join(f"xpu:{d.index}" for d in result.devices if not d.computes)
         print(f"arcvllm: {failed} did not compute right", file=sys.stderr)
-        return 1
+        return CheckFailed.exit_code
     return 0
 
 
