@@ -237,3 +237,60 @@ def test_make_up_refuses_a_missing_model_before_anything_starts(tmp_path):
     assert not (tmp_path / "calls").exists() and not gpus.exists()
     # the CPU service serves the model inside its image: nothing to check
     assert deploy_up(tmp_path, models, "--flavor", "cpu").returncode == 0
+
+
+# ---- the whole way: weights out of the hub stand-in, served by the CPU image ----
+
+
+@pytest.mark.docker
+def test_a_fetched_model_is_served_read_only_from_models_dir(cpu_image, tmp_path, hub):
+    """The tiny model the CPU image carries, published on the stand-in hub, fetched by
+    `arcvllm model fetch` into a MODELS_DIR, mounted read-only at /models and served by the
+    image as its user (UID 1000): the fetched files are a model vLLM loads."""
+    import httpx
+    from conftest import free_port
+    from support.engine import docker
+
+    from arcvllm.server.client import wait_until
+
+    repo_dir = tmp_path / "hub"
+    repo_dir.mkdir()
+    made = docker("create", cpu_image).stdout.strip()
+    try:
+        docker("cp", f"{made}:/opt/arcvllm/models/tiny-hybrid", str(repo_dir / "tiny"))
+    finally:
+        docker("rm", made)
+    repo = hub.add(REPO, repo_dir / "tiny")
+    presets = preset_dir(tmp_path, repo.commit)
+    models = tmp_path / "models"
+    done = fetch(tmp_path, "tiny-fetch", "--presets-dir", str(presets), "--models-dir",
+                 str(models), "--endpoint", hub.url)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert weights.problem(models / "tiny-fetch") is None
+    port = free_port()
+    cid = docker(
+        "run", "-d", "--shm-size", "1g", "-p", f"127.0.0.1:{port}:8000",
+        "-v", f"{models}:/models:ro", cpu_image, "tiny-hybrid-cpu", "--model", "/models/tiny-fetch",
+    ).stdout.strip()  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+
+        def healthy() -> bool:
+            state = docker("inspect", "-f", "{{.State.Running}}", cid).stdout.strip()
+            if state != "true":  # stopped: its log says why, no use waiting
+                logs = docker("logs", cid, check=False)
+                raise AssertionError((logs.stdout + logs.stderr)[-3000:])
+            try:
+                return httpx.get(f"{url}/health", timeout=5).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(healthy, 900, 2, "the server on the fetched model")
+        answer = httpx.post(f"{url}/v1/completions", timeout=120, json={
+            "model": "tiny-hybrid", "prompt": "hello", "max_tokens": 8})  # fmt: skip
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["choices"][0]["text"]
+        log = docker("logs", cid).stderr + docker("logs", cid).stdout
+        assert "/models/tiny-fetch" in log
+    finally:
+        docker("rm", "-f", cid, check=False)

@@ -158,3 +158,20 @@ def test_the_xpu_rehearsal_image_carries_the_probe(stack):
     assert done.returncode == 3, done.stdout + done.stderr
     doc = json.loads(done.stdout)
     assert doc["devices"] == [] and doc["ok"] is False and doc["problem"]
+
+
+@pytest.mark.docker
+def test_doctor_in_the_image_runs_the_probe_on_the_images_torch(cpu_image):
+    """In an image (here the CPU one, whose PyTorch has torch.xpu and no device) the probe
+    runs as `arcvllm gpus --probe`, and doctor's XPU probe row reports what it said."""
+    from support.engine import docker
+
+    done = docker("run", "--rm", cpu_image, "arcvllm", "gpus", "--probe", "--json", check=False)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "sees no XPU device" in json.loads(done.stdout)["problem"]
+    doctor = docker("run", "--rm", cpu_image, "arcvllm", "doctor", "--json", "--preset",
+                    "qwen3.6-35b-a3b-w4a16-1xb70", check=False)  # fmt: skip
+    rows = {r["check"]: r for r in json.loads(doctor.stdout)["rows"]}
+    probe = rows["XPU probe"]
+    assert probe["status"] == "fail" and "sees no XPU device" in probe["seen"]
+    assert rows["sycl-ls"]["status"] == "ok"  # not in the image, and not needed there
