@@ -21,7 +21,7 @@ help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_.-]+:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 $(VENV)/.stamp: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q -e '.[dev,client,bench,stack,sbom]'
+	$(VENV)/bin/pip install -q -e '.[dev,client,bench,stack,sbom,weights]'
 	touch $@
 venv: $(VENV)/.stamp ## create the tooling venv (.venv) with arcvllm and the dev tools
 test-venvs: $(VENV)/.stamp ## create the venvs with real vLLM releases that the tests run against
@@ -117,9 +117,13 @@ release-rehearsal: $(VENV)/.stamp ## CI: make release of the CPU stack and side 
 	REPRO_OUT=$(abspath $(REPRO_OUT)) scripts/ci/release-rehearsal.sh
 
 # ---- operate: the server and its gateway (docs/deploy.md), the smoke test (docs/smoke.md) ----
-.PHONY: gpus up down logs engine presets doctor field-report bench bench-image smoke-test smoke-check smoke-emulated verify verify-check
+.PHONY: gpus model key up down logs engine presets doctor field-report bench bench-image smoke-test smoke-check smoke-emulated verify verify-check
 gpus: $(VENV)/.stamp ## the XPU server's GPUs: every B70's render node, never an iGPU (build/gpus.yaml)
 	@$(ARCVLLM) gpus --compose $(GPUS_FILE) --env-file $(ENV_FILE)
+model: $(VENV)/.stamp ## fetch PRESET's weights (default: the settings file's ARCVLLM_PRESET) into MODELS_DIR
+	$(ARCVLLM) model fetch $(PRESET) --env-file $(ENV_FILE)
+key: $(VENV)/.stamp ## make the API key file of ENV_FILE (VLLM_API_KEY_FILE), readable by the containers' UID 1000 only
+	$(ARCVLLM) deploy key --env-file $(ENV_FILE)
 up: $(VENV)/.stamp ## start the server and its gateway with compose (XPU service; FLAVOR=cpu: the CPU service); settings: ENV_FILE
 	$(ARCVLLM) deploy up $(DEPLOYMENT)
 down: $(VENV)/.stamp ## stop and remove the compose service (cache volumes are kept; DOWN_FLAGS=-v drops them)

@@ -40,6 +40,7 @@ COMMANDS = (
     "operate.fieldreport",
     "operate.scale",
     "operate.deploy",
+    "operate.weights",
     "builder.tinymodel",
 )
 

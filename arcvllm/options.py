@@ -36,6 +36,7 @@ EXTRAS = {
     "prometheus_client": "client",
     "matplotlib": "bench",
     "pypi_simple": "stack",
+    "huggingface_hub": "weights",
 }
 
 

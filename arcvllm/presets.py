@@ -14,6 +14,8 @@ import importlib
 import io
 import json
 import os
+import re
+import shlex
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -120,6 +122,16 @@ def preset_from_mapping(data: Mapping[str, Any], source: str = "<preset>") -> Pr
     ):
         if not isinstance(value, Mapping):
             raise ArcvllmError(f"{source}: {key} must be a mapping")
+    revision = checkpoint.get("revision")
+    if revision is not None and not re.fullmatch(r"[0-9a-f]{40}", str(revision)):
+        raise ArcvllmError(
+            f"{source}: checkpoint.revision must be a commit (40 hex digits), not {revision!r}"
+        )
+    patterns = checkpoint.get("allow_patterns")
+    if patterns is not None and (
+        not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns)
+    ):
+        raise ArcvllmError(f"{source}: checkpoint.allow_patterns must be a list of file patterns")
     if data["flavor"] == "xpu" and not model_config.get("architectures"):
         raise ArcvllmError(
             f"{source}: an XPU preset needs model_config (architectures, quantization_config, "
@@ -253,6 +265,39 @@ def flag_values(args: Sequence[str]) -> dict[str, str | bool]:
     return values
 
 
+# The setting that carries extra vLLM server arguments under compose (docker/arcvllm.env):
+# the container's environment, read by `arcvllm serve`.
+EXTRA_ARGS = "VLLM_EXTRA_ARGS"
+# Flags the deployment sets itself: extra arguments must not move them.
+RESERVED_FLAGS = {
+    "model": "the preset's (ARCVLLM_PRESET names another preset)",
+    "served-model-name": "the preset's, which clients and the smoke test name",
+    "host": "compose and the gateway reach the server on 0.0.0.0:8000",
+    "port": "compose and the gateway reach the server on 0.0.0.0:8000",
+    "api-key": "the key comes from VLLM_API_KEY_FILE (an argument shows in ps)",
+}
+_FLAG = re.compile(r"[a-z0-9][a-z0-9-]*")
+
+
+def extra_args(value: str) -> list[str]:
+    """VLLM_EXTRA_ARGS as arguments, refused in one line when not shaped like vLLM's long
+    flags and their values (shell words, --flag or --flag=value first), or when it sets a
+    flag the deployment owns. vLLM's own parser judges the rest, where vLLM is."""
+    try:
+        args = shlex.split(value)
+    except ValueError as exc:
+        raise ArcvllmError(f"{EXTRA_ARGS}: {exc}") from None
+    if args and not args[0].startswith("--"):
+        raise ArcvllmError(f"{EXTRA_ARGS}: starts with {args[0]!r}, not a --flag")
+    for key, tokens in split_flags(args):
+        flag = tokens[0].split("=", 1)[0]
+        if key is None or not _FLAG.fullmatch(flag[2:].replace("_", "-")):
+            raise ArcvllmError(f"{EXTRA_ARGS}: {flag!r} is not a vLLM flag (--long-flag VALUE)")
+        if key in RESERVED_FLAGS:
+            raise ArcvllmError(f"{EXTRA_ARGS}: --{key} is the deployment's: {RESERVED_FLAGS[key]}")
+    return args
+
+
 def check_mamba_block_size(args: Sequence[str]) -> None:
     """Refuse `--mamba-block-size` where vLLM would silently throw it away.
 
@@ -341,6 +386,64 @@ def speculative_config(preset: Preset) -> dict[str, Any] | None:
     if not isinstance(value, Mapping):
         raise ArcvllmError(f"preset {preset.name}: speculative-config must be a mapping")
     return dict(value)
+
+
+# ---- parsers: the reasoning and tool-call parsers a preset names, in each release ----
+
+# Where a release registers its parsers by name (vLLM 0.20 .. 0.33): a dict of
+# name -> (module file, class) in the package's __init__, read as text (no import).
+PARSER_REGISTRIES = {
+    "reasoning-parser": ("reasoning", "_REASONING_PARSERS_TO_REGISTER"),
+    "tool-call-parser": ("tool_parsers", "_TOOL_PARSERS_TO_REGISTER"),
+}
+
+
+def release_parsers(vllm_dir: Path) -> dict[str, frozenset[str]]:
+    """Flag -> the parser names the release in VLLM_DIR (its `vllm/` package) registers
+    and ships the module of, read from its files."""
+    import ast
+
+    found: dict[str, frozenset[str]] = {}
+    for flag, (package, variable) in PARSER_REGISTRIES.items():
+        path = vllm_dir / package / "__init__.py"
+        try:
+            tree = ast.parse(path.read_text())
+        except (OSError, SyntaxError) as exc:
+            raise ArcvllmError(f"{path}: cannot read vLLM's --{flag} registry ({exc})") from None
+        registry = next(
+            (
+                node.value
+                for node in tree.body
+                if isinstance(node, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id == variable for t in node.targets)
+                and isinstance(node.value, ast.Dict)
+            ),
+            None,
+        )
+        if registry is None:
+            raise ArcvllmError(f"{path}: no {variable}: not a layout arcvllm knows")
+        names = set()
+        for key, value in zip(registry.keys, registry.values, strict=True):
+            module = ast.literal_eval(value)[0] if isinstance(value, ast.Tuple) else None
+            if isinstance(key, ast.Constant) and (vllm_dir / package / f"{module}.py").is_file():
+                names.add(str(key.value))
+        found[flag] = frozenset(names)
+    return found
+
+
+def parser_problems(
+    preset: Preset, version: str, parsers: Mapping[str, frozenset[str]]
+) -> list[str]:
+    """The parsers PRESET names that vLLM VERSION (PARSERS: release_parsers) lacks."""
+    problems = []
+    for flag in PARSER_REGISTRIES:
+        name = preset.vllm_args.get(flag)
+        if name is not None and str(name) not in parsers[flag]:
+            problems.append(
+                f"preset {preset.name}: --{flag} {name} is not one of vLLM {version}'s "
+                f"({', '.join(sorted(parsers[flag]))})"
+            )
+    return problems
 
 
 # ---- memory fit, computed from the config excerpt (pure) ----

@@ -38,7 +38,28 @@ check GATEWAY_BURST "$BURST" '^[0-9]+$' 20
 check GATEWAY_CONN_PER_CLIENT "$CONN_PER_CLIENT" '^[1-9][0-9]{0,3}$' 256
 check GATEWAY_MAX_BODY "$MAX_BODY" '^[1-9][0-9]*[kKmM]?$' 4m
 check GATEWAY_READ_TIMEOUT "$READ_TIMEOUT" '^[1-9][0-9]*[smh]?$' 3600s
-check GATEWAY_SERVER_NAME "$SERVER_NAME" '^[A-Za-z0-9.-]+$' api.example.org
+# The names clients dial, comma-separated: DNS names and IPv4/IPv6 addresses. Each is a name
+# of the self-signed certificate, an address as an IP name (a client checks an address it
+# dialled against IP names only), besides localhost and 127.0.0.1.
+san_of() { # san_of NAME: DNS:NAME or IP:NAME, or nothing when NAME is neither
+	local name=$1 label='[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?' octet
+	if [[ $name =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ ]]; then
+		for octet in ${name//./ }; do ((10#$octet <= 255)) || return 0; done
+		echo "IP:$name"
+	elif [[ $name == *:*:* && $name =~ ^[0-9A-Fa-f:.]+$ ]]; then
+		echo "IP:$name"
+	elif [[ $name =~ ^$label(\.$label)*$ && ${#name} -le 253 ]]; then
+		echo "DNS:$name"
+	fi
+}
+sans=()
+IFS=, read -ra server_names <<<"$SERVER_NAME,"
+for name in "${server_names[@]}" localhost 127.0.0.1; do
+	san=$(san_of "$name")
+	[[ -n $san ]] || die 2 "GATEWAY_SERVER_NAME=$SERVER_NAME is not valid: ${name:-an empty name} is neither a DNS name nor an IP address (e.g. api.example.org,192.0.2.10)"
+	[[ " ${sans[*]} " == *" $san "* ]] || sans+=("$san")
+done
+subject_alt_names=$(IFS=,; echo "${sans[*]}")
 check GATEWAY_DIAGNOSTIC_ROUTES "$DIAGNOSTIC" '^[01]$' 0
 # The relay's socket to the https server lives there: a socket path holds at most 107 bytes
 # (checked when nginx is to start; a rendering alone makes no socket).
@@ -79,16 +100,21 @@ if given GATEWAY_TLS_CERT; then
 elif given GATEWAY_TLS_KEY; then
 	die 2 "GATEWAY_TLS_KEY is given but GATEWAY_TLS_CERT is not: give both"
 else
-	cert=$TLS_DIR/cert.pem cert_key=$TLS_DIR/key.pem
+	# names: the subjectAltName the kept certificate was made for; another (or none, from
+	# an older start) makes it anew, so a changed GATEWAY_SERVER_NAME takes effect.
+	cert=$TLS_DIR/cert.pem cert_key=$TLS_DIR/key.pem names=$TLS_DIR/names
 	made="kept from an earlier start"
-	if [[ ! -s $cert || ! -s $cert_key ]]; then
+	kept_names=$(cat "$names" 2>/dev/null || true)
+	if [[ ! -s $cert || ! -s $cert_key || $kept_names != "$subject_alt_names" ]]; then
+		made="made now"
+		[[ -s $cert && -s $cert_key ]] && made="made now (its names changed: $subject_alt_names)"
 		mkdir -p "$TLS_DIR" 2>/dev/null || die 3 "GATEWAY_TLS_DIR=$TLS_DIR cannot be created by UID $(id -u)"
 		openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
-			-days 825 -subj "/CN=$SERVER_NAME" \
-			-addext "subjectAltName=DNS:$SERVER_NAME,DNS:localhost,IP:127.0.0.1" \
+			-days 825 -subj "/CN=${server_names[0]}" \
+			-addext "subjectAltName=$subject_alt_names" \
 			-keyout "$cert_key" -out "$cert" 2>/dev/null ||
 			die 3 "cannot write a self-signed certificate to GATEWAY_TLS_DIR=$TLS_DIR"
-		made="made now"
+		echo "$subject_alt_names" >"$names"
 	fi
 	echo "gateway: no certificate given (GATEWAY_TLS_CERT, GATEWAY_TLS_KEY): self-signed for $SERVER_NAME, $made in $TLS_DIR, $(openssl x509 -in "$cert" -noout -fingerprint -sha256)"
 fi

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, vllm_env
+from conftest import ROOT, release_root, vllm_env
 
 from arcvllm import cli
 from arcvllm import presets as P
@@ -346,7 +347,18 @@ def test_vllm_0_23_0_engine_parser_takes_the_xpu_presets_flags_and_language_mode
     arguments (every flag the XPU presets set) parse without it."""
     env = vllm_env("0.23.0")
     xpu = [p for p in P.load_all().values() if "xpu-0.23" in p.stacks]
-    args = [list(P.server_command(p).args) for p in xpu]
+    # The server's own flags (tool calls) are not engine arguments: 0.23.0's server
+    # arguments (FrontendArgs, read as text) must declare them; the rest parse below.
+    frontend = {"enable-auto-tool-choice", "tool-call-parser"}
+    declared = (release_root("0.23.0") / "vllm/entrypoints/openai/cli_args.py").read_text()
+    for flag in frontend:
+        assert f"    {flag.replace('-', '_')}: " in declared, flag
+    args = [
+        [t for key, toks in P.split_flags(P.server_command(p).args) if key not in frontend
+         for t in toks]
+        for p in xpu
+    ]  # fmt: skip
+    assert any("--reasoning-parser" in a for a in args)
     done = env.run("-c", ENGINE_PARSE, json.dumps(args), cwd=ROOT, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.strip().splitlines()[-len(xpu) :]
@@ -473,3 +485,96 @@ def test_the_json_list_is_the_table(capsys):
     assert {p["name"] for p in listed} >= REQUIRED
     tiny = next(p for p in listed if p["name"] == "tiny-hybrid-cpu")
     assert (tiny["flavor"], tiny["gpus"], tiny["stacks"]) == ("cpu", 0, ["cpu"])
+
+
+def test_a_checkpoint_pins_a_commit_and_lists_its_patterns_or_is_refused():
+    """`arcvllm model fetch` downloads checkpoint.repo at checkpoint.revision: a branch
+    name there would give different bytes on different days."""
+    good = {"repo": "org/m", "revision": "a" * 40, "allow_patterns": ["*.json"]}
+    assert P.preset_from_mapping(minimal(checkpoint=good)).checkpoint["revision"] == "a" * 40
+    for bad, said in (
+        ({"repo": "org/m", "revision": "main"}, "checkpoint.revision must be a commit"),
+        ({"repo": "org/m", "allow_patterns": "*.json"}, "checkpoint.allow_patterns must be"),
+    ):
+        with pytest.raises(ArcvllmError, match=said):
+            P.preset_from_mapping(minimal(checkpoint=bad), "mine.yaml")
+
+
+# ---- the reasoning and tool-call parsers a preset names exist in its stacks' releases ----
+
+QWEN36 = [n for n in P.load_all() if n.startswith("qwen3.6-")]
+
+
+@pytest.mark.parametrize("name", QWEN36)
+def test_qwen3_6_presets_parse_reasoning_and_tool_calls_as_vllms_recipe_says(name):
+    """vLLM's recipes for Qwen3.5/3.6: --reasoning-parser qwen3, and tool calls with
+    --enable-auto-tool-choice --tool-call-parser qwen3_coder."""
+    args = P.flag_values(P.server_command(P.get_preset(name)).args)
+    assert args["reasoning-parser"] == "qwen3"
+    assert args["enable-auto-tool-choice"] is True and args["tool-call-parser"] == "qwen3_coder"
+
+
+def fake_release(tmp_path: Path, reasoning: dict, tools: dict) -> Path:
+    """A vllm/ package with the two registries, laid out as 0.20 .. 0.33 lay them out."""
+    for package, variable, table in (
+        ("reasoning", "_REASONING_PARSERS_TO_REGISTER", reasoning),
+        ("tool_parsers", "_TOOL_PARSERS_TO_REGISTER", tools),
+    ):
+        folder = tmp_path / "vllm" / package
+        folder.mkdir(parents=True)
+        (folder / "__init__.py").write_text(f"{variable} = {table!r}\n")
+        for module, _ in table.values():
+            (folder / f"{module}.py").write_text("")
+    return tmp_path / "vllm"
+
+
+def test_a_parser_the_release_lacks_is_named_with_what_it_has(tmp_path):
+    release = fake_release(
+        tmp_path,
+        {"qwen3": ("qwen3_reasoning_parser", "Qwen3ReasoningParser")},
+        {"hermes": ("hermes_tool_parser", "Hermes2ProToolParser")},
+    )
+    (release / "tool_parsers" / "hermes_tool_parser.py").unlink()  # registered, not shipped
+    parsers = P.release_parsers(release)
+    assert parsers == {"reasoning-parser": {"qwen3"}, "tool-call-parser": frozenset()}
+    preset = P.get_preset("qwen3.6-35b-a3b-w4a16-1xb70")
+    assert P.parser_problems(preset, "9.9.9", parsers) == [
+        "preset qwen3.6-35b-a3b-w4a16-1xb70: --tool-call-parser qwen3_coder is not one of "
+        "vLLM 9.9.9's ()"
+    ]
+    with pytest.raises(ArcvllmError, match="cannot read vLLM's --reasoning-parser registry"):
+        P.release_parsers(tmp_path / "nowhere")
+
+
+@pytest.mark.vllm
+def test_every_parser_a_preset_names_is_in_each_of_its_stacks_releases():
+    """Read from each release's own files (the test venvs' packages, 0.33.0's sdist)."""
+    versions = P.stack_vllm_versions()
+    problems, read = [], {}
+    for preset in P.load_all().values():
+        for stack in preset.stacks:
+            version = versions[stack]
+            if version not in read:
+                read[version] = P.release_parsers(release_root(version) / "vllm")
+            problems += P.parser_problems(preset, f"{version} ({stack})", read[version])
+    assert not problems, "\n".join(problems)
+    assert {"0.23.0", "0.33.0"} <= set(read)  # the Qwen3.6 presets' releases were read
+
+
+DOCS = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
+MODEL_NAMED = re.compile(r"""["']model["']\s*:\s*["']([^"']+)["']|model=["']([^"']+)["']""")
+
+
+def test_the_docs_chat_with_the_qwen3_6_preset_by_its_served_name():
+    """Clients name the model by the preset's served_model_name (/v1/models lists it), not
+    by its folder or its hub repository; the docs show a chat call, thinking and tool calls."""
+    served = {p.served_model_name for p in P.load_all().values()}
+    named = {
+        (doc.name, next(g for g in match.groups() if g))
+        for doc in DOCS
+        for match in MODEL_NAMED.finditer(doc.read_text())
+    }
+    assert {name for _, name in named} <= served, named
+    chat = (ROOT / "docs" / "deploy.md").read_text()
+    assert "/v1/chat/completions" in chat and '"model": "qwen3.6-35b-a3b"' in chat
+    assert '"tools"' in chat and "message.reasoning" in chat

@@ -30,7 +30,7 @@ from arcvllm import options
 from arcvllm.builder import stack
 from arcvllm.engine import docker_binary
 from arcvllm.errors import ArcvllmError, CheckFailed, Unavailable, UsageError
-from arcvllm.operate import compose, gpus, settings
+from arcvllm.operate import compose, gpus, settings, weights
 from arcvllm.operate.host import (
     DEFAULT_PORT,
     DRI_DIR,
@@ -43,6 +43,7 @@ from arcvllm.operate.host import (
     render_node_gids,
 )
 from arcvllm.paths import checkout_root
+from arcvllm.presets import get_preset
 from arcvllm.serving.emulation import BANNER, ENV
 
 PROJECT = "arcvllm"
@@ -79,6 +80,7 @@ class Single:
     def variables(self) -> dict[str, str]:
         """What compose interpolates for it beyond the settings file."""
         env = {"IMAGE": self.image, "PORT": self.port, "GATEWAY_IMAGE": self.gateway_image}
+        env[PRESET_SETTING[self.flavor]] = self.preset  # the server's preset (compose.yaml)
         return env | ({"RENDER_GID": self.render_gid} if self.render_gid else {})
 
     def compose(self, env_file: Path | None = None, **extra: str) -> compose.Project:
@@ -91,6 +93,11 @@ class Single:
         )
 
 
+# The setting each flavour's server takes its preset from: compose.yaml interpolates it
+# into the service's ARCVLLM_PRESET (the settings file's is the XPU server's).
+PRESET_SETTING = {"xpu": "ARCVLLM_PRESET", "cpu": "CPU_PRESET"}
+
+
 def resolve(
     args: argparse.Namespace,
     environ: Mapping[str, str] = os.environ,
@@ -98,7 +105,12 @@ def resolve(
     strict: bool = True,
 ) -> Single:
     """The deployment ARGS name (add_names). STRICT: the settings file must pass its check
-    (anything that starts a server); else an unreadable one is compose's to report."""
+    (anything that starts a server); else an unreadable one is compose's to report.
+
+    The preset: --preset, else the shell's or the settings file's ARCVLLM_PRESET (XPU) or
+    CPU_PRESET (CPU), else the stack's. A preset named alone chooses the flavour and, when
+    the flavour's default stack is not one of its stacks, its first stack. A preset that
+    is unknown, of the other flavour or not for the stack is a usage error."""
     env_file = Path(args.env_file).resolve()
     try:
         values = settings.load(env_file)
@@ -109,17 +121,36 @@ def resolve(
     stacks, defaults = stack.load()
     if args.stack is not None and args.stack not in stacks:
         raise UsageError(f"unknown stack {args.stack!r}; stacks: {', '.join(stacks)}")
-    flavor = args.flavor or (stacks[args.stack].flavor if args.stack else default_flavor(dri_dir))
+    named = get_preset(args.preset) if getattr(args, "preset", None) else None
+    flavor = (
+        args.flavor
+        or (stacks[args.stack].flavor if args.stack else None)
+        or (named.flavor if named else None)
+        or default_flavor(dri_dir)
+    )
+    chosen = named
+    if chosen is None and (value := effective(PRESET_SETTING[flavor], values, environ, "")):
+        chosen = get_preset(value)
+    if chosen is not None and chosen.flavor != flavor:
+        raise UsageError(f"preset {chosen.name} is {chosen.flavor}, not {flavor}")
     name = args.stack or defaults[flavor]
+    if args.stack is None and chosen is not None and name not in chosen.stacks:
+        name = next((s for s in chosen.stacks if s in stacks), name)
     if stacks[name].flavor != flavor:
         raise UsageError(f"stack {name} is {stacks[name].flavor}, not {flavor}")
+    preset = chosen or get_preset(stacks[name].build_args()["PRESET"])
+    if name not in preset.stacks:
+        raise UsageError(
+            f"preset {preset.name} does not run on stack {name} "
+            f"(its stacks: {', '.join(preset.stacks)})"
+        )
     gateway = stack.side_images()["gateway"].ref
     return Single(
         env_file=env_file,
         settings=values,
         flavor=flavor,
         stack=name,
-        preset=args.preset or stacks[name].build_args()["PRESET"],
+        preset=preset.name,
         image=args.image or effective("IMAGE", values, environ, f"arcvllm:{name}"),
         port=str(args.port or effective("PORT", values, environ, DEFAULT_PORT)),
         gateway_image=args.gateway_image or effective("GATEWAY_IMAGE", values, environ, gateway),
@@ -129,18 +160,34 @@ def resolve(
     )
 
 
+def check_model(single: Single, environ: Mapping[str, str] = os.environ) -> None:
+    """The preset's model folder under MODELS_DIR is there and finished (a model inside the
+    image, the CPU presets', is not checked): else the server would restart in a loop."""
+    preset = get_preset(single.preset)
+    if weights.model_subdir(preset) is None:
+        return
+    folder = weights.host_dir(preset, weights.models_dir(single.settings, environ))
+    if why := weights.problem(folder):
+        raise Unavailable(
+            f"the model of {preset.name} is not ready: {why} (MODELS_DIR): "
+            f"arcvllm model fetch {preset.name} (make model)"
+        )
+
+
 def check(single: Single, environ: Mapping[str, str] = os.environ, dri_dir: Path = DRI_DIR):
-    """Before compose starts the server: a RENDER_GID that is the render nodes' group, and a
-    key file compose can hand out (one line each; `arcvllm settings check`'s checks)."""
+    """Before compose starts the server: a RENDER_GID that is the render nodes' group, a
+    key file compose can hand out (one line each; `arcvllm settings check`'s checks), and
+    the preset's model in MODELS_DIR."""
     source = str(single.env_file)
     settings.check_render_gid(settings.read(single.env_file), render_node_gids(dri_dir), source)
     check_api_key_file(api_key_file(single.settings, compose.docker_dir(), environ))
+    check_model(single, environ)
 
 
 def write_gpus(single: Single) -> None:
     """XPU: the file of this host's B70s compose.yaml's `vllm` needs (`arcvllm gpus`)."""
     if single.flavor == "xpu":
-        gpus.write_for(Host(settings=single.settings), single.gpus_file)
+        gpus.write_for(Host(settings=single.settings), single.gpus_file, single.preset)
 
 
 def passed_through(project: compose.Project, *args: str) -> int:
@@ -218,8 +265,6 @@ def smoke_project(single: Single, folder: Path, env_file: Path) -> compose.Proje
         "GATEWAY_TLS_CERT": str(folder / "cert.pem"),
         "GATEWAY_TLS_KEY": str(folder / "key.pem"),
     }
-    if single.flavor == "cpu":
-        extra["CPU_PRESET"] = single.preset
     return single.compose(env_file, **extra)
 
 
@@ -244,6 +289,7 @@ def smoke(args: argparse.Namespace) -> int:
             print(line)
         return 0
     args.out = str(out)
+    check_model(single)
     try:
         key = make_secrets(folder)
         write_gpus(single)
@@ -367,6 +413,18 @@ def logs(args: argparse.Namespace) -> int:
     return passed_through(single.compose(), *follow)
 
 
+def key(args: argparse.Namespace) -> int:
+    """The key file compose hands out (--out, else the settings file's VLLM_API_KEY_FILE),
+    made so the containers' UID 1000 reads it: its path is printed, never the key."""
+    from arcvllm.operate.host import new_api_key_file
+
+    values = settings.load(Path(args.env_file))
+    path = Path(args.out) if args.out else api_key_file(values, compose.docker_dir(), os.environ)
+    new_api_key_file(path.resolve(), replace=args.force)
+    print(json.dumps({"file": str(path.resolve())}) if args.json else path.resolve())
+    return 0
+
+
 def doctor(args: argparse.Namespace) -> int:
     from arcvllm.operate.doctor import preflight
 
@@ -437,7 +495,11 @@ def add_names(parser: argparse.ArgumentParser, project: str, port: str | None, p
                         "where this host has a render node, else cpu")  # fmt: skip
     parser.add_argument("--stack", help="default: the flavour's default stack")
     if preset:
-        parser.add_argument("--preset", help="default: the stack's preset")
+        parser.add_argument(
+            "--preset",
+            help="default: ARCVLLM_PRESET (XPU) or CPU_PRESET (CPU) of the shell, else of the "
+            "settings file, else the stack's; a preset alone also chooses the flavour",
+        )
     parser.add_argument("--image", help="default: IMAGE (shell, settings), else arcvllm:STACK")
     parser.add_argument("--gateway-image", help="default: GATEWAY_IMAGE, else stacks.yaml's")
     where = f"{port}" if port else f"PORT (shell, settings), else {DEFAULT_PORT}"
@@ -455,7 +517,7 @@ def add_names(parser: argparse.ArgumentParser, project: str, port: str | None, p
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "deploy",
-        help="compose.yaml's server and gateway: up, down, logs, smoke, bench, doctor, report",
+        help="compose.yaml's server and gateway: up, down, logs, key, smoke, bench, doctor, report",
         description=__doc__.split("\n\n")[1],
     )
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -524,6 +586,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     accept.add_argument("--dry-run", action="store_true", help="print the compose commands")
     accept.set_defaults(func=verify)
+
+    make_key = sub.add_parser(
+        "key",
+        help="make the API key file, readable by the containers' user (UID 1000) only",
+        description=key.__doc__,
+    )
+    make_key.add_argument(
+        "--env-file",
+        type=options.existing_file,
+        default="docker/arcvllm.env",
+        help="the settings file whose VLLM_API_KEY_FILE is made (docker/arcvllm.env)",
+    )
+    make_key.add_argument("--out", help="this file instead of VLLM_API_KEY_FILE")
+    make_key.add_argument("--force", action="store_true", help="replace an existing key file")
+    options.add_json(make_key, help="the file made, as JSON (never the key)")
+    make_key.set_defaults(func=key)
 
     check_host = sub.add_parser("doctor", help="host preflight for the deployment's preset")
     add_names(check_host, PROJECT, None)

@@ -19,7 +19,9 @@ from dataclasses import asdict, dataclass
 
 from arcvllm import options
 from arcvllm.errors import CheckFailed
+from arcvllm.operate import weights
 from arcvllm.operate.host import (
+    B70,
     Host,
     intel_gpus,
     level_zero_devices,
@@ -314,11 +316,25 @@ def check_runtime(host: Host, preset: Preset) -> Finding:
     )
 
 
+# How the devices are checked where sycl-ls and xpu-smi are not (the XPU image has neither).
+PROBE_HINT = (
+    "docker run --rm --device /dev/dri/renderD<B70> --group-add <its GID> IMAGE arcvllm gpus "
+    "--probe"
+)
+
+
+def missing_tool(host: Host, name: str) -> Finding:
+    """A diagnostic tool that is not installed: in the image the XPU probe row covers it."""
+    if host.in_container():
+        return Finding(name, OK, "not in this image (the XPU probe row checks the devices)")
+    fix = f"optional; from the image: {PROBE_HINT}"
+    return Finding(name, WARN, "not installed on the host", fix)
+
+
 def check_sycl_ls(host: Host, preset: Preset) -> Finding:
     tool = host.which("sycl-ls")
     if tool is None:
-        where = "in this image" if host.in_container() else "on the host"
-        return Finding("sycl-ls", WARN, f"not installed {where}", "run doctor inside the XPU image")
+        return missing_tool(host, "sycl-ls")
     rc, out = host.run([tool], host.environ)
     gpus = [line.strip() for line in out.splitlines() if "level_zero:gpu" in line]
     if rc == 0 and gpus:
@@ -336,8 +352,7 @@ def check_sycl_ls(host: Host, preset: Preset) -> Finding:
 def check_xpu_smi(host: Host, preset: Preset) -> Finding:
     tool = host.which("xpu-smi")
     if tool is None:
-        where = "in this image" if host.in_container() else "on the host"
-        return Finding("xpu-smi", WARN, f"not installed {where}", "optional: GPU telemetry")
+        return missing_tool(host, "xpu-smi")
     rc, out = host.run([tool, "discovery"], host.environ)
     names = [ln.strip(" |") for ln in out.splitlines() if "Device Name" in ln]
     if rc == 0 and names:
@@ -352,6 +367,63 @@ def check_xpu_smi(host: Host, preset: Preset) -> Finding:
         )
     last = out.splitlines()[-1] if out else "no output"
     return Finding("xpu-smi", status, f"rc {rc}: {last}", "xpu-smi cannot reach the GPU driver")
+
+
+def probe_report(out: str) -> dict | None:
+    """The JSON line of `arcvllm gpus --probe --json` in OUT (stdout and stderr), or None."""
+    for line in out.splitlines():
+        if line.startswith("{"):
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                return None
+            return doc if isinstance(doc, dict) else None
+    return None
+
+
+def check_xpu_probe(host: Host, preset: Preset) -> Finding:
+    """The devices as this machine's PyTorch sees them, and a computation on each:
+    `arcvllm gpus --probe` (arcvllm/serving/probe.py), found on $PATH under the root."""
+    name = "XPU probe"
+    if preset.flavor == "cpu":
+        return Finding(name, OK, "not needed: CPU preset")
+    tool = host.which("arcvllm")
+    if tool is None:
+        return Finding(name, WARN, "no arcvllm on PATH here", f"from the image: {PROBE_HINT}")
+    rc, out = host.run([tool, "gpus", "--probe", "--json"], host.environ)
+    doc = probe_report(out)
+    if doc is None:
+        last = out.splitlines()[-1] if out else "no output"
+        fix = "the runtime may hang or crash on the device: check the driver (dmesg)"
+        return Finding(name, FAIL, f"the probe gave no report (rc {rc}): {last}", fix)
+    if doc.get("torch") is None:
+        status = FAIL if host.in_container() else WARN
+        return Finding(name, status, "no torch here", f"run it in the XPU image: {PROBE_HINT}")
+    if doc.get("problem"):
+        return Finding(name, FAIL, doc["problem"],
+                       "the runtime cannot see the GPU: the render node, group and driver rows "
+                       "above say why")  # fmt: skip
+    devices = doc.get("devices") or []
+    seen = "; ".join(
+        f"xpu:{d['index']} {d['name']} ({d.get('pci_id') or '?'}) {d['total_gib']:.1f} GiB, "
+        f"driver {d['driver']}" + ("" if d["computes"] else f": {d.get('error')}")
+        for d in devices
+    )
+    failed = [d for d in devices if not d["computes"]]
+    if failed:
+        return Finding(name, FAIL, seen, "a device does not compute: the driver or firmware "
+                       "(dmesg, the GPU firmware row), or the GPU itself")  # fmt: skip
+    need = max(preset.gpus, 1)
+    if len(devices) < need:
+        return Finding(name, FAIL, f"{seen}: {preset.name} needs {need}",
+                       "pass every B70 the preset needs: arcvllm gpus --compose FILE")  # fmt: skip
+    other = [d for d in devices[:need] if d.get("integrated") or d.get("pci_id") != f"0x{B70:04x}"]
+    if other:
+        names = ", ".join(f"xpu:{d['index']} is {d['name']}" for d in other)
+        return Finding(name, WARN, f"{seen}: {names}, not an Arc Pro B70",
+                       "give the server only the B70s' render nodes (arcvllm gpus --compose "
+                       "FILE): an iGPU as device 0 takes the preset's first GPU")  # fmt: skip
+    return Finding(name, OK, seen + " (computes)")
 
 
 def check_shm(host: Host, preset: Preset) -> Finding:
@@ -388,31 +460,41 @@ def check_ram(host: Host, preset: Preset) -> Finding:
     return Finding("host RAM", OK, seen)
 
 
-def hf_cache_dir(environ: Mapping[str, str]) -> str:
-    if "HF_HUB_CACHE" in environ:
-        return environ["HF_HUB_CACHE"]
-    home = environ.get("HF_HOME") or os.path.join(
-        environ.get("XDG_CACHE_HOME") or os.path.join(environ.get("HOME", "/root"), ".cache"),
-        "huggingface",
-    )
-    return os.path.join(home, "hub")
-
-
-def check_disk(host: Host, preset: Preset) -> Finding:
-    cache = hf_cache_dir(host.environ)
-    probe = host.existing(cache)
-    if probe is None:
-        return Finding("HF cache disk", WARN, f"nothing at {cache} or above it under {host.root}")
-    free = host.disk_usage(probe)[2]
-    local = preset.model.startswith("/") and host.path(preset.model).exists()
-    # A local model needs room only for compile caches; a hub model downloads its weights.
-    need = 2 * GIB if local else preset.disk_gib * GIB
-    seen = f"{gib(free)} free at {cache}; needs {gib(need)}" + (" (model local)" if local else "")
+def check_model(host: Host, preset: Preset) -> Finding:
+    """The preset's weights where the server reads them: in the container the folder under
+    /models (compose's mount of MODELS_DIR) or inside the image; on the host the folder under
+    MODELS_DIR (environment, settings file, /models) that `arcvllm model fetch` fills, and
+    room for the checkpoint (needs.disk_gib) while it is not there. Nothing is downloaded
+    at start: the server reads a folder."""
+    sub = weights.model_subdir(preset)
+    inside = host.in_container()
+    if sub is None and not inside:
+        return Finding("model", OK, f"{preset.model} inside the image")
+    label = preset.model if inside else str(weights.models_dir(host.settings, host.environ) / sub)
+    folder = host.path(label)
+    why = weights.problem(folder)
+    if why is None:
+        return _model_contents(preset, folder, label)
+    why = why.replace(str(folder), label)
+    fetch = f"arcvllm model fetch {preset.name} (make model)"
+    if inside:
+        fix = (
+            f"this image should carry {preset.model}: use the image of a preset's stack"
+            if sub is None
+            else f"mount MODELS_DIR holding it at /models (compose does); on the host: {fetch}"
+        )
+        return Finding("model", FAIL, why, fix)
+    probe = host.existing(label)
+    free = host.disk_usage(probe)[2] if probe is not None else 0
+    need = preset.disk_gib * GIB
+    rel = probe.relative_to(host.root).as_posix() if probe is not None else None
+    at = label if rel is None else "/" if rel == "." else f"/{rel}"
+    seen = f"{why}; {gib(free)} free at {at}, the checkpoint needs {gib(need)}"
     if free < need:
-        return Finding("HF cache disk", FAIL, seen, "free disk or point HF_HOME at a larger volume")
-    if free < 1.5 * need:
-        return Finding("HF cache disk", WARN, seen, "little headroom: compile caches grow")
-    return Finding("HF cache disk", OK, seen)
+        return Finding(
+            "model", FAIL, seen, f"free disk or set MODELS_DIR to a larger volume, then {fetch}"
+        )
+    return Finding("model", WARN, seen, f"{fetch} puts it in MODELS_DIR")
 
 
 def check_kernel(host: Host, preset: Preset) -> Finding:
@@ -541,25 +623,18 @@ def check_level_zero(host: Host, preset: Preset) -> Finding:
     return Finding("Level Zero", OK, seen)
 
 
-def check_model(host: Host, preset: Preset) -> Finding:
-    """The preset's model folder against the preset (arcvllm model check), when it is here."""
+def _model_contents(preset: Preset, folder, label: str) -> Finding:
+    """A complete model folder against the preset (arcvllm model check)."""
     from arcvllm import model
     from arcvllm.errors import ArcvllmError
 
-    if not preset.model.startswith("/"):
-        return Finding("model", WARN, f"{preset.model} is a hub id: checked once downloaded")
-    folder = host.path(preset.model)
-    if not (folder / "config.json").is_file():
-        return Finding(
-            "model", WARN, f"no model at {preset.model}", "mount it there (or serve -- --model)"
-        )
     try:
         line = model.problem(preset, folder, model.check(preset, folder))
     except ArcvllmError as exc:
         line = str(exc)
     if line:
-        return Finding("model", FAIL, line, f"arcvllm model check {preset.name} {preset.model}")
-    return Finding("model", OK, f"{preset.model}: config, tensors, size, tokenizer, template")
+        return Finding("model", FAIL, line, f"arcvllm model check {preset.name} {label}")
+    return Finding("model", OK, f"{label}: config, tensors, size, tokenizer, template")
 
 
 CHECKS = (
@@ -575,9 +650,9 @@ CHECKS = (
     check_runtime,
     check_sycl_ls,
     check_xpu_smi,
+    check_xpu_probe,
     check_shm,
     check_ram,
-    check_disk,
     check_model,
 )
 
@@ -613,8 +688,10 @@ def report(host: Host, preset: Preset, rows: Sequence[Finding]) -> dict:
 
 
 def preflight(host: Host, preset_name: str | None, as_json: bool = False) -> int:
-    """The table (or JSON) for PRESET_NAME (default: the host's), CheckFailed on any fail."""
-    preset = get_preset(preset_name or default_preset(host.environ))
+    """The table (or JSON) for PRESET_NAME (default: $ARCVLLM_PRESET, else the settings
+    file's, else the production preset), CheckFailed on any fail."""
+    name = preset_name or host.environ.get("ARCVLLM_PRESET") or host.settings.get("ARCVLLM_PRESET")
+    preset = get_preset(name or DEFAULT_PRESET)
     rows = diagnose(host, preset)
     if as_json:
         print(json.dumps(report(host, preset, rows), indent=2))
@@ -639,7 +716,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="host preflight: can this host serve a preset?",
         description="Check GPU nodes, driver, runtime, shared memory, RAM and disk for a preset.",
     )
-    parser.add_argument("--preset", help=f"default: $ARCVLLM_PRESET, else {DEFAULT_PRESET}")
+    parser.add_argument(
+        "--preset",
+        help=f"default: $ARCVLLM_PRESET, else the --env-file's, else {DEFAULT_PRESET}",
+    )
     parser.add_argument(
         "--root",
         default="/",
@@ -649,8 +729,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--env-file",
         type=options.existing_file,
-        help="the settings file (docker/arcvllm.env): its RENDER_GID is checked against the "
-        "render nodes' group (default: $RENDER_GID, as compose hands it to the container)",
+        help="the settings file (docker/arcvllm.env): its ARCVLLM_PRESET is the preset checked "
+        "unless named, its RENDER_GID is checked against the render nodes' group (default: "
+        "$RENDER_GID, as compose hands it to the container)",
     )
     options.add_json(parser, help="the report as JSON")
     parser.set_defaults(func=_cmd_doctor)

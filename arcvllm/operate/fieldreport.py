@@ -1,11 +1,11 @@
 """`arcvllm field-report`: everything a bug report about a deployment needs, in one tarball.
 
 Collected from the compose service `make up` started: doctor on the host and in the
-container, the image's labels and patch manifest, the smoke test, a short bench, sycl-ls
-and xpu-smi, host kernel / driver / firmware versions, the packages in the image and the
-server log; plus the commands that produced each file and a one-screen summary. A step
-that fails is recorded (its output and exit code), not fatal: a broken host is when the
-report matters most.
+container, the image's labels and patch manifest, the smoke test, a short bench, sycl-ls,
+xpu-smi and the XPU probe, host kernel / driver / firmware versions, the packages in the
+image and the server log; plus the commands that produced each file and a one-screen
+summary. A step that fails is recorded (its output and exit code), not fatal: a broken
+host is when the report matters most.
 
 Secrets never leave: every value of VLLM_API_KEY / HF_TOKEN (from the settings file and
 the environment) and anything shaped like a bearer token, an `--api-key` argument or a
@@ -237,6 +237,9 @@ def collect(opts: argparse.Namespace, settings: Mapping[str, str]) -> Collector:
             f"if command -v {tool} >/dev/null; then {tool}{args}; "
             f"else echo '{tool}: not installed in this image'; fi",
         )
+    # The devices as the image's PyTorch sees them (arcvllm/serving/probe.py); its exit
+    # status is part of what it says (3: no device, 1: one computes wrong).
+    c.exec("container/xpu-probe.txt", 'arcvllm gpus --probe 2>&1; echo "exit $?"')
     if not opts.no_smoke:
         # Inside the container, against the server itself: the gateway in front serves
         # neither /tokenize nor /metrics, which the smoke test reads. The key is the

@@ -67,6 +67,10 @@ def write_for(host: Host, out: Path, preset: str | None = None) -> list[Card]:
 
 
 def _cmd(args: argparse.Namespace) -> int:
+    if args.probe:  # in the image: its torch (arcvllm/serving/probe.py)
+        from arcvllm.serving.probe import probe, show
+
+        return show(probe(), args.json)
     settings = load_settings(args.env_file) if args.env_file else {}
     host = Host(root=args.root, settings=settings)
     rows = table(host)
@@ -118,6 +122,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="/",
         type=options.existing_dir,
         help="read /sys and /dev under this root (as doctor --root)",
+    )
+    parser.add_argument(
+        "--probe",
+        action="store_true",
+        help="in the XPU image: each device as PyTorch sees it (name, PCI ID, memory, driver) "
+        "and a computation on it (exit 3 without torch or a device, 1 when one computes wrong)",
     )
     options.add_json(parser, help="the table (and the file written) as JSON")
     parser.set_defaults(func=_cmd)

@@ -11,14 +11,16 @@ files, build/) arcvllm.paths.checkout_root. Runs where `docker compose` runs.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
+import stat
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from arcvllm import options
-from arcvllm.errors import Unavailable
+from arcvllm.errors import Unavailable, UsageError
 
 INTEL = 0x8086
 # Battlemage PCI device IDs as the Linux kernel lists them for the xe driver
@@ -253,13 +255,30 @@ def api_key_file(
     return path if path.is_absolute() else compose_dir / path
 
 
+# The images' user (docker/Dockerfile: `vllm` and the gateway's, UID 1000 with its own
+# group 1000): the one that reads the key file compose bind-mounts as a secret.
+CONTAINER_UID = 1000
+CONTAINER_GID = 1000
+
+
+def readable_by(st: os.stat_result, uid: int, gids: frozenset[int]) -> bool:
+    """Read access by mode bits, the way the kernel decides for a non-root UID in GIDS."""
+    if st.st_uid == uid:
+        return bool(st.st_mode & stat.S_IRUSR)
+    if st.st_gid in gids:
+        return bool(st.st_mode & stat.S_IRGRP)
+    return bool(st.st_mode & stat.S_IROTH)
+
+
 def check_api_key_file(path: Path) -> None:
     """A key file compose can hand out: one line, exit 3, before anything starts (compose
     would fail on a missing file, and every server and the gateway refuse a key that breaks
-    the key rule, options.KEY_RULE)."""
-    hint = "make one, e.g. (umask 077; openssl rand -hex 32 > FILE), readable by UID 1000"
+    the key rule, options.KEY_RULE, or one their user cannot read). Readable is decided for
+    the containers' UID 1000, not for the caller: root reads anything."""
+    hint = "make one: arcvllm deploy key (make key)"
     try:
         data = path.read_bytes()
+        st = path.stat()
     except OSError as exc:
         raise Unavailable(
             f"VLLM_API_KEY_FILE={path} is not a readable file ({exc.strerror}): {hint}"
@@ -268,6 +287,46 @@ def check_api_key_file(path: Path) -> None:
         options.key_in(data)
     except ValueError:
         raise Unavailable(f"VLLM_API_KEY_FILE={path}: {options.KEY_RULE}") from None
+    if not readable_by(st, CONTAINER_UID, frozenset({CONTAINER_GID})):
+        raise Unavailable(
+            f"VLLM_API_KEY_FILE={path} is not readable by UID {CONTAINER_UID}, the containers' "
+            f"user (owner UID {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}): chmod 644 it "
+            f"in a folder only you enter (chmod 700 {path.parent}), or {hint}"
+        )
+
+
+def new_api_key_file(path: Path, replace: bool = False) -> str:
+    """A new key (openssl rand -hex 32's form) in PATH, made so the containers read it and
+    no other user of this host does. In a folder only its owner enters (made 0700 when
+    missing) the file is 0644: the containers' UID 1000 reads the bind-mounted file by its
+    own mode. In a folder others enter, root gives the file to UID 1000 (0600); anyone else
+    is refused. An existing PATH is a usage error unless REPLACE. Returns the key; nothing
+    prints it."""
+    if path.is_dir():
+        raise UsageError(f"{path} is a directory")
+    if path.exists() and not replace:
+        raise UsageError(f"{path} already exists: --force replaces it (clients need the new key)")
+    folder = path.parent
+    if not folder.exists():
+        folder.mkdir(parents=True, mode=0o700)
+    private = not folder.stat().st_mode & (stat.S_IXGRP | stat.S_IXOTH)
+    if not private and os.geteuid() != 0:
+        raise UsageError(
+            f"{folder} lets other users of this host in: put the key in a folder only you "
+            "enter (the default secrets/ is made 0700), or run this as root"
+        )
+    key = secrets.token_hex(32)
+    scratch = folder / f".{path.name}.new"
+    scratch.unlink(missing_ok=True)
+    descriptor = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as out:
+        out.write(f"{key}\n")
+    if private:
+        scratch.chmod(0o644)
+    else:
+        os.chown(scratch, CONTAINER_UID, CONTAINER_GID)
+    scratch.replace(path)
+    return key
 
 
 def render_node_gids(dri_dir: Path = DRI_DIR) -> dict[str, int]:

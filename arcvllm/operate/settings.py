@@ -24,7 +24,7 @@ import yaml
 from arcvllm import options
 from arcvllm.errors import ArcvllmError, UsageError
 from arcvllm.operate.host import DRI_DIR, check_api_key_file, render_node_gids
-from arcvllm.presets import presets_dir
+from arcvllm.presets import EXTRA_ARGS, extra_args, presets_dir
 
 # Read by compose for the ${...} in docker/compose.yaml and docker/compose.scale.yaml.
 HOST_KEYS = (
@@ -52,6 +52,7 @@ CONTAINER_KEYS = (
     "CCL_TOPO_P2P_ACCESS",
     "CCL_ZE_IPC_EXCHANGE",
     "ARCVLLM_EMULATE_HIGH_ADDRESSES",  # diagnostics only (arcvllm/serving/emulation.py)
+    EXTRA_ARGS,  # `arcvllm serve` adds them to the preset's (presets.extra_args)
 )
 
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -126,6 +127,11 @@ def check(settings: Iterable[Setting], known: frozenset[str], source: str) -> No
                 f"{source}:{s.line}: unknown setting {s.key}{hint}; "
                 "known: docker/arcvllm.env and the presets' env keys"
             )
+        if s.key == EXTRA_ARGS:
+            try:
+                extra_args(s.value)
+            except ArcvllmError as exc:
+                raise ArcvllmError(f"{source}:{s.line}: {exc}") from None
         if s.key == "ARCVLLM_PRESET" and s.value:
             presets = presets if presets is not None else _preset_files()
             if s.value not in presets:

@@ -15,15 +15,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from arcvllm import options
-from arcvllm.errors import Unavailable, UsageError
+from arcvllm.errors import ArcvllmError, Unavailable, UsageError
 from arcvllm.model import model_dir, refuse
 from arcvllm.presets import (
+    EXTRA_ARGS,
     Command,
     Preset,
     add_presets_dir,
     covers,
+    extra_args,
     flag_values,
     get_preset,
+    merge_args,
     server_command,
     shutdown_timeout_problem,
     stack_vllm_versions,
@@ -118,15 +121,39 @@ def split_extra(extra: Sequence[str]) -> list[str]:
     return extra[1:] if extra[:1] == ["--"] else extra
 
 
+def setting_args(environ: Mapping[str, str]) -> list[str]:
+    """VLLM_EXTRA_ARGS of the environment (compose hands the settings file over), shaped
+    like vLLM's flags or a usage error."""
+    try:
+        return extra_args(environ.get(EXTRA_ARGS, ""))
+    except ArcvllmError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def vllm_refusal(command: Command, version: str) -> str | None:
+    """What the installed vLLM's own parser says of COMMAND's arguments (None: it takes
+    them). Imports vLLM's argument module: only when the settings add arguments."""
+    from arcvllm.presets import parse_with_vllm, vllm_server_parser
+
+    error = parse_with_vllm(command.args, *vllm_server_parser())
+    return None if error is None else f"vLLM {version} refuses the server's arguments: {error}"
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     preset = get_preset(args.preset, args.presets_dir)
-    command = server_command(preset, split_extra(args.extra))
+    from_settings = setting_args(os.environ)
+    # the preset's, then the settings file's, then the command line's: the later ones win
+    command = server_command(preset, merge_args(from_settings, split_extra(args.extra)))
     problem = model_path_problem(command)
     installed = installed_vllm()
     mismatch = stack_problem(preset, installed, stack_vllm_versions())
     if installed and not mismatch:
         # The server would reject the flag, or (dropped) abort every request on stop.
         mismatch = shutdown_timeout_problem(preset, installed[1])
+    if from_settings and installed and not mismatch:
+        refused = vllm_refusal(command, installed[1])
+        if refused:
+            raise UsageError(f"{EXTRA_ARGS}={os.environ[EXTRA_ARGS]}: {refused}")
     if args.json and not args.dry_run:
         raise UsageError("--json prints what --dry-run would: give both")
     if args.dry_run and args.json:
@@ -157,7 +184,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "serve",
         help="start vLLM's OpenAI server from a preset",
         description="Start vLLM's OpenAI server from a preset; arguments after `--` go to "
-        "vLLM and win over the preset's.",
+        f"vLLM and win over the preset's and over ${EXTRA_ARGS} (the settings file's extra "
+        "arguments, checked with the installed vLLM's own parser before the server starts).",
     )
     parser.add_argument("--preset", required=True, help="preset name (`arcvllm presets`)")
     parser.add_argument(

@@ -1,16 +1,25 @@
 #!/usr/bin/env bash
 # A Docker engine for building and testing the images on a bare CI machine.
-#   engine.sh up          install the engine if missing, start dockerd if none answers,
-#                         import the Debian base image if absent; prints DOCKER_HOST=...
+#   engine.sh up          use the engine that answers (DOCKER_HOST's, ours, else the
+#                         system's); none: on Debian as root install and start ours, elsewhere
+#                         one line naming what to install; then import the Debian base image
+#                         if absent; prints DOCKER_HOST=...
 #   engine.sh down        stop dockerd, only if `up` started it (by its pidfile)
 #   engine.sh run CMD...  up, run CMD with DOCKER_HOST and DOCKER (the client) exported,
 #                         then stop what up started
 #   engine.sh env         print the DOCKER_HOST line for this engine
 #   engine.sh answers     exit 0 when this engine answers
-# Settings (env): ARCVLLM_DOCKER_ROOT (data-root, outside the repo so layer caches survive),
+# Settings (env): ARCVLLM_DOCKER_ROOT (data-root, outside the repo so layer caches survive;
+# naming one is asking for an engine of our own on it: the system's is then not taken),
 # ARCVLLM_DOCKER_RUN (socket, pidfile, exec-root), BASE_IMAGE (name the Dockerfile's FROM uses;
 # none: an engine that only pulls), ARCVLLM_DOCKER_BRIDGE (none: no default bridge, for a
-# second engine beside a running one; compose's own networks still work).
+# second engine beside a running one; compose's own networks still work), DOCKER (the
+# client; default /usr/bin/docker, else `docker` on PATH), ARCVLLM_OS_RELEASE (the
+# os-release file read to tell Debian from the rest; tests).
+#
+# apt is touched only when no engine answers, on Debian, as root. An engine that already
+# answers (a user in the docker group, a CI service) is used as it is: then only its
+# client's buildx and compose plugins are checked, and a missing one is one line.
 #
 # The engine is Debian trixie's (stable): Docker 26.1 with BuildKit 0.13, buildx 0.13 and
 # the compose v2 plugin, cosign and the distribution registry — the engine operators run
@@ -32,7 +41,9 @@ pidfile=$run_dir/dockerd.pid
 owner=$run_dir/started-by-engine-sh
 # Debian's client (BuildKit capable: secrets, mounts), the one the scripts it runs use: `run`
 # exports it as DOCKER, which arcvllm's commands take too (arcvllm/engine.py).
-docker=/usr/bin/docker
+docker=${DOCKER:-/usr/bin/docker}
+[[ -x $docker ]] || docker=$(command -v docker || echo /usr/bin/docker)
+os_release=${ARCVLLM_OS_RELEASE:-/etc/os-release}
 # An engine the caller already points at (DOCKER_HOST) is used as is; else ours.
 if [[ -n ${DOCKER_HOST:-} ]] && timeout 10 "$docker" version >/dev/null 2>&1; then
 	theirs=1
@@ -40,6 +51,11 @@ else
 	theirs=0
 	export DOCKER_HOST=unix://$socket
 fi
+# A caller that names a data root wants an engine on it, not the system's.
+own_engine=0
+[[ -n ${ARCVLLM_DOCKER_ROOT:-} ]] && own_engine=1
+# Set when this run started dockerd: only then does `run` stop it.
+started=0
 
 log() { echo "engine: $*" >&2; }
 
@@ -63,16 +79,48 @@ engine_debs=(docker.io docker-cli docker-buildx docker-compose containerd runc i
 
 # True when the installed engine is the suite's: dockerd, the client and both plugins.
 engine_installed() {
-	[[ -x /usr/sbin/dockerd && -x $docker && -x /usr/bin/mmdebstrap && -x /usr/bin/cosign &&
-		-x /usr/bin/docker-registry && -x /usr/bin/skopeo ]] || return 1
+	local tool
+	for tool in dockerd mmdebstrap cosign docker-registry skopeo; do
+		command -v "$tool" >/dev/null || return 1
+	done
+	[[ -x $docker ]] || return 1
 	"$docker" buildx version >/dev/null 2>&1 && "$docker" compose version >/dev/null 2>&1 || return 1
 	dpkg-query -W -f '${Version}' docker.io 2>/dev/null | grep -qv '^20\.'
 }
 
+# One field of os-release (ID, VERSION_CODENAME, PRETTY_NAME), unquoted; empty if absent.
+os_field() {
+	sed -n "s/^$1=//p" "$os_release" 2>/dev/null | head -n 1 | tr -d '"'
+}
+
+# The system's engine (DOCKER_HOST unset: the client's default context, e.g. a user in the
+# docker group), when it answers: its address becomes DOCKER_HOST.
+system_engine() {
+	[[ $own_engine == 0 ]] || return 1
+	env -u DOCKER_HOST timeout 10 "$docker" version >/dev/null 2>&1 || return 1
+	local host
+	host=$(env -u DOCKER_HOST "$docker" context inspect --format '{{.Endpoints.docker.Host}}' 2>/dev/null || true)
+	export DOCKER_HOST=${host:-unix:///var/run/docker.sock}
+	theirs=1
+}
+
+# No engine answers: install ours, on Debian as root only; anywhere else one line naming
+# what to install (apt is never touched there: another distribution's sources and keyring
+# are not Debian's).
 install_engine() {
+	if [[ $(id -u) != 0 ]]; then
+		log "no Docker engine answers: start the one you use (a user in the docker group needs nothing more; DOCKER_HOST names another), or run this as root to install and start Debian's"
+		exit 3
+	fi
 	engine_installed && return
-	local codename
-	codename=$(sed -n "s/^VERSION_CODENAME=//p" /etc/os-release)
+	local id name codename
+	id=$(os_field ID)
+	name=$(os_field PRETTY_NAME)
+	if [[ $id != debian ]]; then
+		log "no Docker engine answers and this is ${name:-not Debian}, not Debian (engine.sh installs Debian's packages only): install Docker Engine with its buildx and compose plugins (https://docs.docker.com/engine/install/), or start the one installed, then run this again"
+		exit 3
+	fi
+	codename=$(os_field VERSION_CODENAME)
 	if [[ $codename != "$engine_suite" && $codename != forky && $codename != sid ]]; then
 		log "adding Debian $engine_suite's source at pin priority 100 (only the engine comes from it)"
 		printf 'Types: deb\nURIs: %s\nSuites: %s\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
@@ -86,18 +134,31 @@ install_engine() {
 		-t "$engine_suite" "${engine_debs[@]}" >/dev/null
 }
 
+# What the images' builds and compose need of the client, whichever engine answers.
+check_plugins() {
+	local missing=()
+	"$docker" buildx version >/dev/null 2>&1 || missing+=(buildx)
+	"$docker" compose version >/dev/null 2>&1 || missing+=(compose)
+	((${#missing[@]} == 0)) && return
+	log "the Docker client $docker has no ${missing[*]} plugin: install docker-buildx and docker-compose v2 (Debian: docker-buildx docker-compose; Docker's own packages: docker-buildx-plugin docker-compose-plugin)"
+	exit 3
+}
+
 start_engine() {
 	[[ $theirs == 1 ]] && return
 	answers && return
+	system_engine && return
+	install_engine
 	mkdir -p "$run_dir" "$data_root"
 	log "starting dockerd (data-root $data_root, socket $socket)"
 	printf '{"features": {"containerd-snapshotter": true}}\n' >"$run_dir/daemon.json"
 	# shellcheck disable=SC2046 # no bridge flag, or one
-	nohup /usr/sbin/dockerd --config-file "$run_dir/daemon.json" --data-root "$data_root" \
+	nohup "$(command -v dockerd)" --config-file "$run_dir/daemon.json" --data-root "$data_root" \
 		$([[ -n ${ARCVLLM_DOCKER_BRIDGE:-} ]] && echo "--bridge=$ARCVLLM_DOCKER_BRIDGE") \
 		--exec-root "$run_dir/exec" --pidfile "$pidfile" -H "$DOCKER_HOST" \
 		>"$run_dir/dockerd.log" 2>&1 &
 	echo $! >"$owner"
+	started=1
 	for _ in $(seq 60); do
 		answers && return
 		sleep 1
@@ -117,6 +178,10 @@ ensure_base_image() {
 	[[ $base_image == none ]] && return # an engine that only pulls (release-check.sh)
 	"$docker" image inspect "$base_image" >/dev/null 2>&1 && return
 	"$docker" pull -q "$base_image" >/dev/null 2>&1 && return
+	if ! command -v mmdebstrap >/dev/null; then
+		log "no $base_image on this engine, none to pull, and no mmdebstrap to make it: install mmdebstrap, or load a Debian $suite image and tag it $base_image"
+		exit 3
+	fi
 	local mirror tar released epoch
 	mirror=$(apt_mirror)
 	released=$(curl -fsS --max-time 60 "$mirror/dists/$suite/Release" | sed -n 's/^Date: //p')
@@ -150,8 +215,8 @@ ensure_base_image() {
 }
 
 up() {
-	install_engine
 	start_engine
+	check_plugins
 	ensure_base_image
 	echo "DOCKER_HOST=$DOCKER_HOST"
 }
@@ -174,17 +239,18 @@ down() {
 case ${1:-} in
 up) up ;;
 down) down ;;
-env) echo "DOCKER_HOST=$DOCKER_HOST" ;;
+env)
+	answers || system_engine || true
+	echo "DOCKER_HOST=$DOCKER_HOST"
+	;;
 answers) answers ;;
 run)
 	shift
 	[[ $# -gt 0 ]] || { log "usage: engine.sh run CMD..."; exit 2; }
-	already=0
-	answers && already=1
 	start=$SECONDS
 	up >/dev/null
 	log "ready in $((SECONDS - start)) s"
-	if [[ $already == 0 ]]; then trap down EXIT; fi
+	if [[ $started == 1 ]]; then trap down EXIT; fi
 	DOCKER=$docker "$@"
 	;;
 *)

@@ -564,3 +564,64 @@ def test_a_missing_compose_tool_is_one_line(monkeypatch):
     project = compose.Project("p", Path("/e"), (COMPOSE_FILE,))
     with pytest.raises(Unavailable, match="no compose tool: /nonexistent/compose not found"):
         project.run("ps")
+
+
+@pytest.mark.compose
+def test_the_preset_deploy_up_names_is_the_servers_environment(tmp_path):
+    """`arcvllm deploy up --preset X` hands compose X: compose's own rendering of the
+    project it runs gives each flavour's server ARCVLLM_PRESET=X over the settings file's."""
+    import argparse
+
+    from arcvllm.operate import deploy
+
+    compose_binary()
+    gpus = tmp_path / "gpus.yaml"  # what `arcvllm gpus --compose` writes, for one node
+    gpus.write_text('services:\n  vllm:\n    devices: ["/dev/null:/dev/dri/renderD128"]\n')
+    for flavor, preset, service in (
+        ("xpu", "qwen3.6-35b-a3b-w4a16-2xb70", "vllm"),
+        ("cpu", "tiny-hybrid-cpu-mtp", "vllm-cpu"),
+    ):
+        names = argparse.Namespace(
+            env_file=ENV_FILE, flavor=flavor, stack=None, preset=preset, image=None,
+            gateway_image=None, port=None, project="opr-preset", gpus_file=str(gpus),
+        )  # fmt: skip
+        project = deploy.resolve(names, environ={}, dri_dir=tmp_path).compose()
+        done = subprocess.run(
+            project.argv("config"), capture_output=True, text=True, timeout=60,
+            env=project.environ({"PATH": os.environ["PATH"], "RENDER_GID": "4242"}),
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        env = yaml.safe_load(done.stdout)["services"][service]["environment"]
+        assert env["ARCVLLM_PRESET"] == preset, (flavor, env["ARCVLLM_PRESET"])
+
+
+# ---- one project: the server, its gateway and its Prometheus together (name: arcvllm) ----
+
+
+@pytest.mark.compose
+@pytest.mark.parametrize("files", [(COMPOSE_FILE,), (COMPOSE_FILE, SCALE_FILE)])
+def test_the_compose_files_name_their_project_wherever_compose_runs(tmp_path, files):
+    """By hand, without -p, compose named the project after the folder (`docker`): the
+    monitoring profile's Prometheus landed in another network than `make up`'s server."""
+    argv = [*compose_binary(), "--env-file", str(ENV_FILE)]
+    for path in files:
+        argv += ["-f", str(path)]
+    done = subprocess.run([*argv, "config", "--format", "json"], capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path, env={"PATH": os.environ["PATH"]})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["name"] == "arcvllm"
+
+
+COMPOSE_CALL = re.compile(r"docker compose +-")
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_every_compose_command_in_the_docs_names_its_project(doc):
+    """A command an operator copies lands in the project `make up` (arcvllm) or `arcvllm
+    scale up` (arcvllm-scale) made, whatever folder it runs from."""
+    unnamed = [
+        f"{doc.name}:{number}: {line.strip()}"
+        for number, line in enumerate(doc.read_text().splitlines(), start=1)
+        if COMPOSE_CALL.search(line) and not re.search(r" -p arcvllm(-[a-z]+)? ", line)
+    ]
+    assert not unnamed, "\n".join(unnamed)

@@ -340,3 +340,128 @@ def test_make_up_refuses_a_bad_key_file_before_compose_runs(tmp_path):
                    env={"COMPOSE": str(fake)})  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert calls.read_text().strip().endswith("--profile cpu up -d vllm-cpu gateway")
+
+
+# ---- the preset named is the preset served (issue: `deploy up --preset X`) ----
+
+
+def test_the_preset_named_is_the_one_compose_gives_the_server(tmp_path):
+    for flavor, preset, variable in (
+        ("xpu", "qwen3.6-35b-a3b-w4a16-2xb70", "ARCVLLM_PRESET"),
+        ("cpu", "tiny-hybrid-cpu-mtp", "CPU_PRESET"),
+    ):
+        done = run_cli("deploy", "up", "--dry-run", "--flavor", flavor, "--preset", preset,
+                       env={"COMPOSE": "compose"})  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert f"{variable}={preset} " in done.stdout, done.stdout
+
+
+def test_the_settings_files_preset_is_served_when_none_is_named(tmp_path):
+    from arcvllm.operate import deploy
+
+    mine = tmp_path / "mine.env"
+    mine.write_text("ARCVLLM_PRESET=qwen3.6-35b-a3b-w4a16-2xb70\n")
+    single = deploy.resolve(names(env_file=mine, flavor="xpu"), environ={}, dri_dir=tmp_path)
+    assert single.preset == "qwen3.6-35b-a3b-w4a16-2xb70"
+    assert single.variables()["ARCVLLM_PRESET"] == "qwen3.6-35b-a3b-w4a16-2xb70"
+    shell = {"ARCVLLM_PRESET": "qwen3.6-35b-a3b-w4a16-1xb70-mtp"}
+    given = names(env_file=mine, flavor="xpu")
+    assert deploy.resolve(given, environ=shell, dri_dir=tmp_path).preset == (
+        "qwen3.6-35b-a3b-w4a16-1xb70-mtp"
+    )  # the shell's wins, as in compose
+    # the CPU server's is CPU_PRESET: the settings file's ARCVLLM_PRESET is the XPU server's
+    cpu = deploy.resolve(names(env_file=mine, flavor="cpu"), environ={}, dri_dir=tmp_path)
+    assert cpu.preset == "tiny-hybrid-cpu"
+    given = names(env_file=mine, preset="granite-4.0-h-tiny-1xb70")
+    assert deploy.resolve(given, environ=shell, dri_dir=tmp_path).preset == (
+        "granite-4.0-h-tiny-1xb70"
+    )
+
+
+def test_a_preset_named_alone_chooses_its_flavour_and_a_stack_it_runs_on(tmp_path):
+    from arcvllm.operate import deploy
+
+    cpu = deploy.resolve(names(preset="tiny-hybrid-cpu-mtp"), environ={}, dri_dir=tmp_path)
+    assert (cpu.flavor, cpu.stack, cpu.service) == ("cpu", "cpu", "vllm-cpu")
+    xpu = deploy.resolve(names(preset="qwen3.6-35b-a3b-w4a16-2xb70"), environ={}, dri_dir=tmp_path)
+    assert xpu.flavor == "xpu" and xpu.stack in ("xpu-0.23", "xpu-0.33")
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("--preset", "nope"), "arcvllm: unknown preset 'nope'; presets: "),
+        (("--preset", "tiny-hybrid-cpu", "--flavor", "xpu"), "preset tiny-hybrid-cpu is cpu, not"),
+        (
+            ("--preset", "qwen3.6-35b-a3b-w4a16-1xb70", "--stack", "xpu-0.20"),
+            "preset qwen3.6-35b-a3b-w4a16-1xb70 does not run on stack xpu-0.20 "
+            "(its stacks: xpu-0.23, xpu-0.33)",
+        ),
+    ],
+)
+def test_a_preset_that_cannot_be_served_is_one_line_and_exit_2(tmp_path, args, said):
+    calls, fake = tmp_path / "calls", tmp_path / "compose"
+    fake.write_text(FAKE_COMPOSE.format(calls=calls))
+    fake.chmod(0o755)
+    for dry in ((), ("--dry-run",)):
+        done = run_cli("deploy", "up", *args, *dry, env={"COMPOSE": str(fake)})
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.count("\n") == 1 and said in done.stderr, done.stderr
+        assert not calls.exists()
+
+
+def test_deploy_doctor_checks_the_settings_files_preset_two_b70s(tmp_path):
+    """A two-B70 operator's settings file gets the two-GPU verdict, not the default's."""
+    mine = tmp_path / "mine.env"
+    mine.write_text("ARCVLLM_PRESET=qwen3.6-35b-a3b-w4a16-2xb70\n")
+    for command in (("deploy", "doctor", "--flavor", "xpu"), ("doctor",)):
+        done = run_cli(*command, "--env-file", str(mine), "--json", env={})
+        doc = json.loads(done.stdout)
+        assert doc["preset"] == "qwen3.6-35b-a3b-w4a16-2xb70", (command, done.stderr)
+        (gpu,) = [r for r in doc["rows"] if r["check"] == "GPU (sysfs)"]
+        assert "needs 2 GPU(s)" in gpu["seen"] or "no XPU" in gpu["seen"], gpu
+
+
+# ---- the key file: made so the containers' user (UID 1000) reads it ----
+
+
+def test_deploy_key_makes_the_settings_files_key_file_once(tmp_path):
+    mine = tmp_path / "mine.env"
+    key_file = tmp_path / "secrets" / "api-key"
+    mine.write_text(f"VLLM_API_KEY_FILE={key_file}\n")
+    done = run_cli("deploy", "key", "--env-file", str(mine), env={})
+    assert done.returncode == 0, done.stderr
+    key = key_file.read_text().strip()
+    assert key not in done.stdout + done.stderr and str(key_file) in done.stdout
+    assert key_file.stat().st_mode & 0o777 == 0o644
+    again = run_cli("deploy", "key", "--env-file", str(mine), env={})
+    assert again.returncode == 2 and "already exists" in again.stderr
+    assert key_file.read_text().strip() == key
+
+
+@pytest.mark.docker
+def test_the_key_deploy_key_makes_is_read_in_a_container_as_uid_1000_and_a_private_one_is_not(
+    engine, tmp_path
+):
+    """What the check says is what a container of UID 1000 finds: the key `deploy key`
+    makes is read there; one made with umask 077 by root is refused by both."""
+    from arcvllm.errors import Unavailable
+    from arcvllm.operate import host
+
+    made = tmp_path / "secrets" / "api-key"
+    host.new_api_key_file(made)
+    private = tmp_path / "private"
+    private.write_text("k-1\n")
+    private.chmod(0o600)
+
+    def read_in_container(path: Path) -> int:
+        return docker("run", "--rm", "--user", "1000:1000", "-v", f"{path}:/run/secrets/api-key:ro",
+                      "debian:bookworm-slim", "cat", "/run/secrets/api-key",
+                      check=False).returncode  # fmt: skip
+
+    assert read_in_container(made) == 0
+    host.check_api_key_file(made)
+    if os.geteuid() != 1000:
+        assert read_in_container(private) != 0
+        with pytest.raises(Unavailable, match="not readable by UID 1000"):
+            host.check_api_key_file(private)

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import re
+import shlex
 import stat
 import subprocess
 import sys
@@ -46,8 +47,10 @@ def build(
     xe_ids: frozenset[int] | None = H.BATTLEMAGE,
     firmware: tuple[str, ...] = ("xe/bmg_guc_70.bin.zst", "xe/bmg_huc.bin.zst"),
     bar_gib: float = 32,
+    model: bool = True,
 ) -> H.Host:
-    """A fake machine under tmp_path/root: the files doctor reads, and nothing else."""
+    """A fake machine under tmp_path/root: the files doctor reads, and nothing else; MODEL:
+    XPU1's checkpoint at /models (MODELS_DIR's default, and the container's mount)."""
     root = tmp_path / "root"
     (root / "dev/dri").mkdir(parents=True)
     (root / "dev/shm").mkdir()
@@ -112,6 +115,8 @@ def build(
     for name in firmware:
         (root / "lib/firmware" / name).parent.mkdir(parents=True, exist_ok=True)
         (root / "lib/firmware" / name).write_bytes(b"fw")
+    if model:
+        put_model(root / XPU1.model.lstrip("/"))
     # Tools live under the root: doctor looks for them on $PATH under --root.
     bindir = root / "usr/bin"
     bindir.mkdir(parents=True)
@@ -147,13 +152,13 @@ SYCL_NOGPU = 'echo "[opencl:cpu][opencl:0] Intel(R) OpenCL, CPU"'
 XPU_SMI_OK = 'echo "| 0 | Device Name: Intel(R) Arc(TM) Pro B70 Graphics |"'
 
 
-def put_model(host: H.Host, preset, mtp: bool = False) -> Path:
-    """A model folder `arcvllm model check` reads as PRESET's: its config excerpt, one
-    safetensors file (the documented header), a tokenizer and a chat template."""
+def put_model(folder: Path, preset=None, mtp: bool = False) -> Path:
+    """A model folder `arcvllm model check` reads as PRESET's (XPU1's by default): its config
+    excerpt, one safetensors file (the documented header), a tokenizer, a chat template."""
     import struct
 
-    folder = host.path(preset.model)
-    folder.mkdir(parents=True)
+    preset = preset or XPU1
+    folder.mkdir(parents=True, exist_ok=True)
     config = {**preset.model_config} or {"architectures": ["Qwen3NextForCausalLM"]}
     (folder / "config.json").write_text(json.dumps(config))
     names = ["model.layers.0.mlp.gate.weight"] + (["mtp.fc.weight"] if mtp else [])
@@ -165,28 +170,45 @@ def put_model(host: H.Host, preset, mtp: bool = False) -> Path:
     return folder
 
 
-def test_the_model_row_checks_the_presets_folder_and_warns_when_none_is_there(tmp_path):
+def test_the_model_row_checks_the_presets_folder_against_the_preset(tmp_path):
     host = build(tmp_path)
     mtp = get_preset("tiny-hybrid-cpu-mtp")
     absent = D.check_model(host, mtp)
-    assert absent.status == D.WARN and mtp.model in absent.seen
-    put_model(host, mtp)
+    assert absent.status == D.FAIL and mtp.model in absent.seen
+    put_model(host.path(mtp.model), mtp)
     refused = D.check_model(host, mtp)
     assert refused.status == D.FAIL and "no mtp.* tensors" in refused.seen
     assert refused.fix == f"arcvllm model check {mtp.name} {mtp.model}"
     assert D.check_model(host, CPU).status == D.OK  # the same folder serves the plain preset
 
 
+def probe_tool(*devices: dict, torch: str | None = "2.11.0+xpu", problem=None) -> str:
+    """An `arcvllm` on the fake PATH whose `gpus --probe --json` says DEVICES (as
+    arcvllm/serving/probe.py prints them)."""
+    doc = {"torch": torch, "problem": problem, "devices": list(devices)}
+    doc["ok"] = problem is None and bool(devices) and all(d["computes"] for d in devices)
+    return f"echo {shlex.quote(json.dumps(doc))}; exit {0 if doc['ok'] else 3}"
+
+
+def probed(index: int = 0, **changes) -> dict:
+    device = {"index": index, "name": "Intel(R) Arc(TM) Pro B70 Graphics", "total_gib": 31.9}
+    device |= {"free_gib": 31.5, "driver": "1.6.35096+9", "compute_units": 256}
+    device |= {"computes": True, "error": None, "pci_id": "0xe223", "integrated": False}
+    return device | changes
+
+
+PROBE_OK = probe_tool(probed())
+READY_TOOLS = {"sycl-ls": SYCL_OK, "xpu-smi": XPU_SMI_OK, "arcvllm": PROBE_OK}
+
+
 def test_a_ready_b70_host_is_all_ok(tmp_path):
-    host = build(tmp_path, container=False, tools={"sycl-ls": SYCL_OK, "xpu-smi": XPU_SMI_OK})
-    put_model(host, XPU1)
+    host = build(tmp_path, container=False, tools=READY_TOOLS)
     rows = D.diagnose(host, XPU1)
     assert [r.status for r in rows] == [D.OK] * len(D.CHECKS), rows
 
 
 def test_a_ready_b70_container_only_leaves_the_firmware_to_the_host(tmp_path):
-    host = build(tmp_path, tools={"sycl-ls": SYCL_OK, "xpu-smi": XPU_SMI_OK})
-    put_model(host, XPU1)
+    host = build(tmp_path, tools=READY_TOOLS)
     rows = {r.check: r.status for r in D.diagnose(host, XPU1)}
     assert {k for k, v in rows.items() if v != D.OK} == {"GPU firmware"}
     assert rows["GPU firmware"] == D.WARN
@@ -342,7 +364,10 @@ def test_sycl_ls_ok_fail_warn(tmp_path):
     assert ok.status == D.OK and "Arc(TM) Pro B70" in ok.seen
     blind = finding(build(tmp_path / "b", tools={"sycl-ls": SYCL_NOGPU}), D.check_sycl_ls)
     assert blind.status == D.FAIL and "render group" in blind.fix
-    assert finding(build(tmp_path / "c"), D.check_sycl_ls).status == D.WARN
+    image = finding(build(tmp_path / "c"), D.check_sycl_ls)  # the XPU image has none
+    assert image.status == D.OK and "the XPU probe row checks the devices" in image.seen
+    host = finding(build(tmp_path / "d", container=False), D.check_sycl_ls)
+    assert host.status == D.WARN and "arcvllm gpus --probe" in host.fix
 
 
 def test_xpu_smi_ok_fail_warn(tmp_path):
@@ -353,7 +378,49 @@ def test_xpu_smi_ok_fail_warn(tmp_path):
         D.check_xpu_smi,
     )
     assert broken.status == D.FAIL and "init failed" in broken.seen
-    assert finding(build(tmp_path / "c"), D.check_xpu_smi).status == D.WARN
+    assert finding(build(tmp_path / "c"), D.check_xpu_smi).status == D.OK
+    assert finding(build(tmp_path / "d", container=False), D.check_xpu_smi).status == D.WARN
+
+
+# ---- the XPU probe: `arcvllm gpus --probe` on $PATH under the root ----
+
+
+def test_the_probe_names_each_device_and_passes_when_each_computes(tmp_path):
+    row = finding(build(tmp_path, tools={"arcvllm": PROBE_OK}), D.check_xpu_probe)
+    assert row.check == "XPU probe" and row.status == D.OK, row
+    assert row.seen == (
+        "xpu:0 Intel(R) Arc(TM) Pro B70 Graphics (0xe223) 31.9 GiB, driver 1.6.35096+9 (computes)"
+    )
+
+
+def test_the_probe_fails_a_device_that_does_not_compute_or_is_not_there(tmp_path):
+    lost = probe_tool(probed(computes=False, error="RuntimeError: UR_RESULT_ERROR_DEVICE_LOST"))
+    row = finding(build(tmp_path / "a", tools={"arcvllm": lost}), D.check_xpu_probe)
+    assert row.status == D.FAIL and "DEVICE_LOST" in row.seen and "dmesg" in row.fix
+    one = finding(build(tmp_path / "b", tools={"arcvllm": PROBE_OK}), D.check_xpu_probe, XPU2)
+    assert one.status == D.FAIL and "needs 2" in one.seen
+    blind = probe_tool(problem="torch 2.11.0+xpu sees no XPU device: ...")
+    row = finding(build(tmp_path / "c", tools={"arcvllm": blind}), D.check_xpu_probe)
+    assert row.status == D.FAIL and "sees no XPU device" in row.seen
+
+
+def test_the_probe_warns_when_the_servers_first_device_is_an_igpu(tmp_path):
+    igpu = probed(name="Intel(R) Graphics", pci_id="0x7d67", integrated=True)
+    tool = probe_tool(igpu, probed(1))
+    row = finding(build(tmp_path, tools={"arcvllm": tool}), D.check_xpu_probe)
+    assert row.status == D.WARN and "xpu:0 is Intel(R) Graphics, not an Arc Pro B70" in row.seen
+    assert "arcvllm gpus --compose" in row.fix
+
+
+def test_without_torch_the_probe_points_at_the_image_and_in_the_image_fails(tmp_path):
+    none = probe_tool(torch=None, problem="no torch in this Python: run the probe in the XPU image")
+    host = finding(build(tmp_path / "a", container=False, tools={"arcvllm": none}),
+                   D.check_xpu_probe)  # fmt: skip
+    assert host.status == D.WARN and "docker run --rm --device /dev/dri/renderD<B70>" in host.fix
+    inside = finding(build(tmp_path / "b", tools={"arcvllm": none}), D.check_xpu_probe)
+    assert inside.status == D.FAIL
+    assert finding(build(tmp_path / "c"), D.check_xpu_probe).status == D.WARN  # no arcvllm
+    assert finding(build(tmp_path / "d"), D.check_xpu_probe, CPU).status == D.OK
 
 
 # ---- /dev/shm ----
@@ -387,25 +454,47 @@ def test_ram_ok_warn_fail_against_what_the_preset_needs(tmp_path):
     assert small.status == D.FAIL
 
 
-# ---- HF cache disk ----
+# ---- the model: where `arcvllm model fetch` puts it, what the server mounts ----
 
 
-def test_disk_ok_warn_fail_for_a_model_to_download(tmp_path):
-    env = {"HF_HOME": "/data/hf"}
-    ok = finding(build(tmp_path / "a", environ=env), D.check_disk)
-    assert ok.status == D.OK and "/data/hf/hub" in ok.seen
-    need = XPU1.disk_gib
-    tight = build(tmp_path / "b", environ=env, disk_free_gib=need * 1.2)
-    assert finding(tight, D.check_disk).status == D.WARN
-    full = build(tmp_path / "c", environ=env, disk_free_gib=need / 2)
-    assert finding(full, D.check_disk).status == D.FAIL
+def test_the_model_row_says_where_the_weights_go_and_how_they_get_there(tmp_path):
+    """It read like a download into the HF cache: it is MODELS_DIR, filled by `arcvllm
+    model fetch`, with room for the checkpoint or not."""
+    host = build(tmp_path / "a", container=False, environ={"MODELS_DIR": "/srv/models"})
+    assert (host.root / "models/Qwen3.6-35B-A3B-W4A16").is_dir()  # not MODELS_DIR's
+    row = finding(host, D.check_model)
+    assert row.check == "model" and row.status == D.WARN
+    assert row.seen.startswith("no folder /srv/models/Qwen3.6-35B-A3B-W4A16")
+    assert f"500.0 GiB free at /, the checkpoint needs {XPU1.disk_gib:.1f} GiB" in row.seen
+    assert row.fix == f"arcvllm model fetch {XPU1.name} (make model) puts it in MODELS_DIR"
+    full = build(tmp_path / "b", container=False, disk_free_gib=XPU1.disk_gib / 2, model=False)
+    row = finding(full, D.check_model)
+    assert row.status == D.FAIL and "set MODELS_DIR to a larger volume" in row.fix
+    put_model(host.root / "srv/models/Qwen3.6-35B-A3B-W4A16")
+    row = finding(host, D.check_model)
+    assert (row.status, row.seen) == (D.OK, "/srv/models/Qwen3.6-35B-A3B-W4A16: config, tensors, size, tokenizer, template")
 
 
-def test_disk_needs_little_when_the_model_is_local(tmp_path):
-    host = build(tmp_path, disk_free_gib=XPU1.disk_gib / 2)
-    (host.root / XPU1.model.lstrip("/")).mkdir(parents=True)
-    r = finding(host, D.check_disk)
-    assert r.status == D.OK and "model local" in r.seen
+def test_the_settings_files_models_dir_is_the_one_checked(tmp_path):
+    host = build(tmp_path, container=False, model=False)
+    host.settings = {"MODELS_DIR": "/data/llm"}
+    assert finding(host, D.check_model).status == D.WARN
+    put_model(host.root / "data/llm/Qwen3.6-35B-A3B-W4A16")
+    assert finding(host, D.check_model).status == D.OK
+
+
+def test_in_the_container_a_missing_model_fails_and_the_image_model_is_there(tmp_path):
+    host = build(tmp_path, disk_free_gib=XPU1.disk_gib / 2, model=False)
+    row = finding(host, D.check_model)
+    assert row.status == D.FAIL and "mount MODELS_DIR" in row.fix
+    put_model(host.root / XPU1.model.lstrip("/"))
+    assert finding(host, D.check_model).status == D.OK
+    cpu = finding(host, D.check_model, CPU)
+    assert cpu.status == D.FAIL and "/opt/arcvllm/models/tiny-hybrid" in cpu.seen
+    put_model(host.root / CPU.model.lstrip("/"))
+    assert finding(host, D.check_model, CPU).status == D.OK
+    outside = build(tmp_path / "h", container=False)
+    assert finding(outside, D.check_model, CPU).seen == f"{CPU.model} inside the image"
 
 
 # ---- the command ----
@@ -471,17 +560,14 @@ def test_root_hides_the_tools_and_files_of_the_machine_doctor_runs_on(tmp_path):
     done = run_cli("--root", str(host.root), "--json", env=env)
     report = json.loads(done.stdout)
     rows = {r["check"]: r for r in report["rows"]}
-    assert rows["sycl-ls"]["seen"] == "not installed in this image"
+    assert rows["sycl-ls"]["seen"] == "not in this image (the XPU probe row checks the devices)"
     assert rows["kernel"]["seen"].startswith("Linux 6.17.0-13-generic")
     assert report["kernel"] == "6.17.0-13-generic" != os.uname().release
-    assert "/data/hf/hub" in rows["HF cache disk"]["seen"]
+    assert rows["model"]["seen"] == "/models/Qwen3.6-35B-A3B-W4A16: config, tensors, size, tokenizer, template"
 
 
 def test_json_is_one_report_with_every_row(tmp_path):
     host = build(tmp_path, tools={"sycl-ls": SYCL_OK, "xpu-smi": XPU_SMI_OK})
-    # The model is local, so the disk row needs only compile-cache room (2 GiB) on the
-    # real filesystem under tmp_path, not the preset's download size: hardware-neutral.
-    (host.root / XPU1.model.lstrip("/")).mkdir(parents=True)
     done = run_cli("--root", str(host.root), "--json", "--preset", XPU1.name)
     report = json.loads(done.stdout)
     assert done.returncode == 0 and report["ok"] is True and report["where"] == "container"

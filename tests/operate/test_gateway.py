@@ -198,6 +198,94 @@ def test_without_a_certificate_a_self_signed_one_is_made_once_and_said_in_one_li
     assert f"ssl_certificate {tmp_path}/tls/cert.pem;" in (tmp_path / "run/nginx.conf").read_text()
 
 
+def names_in(cert: Path) -> tuple[str, list[str]]:
+    """The certificate's subject CN and subjectAltName entries, as openssl prints them."""
+    text = subprocess.run(
+        ["openssl", "x509", "-in", str(cert), "-noout", "-subject", "-ext", "subjectAltName"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    subject, _, sans = text.partition("X509v3 Subject Alternative Name:")
+    return subject.split("CN = ", 1)[1].strip(), [s.strip() for s in sans.strip().split(",")]
+
+
+def test_the_self_signed_certificate_names_ips_as_ip_and_names_as_dns(tmp_path):
+    """Remote clients verify the name they dialled: an address must be an IP name (a DNS
+    name of 192.0.2.10 matches no client), each of GATEWAY_SERVER_NAME's comma list."""
+    done = entrypoint(tmp_path, "--render-only",
+                      GATEWAY_SERVER_NAME="api.example.org,192.0.2.10,2001:db8::7")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    cn, sans = names_in(tmp_path / "tls" / "cert.pem")
+    assert cn == "api.example.org"
+    assert sans == [
+        "DNS:api.example.org", "IP Address:192.0.2.10", "IP Address:2001:DB8:0:0:0:0:0:7",
+        "DNS:localhost", "IP Address:127.0.0.1",
+    ]  # fmt: skip
+    only_ip = tmp_path / "ip"
+    only_ip.mkdir()
+    assert entrypoint(only_ip, "--render-only", GATEWAY_SERVER_NAME="192.0.2.10").returncode == 0
+    assert names_in(only_ip / "tls" / "cert.pem")[1] == [
+        "IP Address:192.0.2.10", "DNS:localhost", "IP Address:127.0.0.1",
+    ]  # fmt: skip
+
+
+def test_a_client_that_dialled_the_address_verifies_the_self_signed_certificate(tmp_path):
+    """A real TLS handshake on another loopback address, GATEWAY_SERVER_NAME=127.0.0.2: a
+    verifying client (Python's ssl, the certificate as its CA) accepts it by that address."""
+    done = entrypoint(tmp_path, "--render-only", GATEWAY_SERVER_NAME="127.0.0.2")
+    assert done.returncode == 0, done.stderr
+    tls = tmp_path / "tls"
+    server_side = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_side.load_cert_chain(tls / "cert.pem", tls / "key.pem")
+    client_side = ssl.create_default_context(cafile=str(tls / "cert.pem"))
+    with socket.create_server(("127.0.0.2", 0)) as listener:
+        port = listener.getsockname()[1]
+        with ThreadPoolExecutor(1) as pool:
+
+            def accept() -> None:
+                conn, _ = listener.accept()
+                with contextlib.suppress(OSError), server_side.wrap_socket(conn, server_side=True):
+                    pass
+
+            accepted = pool.submit(accept)
+            with (
+                socket.create_connection(("127.0.0.2", port), timeout=10) as raw,
+                client_side.wrap_socket(raw, server_hostname="127.0.0.2") as verified,
+            ):
+                assert verified.version()
+            accepted.result(timeout=10)
+
+
+def test_a_kept_certificate_is_made_anew_when_the_names_change(tmp_path):
+    first = entrypoint(tmp_path, "--render-only")
+    assert "made now" in first.stdout
+    assert names_in(tmp_path / "tls" / "cert.pem")[1] == ["DNS:localhost", "IP Address:127.0.0.1"]
+    changed = entrypoint(tmp_path, "--render-only", GATEWAY_SERVER_NAME="192.0.2.10")
+    assert changed.returncode == 0, changed.stderr
+    (said,) = [line for line in changed.stdout.splitlines() if "self-signed" in line]
+    assert "made now" in said and "its names changed" in said
+    assert "IP Address:192.0.2.10" in names_in(tmp_path / "tls" / "cert.pem")[1]
+    cert = (tmp_path / "tls" / "cert.pem").read_bytes()
+    same = entrypoint(tmp_path, "--render-only", GATEWAY_SERVER_NAME="192.0.2.10")
+    assert "kept from an earlier start" in same.stdout
+    assert (tmp_path / "tls" / "cert.pem").read_bytes() == cert
+
+
+@pytest.mark.parametrize(
+    "value", ["api example.org", "a,,b", "-bad.example", "192.0.2.300", "a/b", ",localhost"]
+)
+def test_a_server_name_that_no_certificate_can_carry_is_one_line(tmp_path, value):
+    one_line_error(
+        entrypoint(tmp_path, "--render-only", GATEWAY_SERVER_NAME=value), 2, "GATEWAY_SERVER_NAME"
+    )
+    assert not (tmp_path / "tls").exists()
+
+
+def test_the_settings_file_sets_the_gateways_server_name():
+    from arcvllm.operate.settings import load
+
+    assert load(ROOT / "docker" / "arcvllm.env")["GATEWAY_SERVER_NAME"] == "localhost"
+
+
 def test_the_operators_certificate_is_used_and_half_of_one_is_refused(tmp_path):
     mine = tmp_path / "mine"
     mine.mkdir()

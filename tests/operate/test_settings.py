@@ -186,3 +186,30 @@ def test_the_published_port_is_the_settings_files_unless_the_shell_sets_one(tmp_
     assert effective("PORT", load(mine), {"PORT": "7443"}, "8443") == "7443"
     (tmp_path / "none.env").write_text("")
     assert effective("PORT", load(tmp_path / "none.env"), {}, "8443") == "8443"
+
+
+# ---- VLLM_EXTRA_ARGS: the server's extra arguments under `make up` ----
+
+
+def test_extra_vllm_arguments_are_a_known_setting_of_the_template(capsys, tmp_path):
+    assert "VLLM_EXTRA_ARGS" in settings.load(TEMPLATE)
+    good = "VLLM_EXTRA_ARGS=--max-model-len 16384 --max-num-seqs 4 --enable-chunked-prefill\n"
+    rc, err = check_file(tmp_path, good, capsys)
+    assert rc == 0, err
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("max-model-len 4096", "starts with 'max-model-len', not a --flag"),
+        ("--max-model-len '4096", "No closing quotation"),
+        ("--model /models/other", "--model is the deployment's"),
+        ("--port 9000", "--port is the deployment's"),
+        ("--api-key k-1", "--api-key is the deployment's"),
+        ("--Max-Model-Len 1", "'--Max-Model-Len' is not a vLLM flag"),
+    ],
+)
+def test_extra_vllm_arguments_of_the_wrong_shape_are_one_line(tmp_path, capsys, value, words):
+    rc, err = check_file(tmp_path, f"PORT=1\nVLLM_EXTRA_ARGS={value}\n", capsys)
+    assert rc == 1 and err.count("\n") == 1, err
+    assert "mine.env:2: VLLM_EXTRA_ARGS: " in err and words in err, err

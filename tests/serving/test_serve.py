@@ -256,3 +256,50 @@ def test_serve_execs_the_server_without_importing_vllm_first(tmp_path, preset):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "none"
+
+
+# ---- VLLM_EXTRA_ARGS: the settings file's extra arguments ----
+
+
+def test_the_settings_files_extra_arguments_win_over_the_preset_and_lose_to_the_command_line(
+    capsys, monkeypatch
+):
+    monkeypatch.setenv("VLLM_EXTRA_ARGS", "--max-model-len 1024 --max-num-seqs 2")
+    given = ["--", "--max-num-seqs", "3"]
+    assert cli.main(["serve", "--preset", "tiny-hybrid-cpu", "--dry-run", *given]) == 0
+    argv = shlex.split(capsys.readouterr().out.strip().splitlines()[-1])
+    assert argv.count("--max-model-len") == 1 and argv[argv.index("--max-model-len") + 1] == "1024"
+    assert argv.count("--max-num-seqs") == 1 and argv[argv.index("--max-num-seqs") + 1] == "3"
+
+
+def test_extra_arguments_that_would_move_the_deployment_are_refused(capsys, monkeypatch):
+    monkeypatch.setenv("VLLM_EXTRA_ARGS", "--served-model-name other")
+    assert cli.main(["serve", "--preset", "tiny-hybrid-cpu", "--dry-run"]) == 2
+    assert "VLLM_EXTRA_ARGS: --served-model-name is the deployment's" in capsys.readouterr().err
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize(
+    ("value", "verdict"),
+    [
+        ("--max-model-len 1024 --max-num-seqs 2", None),
+        ("--max-model-len lots", "argument --max-model-len"),
+        ("--no-such-flag 3", "unrecognized arguments: --no-such-flag"),
+    ],
+)
+def test_extra_arguments_are_checked_by_the_installed_vllms_own_parser(tmp_path, value, verdict):
+    """In the image: a flag or value vLLM refuses stops `arcvllm serve` in one line naming
+    the setting, before the server starts (and in a dry run, which shows the verdict)."""
+    env = vllm_env("0.32.0")
+    done = subprocess.run(
+        [str(env.python), "-m", "arcvllm", "serve", "--preset", "tiny-hybrid-cpu", "--dry-run"],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "VLLM_EXTRA_ARGS": value},
+    )  # fmt: skip
+    if verdict is None:
+        assert done.returncode == 0, done.stderr[-2000:]
+        return
+    assert done.returncode == 2, done.stderr[-2000:]
+    said = [line for line in done.stderr.splitlines() if line.startswith("arcvllm:")]
+    assert len(said) == 1 and said[0].startswith(f"arcvllm: VLLM_EXTRA_ARGS={value}: vLLM 0.32.0")
+    assert verdict in said[0]
