@@ -40,7 +40,6 @@ COMMANDS = (
     "operate.fieldreport",
     "operate.scale",
     "operate.deploy",
-    "operate.weights",
     "builder.tinymodel",
 )
 
@@ -49,7 +48,7 @@ CHECKOUT_ONLY = ("ci.standins",)
 
 # Sub-commands registered under a command from a module of their own: the command's
 # register() returns its sub-parsers.
-NESTED = {"builder.stack": ("builder.audit",)}
+NESTED = {"builder.stack": ("builder.audit",), "model": ("operate.weights",)}
 
 
 def _installed(module: str) -> bool:

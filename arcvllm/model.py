@@ -319,9 +319,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction) -> argparse._SubParsersAction:
     parser = subparsers.add_parser(
-        "model", help="check a model folder against a preset before serving it"
+        "model", help="a preset's model folder: check it (here), fetch it (operate.weights)"
     )
     sub = parser.add_subparsers(dest="model_command", required=True, metavar="ACTION")
     c = sub.add_parser(
@@ -334,3 +334,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_presets_dir(c)
     options.add_json(c, help="the checks as one JSON document")
     c.set_defaults(func=_cmd_check)
+    return sub  # `model fetch` joins it (arcvllm.operate.weights, cli.NESTED)

@@ -32,6 +32,7 @@ from pathlib import Path
 from arcvllm import options
 from arcvllm.engine import docker_binary
 from arcvllm.errors import UsageError
+from arcvllm.operate.canary import ROWS as CANARY_ROWS
 from arcvllm.operate.host import api_key_file
 from arcvllm.paths import checkout_root
 
@@ -251,6 +252,16 @@ def collect(opts: argparse.Namespace, settings: Mapping[str, str]) -> Collector:
             f"--preset {shlex.quote(preset)} --out {out}",
         )
         c.exec("smoke/smoke.json", f"cat {out} 2>/dev/null || echo '{{}}'")
+    if not opts.no_verify:
+        # A bounded set of the verify suite's rows (the canary's by default): is the
+        # output right, the model itself the oracle (docs/verify.md).
+        out = "/tmp/arcvllm-field-verify.json"
+        c.exec(
+            "verify/verify.txt",
+            f"rm -f {out}; arcvllm verify --base-url http://127.0.0.1:8000 "
+            f"--preset {shlex.quote(preset)} --rows {shlex.quote(opts.verify_rows)} --out {out}",
+        )
+        c.exec("verify/verify.json", f"cat {out} 2>/dev/null || echo '{{}}'")
     if not opts.no_bench:
         out = "/tmp/arcvllm-field-bench"
         c.exec(
@@ -309,12 +320,13 @@ def summary(c: Collector, started: str) -> str:
             )
         else:
             lines.append(f"doctor {where}: no report")
-    if "smoke/smoke.json" in by_name:
-        smoke = _json(by_name["smoke/smoke.json"]) or {}
-        failed = ", ".join(smoke.get("failed") or [])
-        lines.append(
-            f"smoke: {smoke.get('verdict', 'no report')}" + (f" ({failed})" if failed else "")
-        )
+    for name in ("smoke", "verify"):
+        if f"{name}/{name}.json" in by_name:
+            report = _json(by_name[f"{name}/{name}.json"]) or {}
+            failed = ", ".join(report.get("failed") or [])
+            lines.append(
+                f"{name}: {report.get('verdict', 'no report')}" + (f" ({failed})" if failed else "")
+            )
     if "restart/restart.txt" in by_name:
         lines.append(
             f"warm restart: {by_name['restart/restart.txt'].stdout.strip() or 'no result'}"
@@ -389,6 +401,13 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bench-args", default=SHORT_BENCH, help=f"default: {SHORT_BENCH}")
     p.add_argument("--no-smoke", action="store_true", help="skip the smoke test")
     p.add_argument("--no-bench", action="store_true", help="skip the bench")
+    p.add_argument("--no-verify", action="store_true", help="skip arcvllm verify")
+    p.add_argument(
+        "--verify-rows",
+        default=",".join(CANARY_ROWS),
+        metavar="ROW,...",
+        help=f"the verify rows to run (default: the canary's: {', '.join(CANARY_ROWS)})",
+    )
     p.add_argument(
         "--restart",
         action="store_true",

@@ -299,13 +299,8 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "model",
-        help="a preset's weights: fetch them into MODELS_DIR",
-        description=__doc__.split("\n\n")[0],
-    )
-    sub = parser.add_subparsers(dest="model_action", required=True, metavar="ACTION")
+def register(sub: argparse._SubParsersAction) -> None:
+    """`model fetch`, under `arcvllm model` (arcvllm.model's register; cli.NESTED)."""
     get = sub.add_parser(
         "fetch",
         help="the preset's checkpoint from the hub (or HF_ENDPOINT) into MODELS_DIR",

@@ -364,10 +364,10 @@ def test_the_settings_files_preset_is_served_when_none_is_named(tmp_path):
     single = deploy.resolve(names(env_file=mine, flavor="xpu"), environ={}, dri_dir=tmp_path)
     assert single.preset == "qwen3.6-35b-a3b-w4a16-2xb70"
     assert single.variables()["ARCVLLM_PRESET"] == "qwen3.6-35b-a3b-w4a16-2xb70"
-    shell = {"ARCVLLM_PRESET": "qwen3.6-35b-a3b-w4a16-1xb70-mtp"}
+    shell = {"ARCVLLM_PRESET": "qwen3.6-35b-a3b-w4a16-1xb70"}
     given = names(env_file=mine, flavor="xpu")
     assert deploy.resolve(given, environ=shell, dri_dir=tmp_path).preset == (
-        "qwen3.6-35b-a3b-w4a16-1xb70-mtp"
+        "qwen3.6-35b-a3b-w4a16-1xb70"
     )  # the shell's wins, as in compose
     # the CPU server's is CPU_PRESET: the settings file's ARCVLLM_PRESET is the XPU server's
     cpu = deploy.resolve(names(env_file=mine, flavor="cpu"), environ={}, dri_dir=tmp_path)

@@ -472,7 +472,10 @@ def test_the_model_row_says_where_the_weights_go_and_how_they_get_there(tmp_path
     assert row.status == D.FAIL and "set MODELS_DIR to a larger volume" in row.fix
     put_model(host.root / "srv/models/Qwen3.6-35B-A3B-W4A16")
     row = finding(host, D.check_model)
-    assert (row.status, row.seen) == (D.OK, "/srv/models/Qwen3.6-35B-A3B-W4A16: config, tensors, size, tokenizer, template")
+    assert (row.status, row.seen) == (
+        D.OK,
+        "/srv/models/Qwen3.6-35B-A3B-W4A16: config, tensors, size, tokenizer, template",
+    )
 
 
 def test_the_settings_files_models_dir_is_the_one_checked(tmp_path):
@@ -563,7 +566,10 @@ def test_root_hides_the_tools_and_files_of_the_machine_doctor_runs_on(tmp_path):
     assert rows["sycl-ls"]["seen"] == "not in this image (the XPU probe row checks the devices)"
     assert rows["kernel"]["seen"].startswith("Linux 6.17.0-13-generic")
     assert report["kernel"] == "6.17.0-13-generic" != os.uname().release
-    assert rows["model"]["seen"] == "/models/Qwen3.6-35B-A3B-W4A16: config, tensors, size, tokenizer, template"
+    assert (
+        rows["model"]["seen"]
+        == "/models/Qwen3.6-35B-A3B-W4A16: config, tensors, size, tokenizer, template"
+    )
 
 
 def test_json_is_one_report_with_every_row(tmp_path):

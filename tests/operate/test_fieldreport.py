@@ -4,6 +4,7 @@ The end-to-end run against the CPU service is in tests/operate/test_deploy.py.""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -13,6 +14,7 @@ import tarfile
 import pytest
 from conftest import ROOT
 
+from arcvllm.operate import canary
 from arcvllm.operate import fieldreport as F
 
 KEY = "k-5e1f0c3b9d7a"
@@ -243,3 +245,20 @@ def test_the_key_compose_hands_out_is_redacted_whoever_names_it(tmp_path, monkey
     assert key_file_secret({"VLLM_API_KEY_FILE": str(mine)}) == {"k-theirs"}
     monkeypatch.setenv("VLLM_API_KEY_FILE", str(tmp_path / "none"))
     assert key_file_secret({}) == set()
+
+
+def test_the_summary_says_the_verify_verdict_and_its_failed_rows():
+    c = F.Collector("compose", "svc", set())
+    report = {"verdict": "fail", "failed": ["boundary decode", "degeneration"]}
+    c.add("verify/verify.json", "arcvllm verify", json.dumps(report))
+    c.add("smoke/smoke.json", "arcvllm smoke", json.dumps({"verdict": "pass", "failed": []}))
+    summary = F.summary(c, "now")
+    assert "verify: fail (boundary decode, degeneration)" in summary
+    assert "smoke: pass\n" in summary + "\n"
+
+
+def test_the_verify_step_runs_the_canarys_rows_inside_the_container():
+    parser = argparse.ArgumentParser()
+    F.add_options(parser)
+    opts = parser.parse_args([])
+    assert opts.verify_rows.split(",") == list(canary.ROWS)
