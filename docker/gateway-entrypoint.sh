@@ -54,7 +54,8 @@ san_of() { # san_of NAME: DNS:NAME or IP:NAME, or nothing when NAME is neither
 }
 sans=()
 IFS=, read -ra server_names <<<"$SERVER_NAME,"
-for name in "${server_names[@]}" localhost 127.0.0.1; do
+# `gateway`: the name the canary beside it dials (compose's service name)
+for name in "${server_names[@]}" localhost 127.0.0.1 gateway; do
 	san=$(san_of "$name")
 	[[ -n $san ]] || die 2 "GATEWAY_SERVER_NAME=$SERVER_NAME is not valid: ${name:-an empty name} is neither a DNS name nor an IP address (e.g. api.example.org,192.0.2.10)"
 	[[ " ${sans[*]} " == *" $san "* ]] || sans+=("$san")

@@ -198,11 +198,14 @@ class Client:
         return list(self.get_json("/v1/models")["data"])
 
     def tokenize(self, model: str, text: str) -> list[int]:
-        """The token ids of TEXT in MODEL's tokenizer, without special tokens."""
+        """The token ids of TEXT in MODEL's tokenizer, without special tokens: asked of the
+        first of METRICS_URLS when given (a gateway serves no /tokenize: the server's own
+        root, beside /metrics), else of the root."""
         import httpx
 
+        root = root_url(self.metrics_urls[0]) if self.metrics_urls else self.root
         response = httpx.post(
-            f"{self.root}/tokenize",
+            f"{root}/tokenize",
             json={"model": model, "prompt": text, "add_special_tokens": False},
             headers=self.headers(),
             timeout=self.timeout,

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from arcvllm.options import add_json, add_server
+from arcvllm.options import add_json, add_server, url
 from arcvllm.server.log import LogSource
 from arcvllm.server.report import Report, table
 from arcvllm.verify import plan as P
@@ -46,6 +46,7 @@ def options_from(args: argparse.Namespace, **given) -> VerifyOptions:
         "chunk_tokens": args.max_num_batched_tokens,
         "rows": args.rows,
         "request_timeout": args.request_timeout,
+        "metrics_urls": tuple(getattr(args, "metrics_url", None) or ()),
     }
     return VerifyOptions(**{**fields, **given})
 
@@ -90,6 +91,18 @@ def add_rows(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--request-timeout", type=float, default=600.0, help="seconds per request (600)"
+    )
+    add_metrics_url(parser)
+
+
+def add_metrics_url(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--metrics-url",
+        action="append",
+        type=url,
+        metavar="URL",
+        help="the server's own root, for the /metrics and /tokenize a gateway does not serve "
+        "(default: --base-url)",
     )
 
 

@@ -467,13 +467,16 @@ class VerifyOptions:
     chunk_tokens: int | None = None
     rows: tuple[str, ...] = P.ROWS
     request_timeout: float = 600.0
+    metrics_urls: tuple[str, ...] = ()  # the server's own root behind a gateway
 
 
 def run(opts: VerifyOptions) -> Report:
     """Discover the server, plan the rows from it, run them: the report."""
     start = time.perf_counter()
     report = Report()
-    client = Client(opts.base_url, opts.api_key, opts.request_timeout, ca_cert=opts.ca_cert)
+    client = Client(
+        opts.base_url, opts.api_key, opts.request_timeout, opts.metrics_urls, opts.ca_cert
+    )
     model = requested_model(opts.model, opts.preset)  # a bad preset stops here
     if not client.healthy():
         raise Unavailable(f"no vLLM server answers {client.root}/health")

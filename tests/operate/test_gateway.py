@@ -218,13 +218,13 @@ def test_the_self_signed_certificate_names_ips_as_ip_and_names_as_dns(tmp_path):
     assert cn == "api.example.org"
     assert sans == [
         "DNS:api.example.org", "IP Address:192.0.2.10", "IP Address:2001:DB8:0:0:0:0:0:7",
-        "DNS:localhost", "IP Address:127.0.0.1",
+        "DNS:localhost", "IP Address:127.0.0.1", "DNS:gateway",
     ]  # fmt: skip
     only_ip = tmp_path / "ip"
     only_ip.mkdir()
     assert entrypoint(only_ip, "--render-only", GATEWAY_SERVER_NAME="192.0.2.10").returncode == 0
     assert names_in(only_ip / "tls" / "cert.pem")[1] == [
-        "IP Address:192.0.2.10", "DNS:localhost", "IP Address:127.0.0.1",
+        "IP Address:192.0.2.10", "DNS:localhost", "IP Address:127.0.0.1", "DNS:gateway",
     ]  # fmt: skip
 
 
@@ -258,7 +258,9 @@ def test_a_client_that_dialled_the_address_verifies_the_self_signed_certificate(
 def test_a_kept_certificate_is_made_anew_when_the_names_change(tmp_path):
     first = entrypoint(tmp_path, "--render-only")
     assert "made now" in first.stdout
-    assert names_in(tmp_path / "tls" / "cert.pem")[1] == ["DNS:localhost", "IP Address:127.0.0.1"]
+    assert names_in(tmp_path / "tls" / "cert.pem")[1] == [
+        "DNS:localhost", "IP Address:127.0.0.1", "DNS:gateway",
+    ]  # fmt: skip
     changed = entrypoint(tmp_path, "--render-only", GATEWAY_SERVER_NAME="192.0.2.10")
     assert changed.returncode == 0, changed.stderr
     (said,) = [line for line in changed.stdout.splitlines() if "self-signed" in line]

@@ -177,6 +177,15 @@ def test_the_api_key_goes_with_every_request(serve):
         Client(url, None).tokenize("tiny-hybrid", "a")
 
 
+def test_behind_a_gateway_tokenize_asks_the_servers_own_root(serve):
+    # A gateway serves neither /tokenize nor /metrics: both go to the server behind it.
+    server = serve(Server())
+    client = Client("http://gateway.invalid:1", KEY, metrics_urls=(server,))
+    assert client.tokenize("tiny-hybrid", "a bb ccc") == [1, 2, 3]
+    with pytest.raises(httpx.HTTPError):
+        Client("http://gateway.invalid:1", KEY, timeout=2).tokenize("tiny-hybrid", "a")
+
+
 def test_metrics_are_parsed_and_summed_over_replicas(serve):
     one, two = serve(Server(hits=10)), serve(Server(hits=5))
     assert m.block_size(Client(one).metrics()) == 64
