@@ -304,15 +304,13 @@ class Client:
         prompt: Sequence[int] | str,
         max_tokens: int,
         salt: str | None = None,
-        on_tokens: Callable[[int], None] | None = None,
     ) -> Stream:
         """A greedy, ignore_eos completion, streamed and timed chunk by chunk.
 
         vLLM's `continuous_usage_stats` puts the running completion_tokens in every chunk,
         so a chunk that carries several tokens is counted right (else its token ids, else
         one per chunk with text); `return_token_ids` gives the ids two runs must agree on.
-        SALT is a prefix-cache namespace (vLLM's cache_salt); ON_TOKENS, if given, is
-        called with the count of tokens received so far after each chunk that carried some.
+        SALT is a prefix-cache namespace (vLLM's cache_salt).
         """
         extra: dict[str, Any] = {"ignore_eos": True, "return_token_ids": True}
         if salt:
@@ -352,7 +350,5 @@ class Client:
             if n > 0:
                 counted += n
                 out.chunks.append(Chunk(n, at))
-                if on_tokens is not None:
-                    on_tokens(counted)
         out.text = "".join(parts)
         return out

@@ -78,8 +78,8 @@ class Plan:
     resume_shared: int  # its first tokens, just past the cached block boundary ...
     resume_extension: int  # ... extended: resumed from the boundary's state
     resume_tokens: int  # and decoded right after it (inside the block)
-    mixed_prompt: int  # the mixed streams stay inside their first block
-    mixed_tokens: int
+    mixed_prompt: int  # together more than one prefill chunk: later ones prefill while
+    mixed_tokens: int  # the first ones decode (each decode inside the prompt's last block)
     preempt_prompt: int
     preempt_tokens: int  # per request; 0: the KV cache is too large to run out
     max_len_prompt: int
@@ -113,14 +113,23 @@ def plan_rows(g: Geometry) -> Plan:
         resume_shared=2 * b + 4,
         resume_extension=4,
         resume_tokens=b // 8,
-        mixed_prompt=b // 4,
-        mixed_tokens=b // 2,
+        mixed_prompt=mixed_prompt(g),
+        mixed_tokens=b // 4,
         preempt_prompt=b // 2,
         preempt_tokens=preempt_tokens(g),
         max_len_prompt=b // 2,
         residue_base=64,
         open_tokens=min(128, n - 64),
     )
+
+
+def mixed_prompt(g: Geometry) -> int:
+    """The length of the mixed row's first prompt (the others one token shorter each): whole
+    blocks plus 16, as many blocks as make the STREAMS prompts 1.25 prefill chunks at least,
+    so however the requests arrive the scheduler prefills some beside the others' decode."""
+    chunk = g.chunk_tokens or g.block_size
+    blocks = max(1, math.ceil(1.25 * chunk / (STREAMS * g.block_size)))
+    return blocks * g.block_size + 16 + STREAMS
 
 
 def preempt_tokens(g: Geometry) -> int:

@@ -54,9 +54,11 @@ def test_the_server_refuses_that_start_in_one_line_before_vllm_runs(tmp_path, wi
 
 
 @pytest.mark.server
-def test_the_same_start_with_the_mtp_layer_reaches_a_healthy_server(tmp_path, tiny_model):
+def test_the_same_start_with_the_mtp_layer_reaches_a_healthy_server(tmp_path_factory, tiny_model):
     python = vllm_env("0.32.0").python
-    proc, url, log = start_preset_server(python, PRESET, tiny_model, tmp_path, {})
+    # (a short folder: vLLM's IPC socket paths live under it)
+    tmp = tmp_path_factory.mktemp("mtp")
+    proc, url, log = start_preset_server(python, PRESET, tiny_model, tmp, {})
     try:
         wait_healthy(proc, url, log)
     finally:

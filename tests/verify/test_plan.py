@@ -47,9 +47,13 @@ def test_the_resumed_request_shares_a_cached_block_and_decodes_inside_the_next()
     assert P.boundaries_crossed(p.resume_shared, end, 256) == 0
 
 
-def test_the_mixed_streams_decode_inside_their_first_block():
-    p = P.plan_rows(CPU)
-    assert p.mixed_prompt + p.mixed_tokens < 256
+@pytest.mark.parametrize("geometry", [CPU, B70])
+def test_the_mixed_prompts_outgrow_one_chunk_and_each_decodes_inside_its_last_block(geometry):
+    p = P.plan_rows(geometry)
+    prompts = [p.mixed_prompt - i for i in range(P.STREAMS)]
+    assert sum(prompts) >= 1.25 * geometry.chunk_tokens
+    b = geometry.block_size
+    assert all(P.boundaries_crossed(n, n + p.mixed_tokens, b) == 0 for n in prompts)
 
 
 def test_preemption_asks_for_twice_the_kv_cache_or_is_not_planned():
