@@ -124,12 +124,16 @@ def plan_rows(g: Geometry) -> Plan:
 
 
 def mixed_prompt(g: Geometry) -> int:
-    """The length of the mixed row's first prompt (the others one token shorter each): whole
-    blocks plus 16, as many blocks as make the STREAMS prompts 1.25 prefill chunks at least,
-    so however the requests arrive the scheduler prefills some beside the others' decode."""
+    """The length of the mixed row's first prompt (the others one token shorter each): the
+    STREAMS prompts together need 1.25 prefill chunks, so however the requests arrive the
+    scheduler prefills some beside the others' decode. Each prompt and its decode (a
+    quarter block) stay inside one block where that is enough, else the decode stays
+    inside the prompt's last block."""
     chunk = g.chunk_tokens or g.block_size
-    blocks = max(1, math.ceil(1.25 * chunk / (STREAMS * g.block_size)))
-    return blocks * g.block_size + 16 + STREAMS
+    need = math.ceil(1.25 * chunk / STREAMS) + STREAMS
+    if need + g.block_size // 4 + 16 <= g.block_size:
+        return need
+    return math.ceil(need / g.block_size) * g.block_size + 16 + STREAMS
 
 
 def preempt_tokens(g: Geometry) -> int:

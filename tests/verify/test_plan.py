@@ -54,6 +54,8 @@ def test_the_mixed_prompts_outgrow_one_chunk_and_each_decodes_inside_its_last_bl
     assert sum(prompts) >= 1.25 * geometry.chunk_tokens
     b = geometry.block_size
     assert all(P.boundaries_crossed(n, n + p.mixed_tokens, b) == 0 for n in prompts)
+    # One block each where that is enough: eight requests fit a small KV cache (CI's).
+    assert geometry is B70 or p.mixed_prompt + p.mixed_tokens < b
 
 
 def test_preemption_asks_for_twice_the_kv_cache_or_is_not_planned():

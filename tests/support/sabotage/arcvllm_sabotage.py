@@ -17,8 +17,8 @@ resume): the server stays up, answers 200, and only the tokens show it.
                      is lost
     resume           the state a new request resumes from the prefix cache  cached prefix resumed
                      is lost
-    mixed-batch      decoding requests lose their state in a step that      mixed batches
-                     also prefills a new request
+    mixed-batch      decoding requests lose their state from a step that    mixed batches
+                     also prefills a new request on
     preemption       a request recomputed after preemption loses its state  preemption
     max-len          the state is lost within 64 tokens of max-model-len    max-model-len
     nan-residue:R    NaN state after the prefill of a prompt whose length   prompt residues mod 64
@@ -81,7 +81,7 @@ class _State:
     def __init__(self) -> None:
         self.seen: set[str] = set()  # requests scheduled at least once
         self.resumed: set[str] = set()  # requests resumed after a preemption
-        self.poisoned: set[str] = set()  # nan-residue: requests whose state goes NaN
+        self.poisoned: set[str] = set()  # requests spoiled at every step from now on
         self.after = int(os.environ.get(ENV_AFTER, "0") or 0)
         self.fired: dict[str, int] = {}
         self.chunk = 0  # the server's prefill chunk, read in the worker's first step
@@ -100,6 +100,7 @@ class _State:
                 with open(self._file) as f:
                     self._defect = parse(f.read())
                 self._stamp = stamp
+                self.poisoned.clear()  # a new defect starts from clean requests
                 logger.warning("arcvllm sabotage: now %s", self._defect)
         return self._defect if len(self.seen) > self.after else None
 
@@ -162,7 +163,10 @@ def _victims(
         elif name == "resume":
             hit = req_id in new and done > 0 and req_id not in s.resumed
         elif name == "mixed-batch":
-            hit = decoding and any(r not in s.resumed for r in new)
+            # from a step that also prefills a new request on, for good
+            if decoding and any(r not in s.resumed for r in new):
+                s.poisoned.add(req_id)
+            hit = req_id in s.poisoned
         elif name == "preemption":
             hit = req_id in s.resumed and done > 0
         elif name == "max-len":
