@@ -217,3 +217,25 @@ def require(module: str, extra: str, command: str | None = None) -> ModuleType:
             f"{command or running} needs the '{extra}' extra: "
             f"pip install 'arcvllm[{extra}]' (no module named {exc.name or module})"
         ) from exc
+
+
+def add_metrics_url(parser: argparse.ArgumentParser) -> None:
+    """`--metrics-url URL` (repeatable): the server's own root for what a gateway or a router
+    in front does not serve the same way: /metrics (summed over replicas) and /tokenize."""
+    parser.add_argument(
+        "--metrics-url",
+        action="append",
+        type=url,
+        metavar="URL",
+        help="the server's own root URL, for the /metrics and /tokenize a gateway does not "
+        "serve; repeat for each replica behind a router (their counters are summed); "
+        "default: --base-url",
+    )
+
+
+def add_log_source(parser: argparse.ArgumentParser) -> None:
+    """`--log-file FILE` | `--log-cmd CMD`: where the server's log is read (a crash, the
+    block size or the prefill chunk it chose, the tail of a failed run)."""
+    logs = parser.add_mutually_exclusive_group()
+    logs.add_argument("--log-file", help="the server's log file")
+    logs.add_argument("--log-cmd", help="command printing the server log, e.g. 'docker logs X'")

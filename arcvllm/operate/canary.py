@@ -154,8 +154,6 @@ def _cmd(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    from arcvllm.verify.command import add_metrics_url
-
     parser = subparsers.add_parser(
         "canary",
         help="check a serving deployment's output every few minutes; Prometheus metrics",
@@ -167,7 +165,7 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--request-timeout", type=float, default=600.0, help="seconds per request (600)"
     )
-    add_metrics_url(parser)
+    options.add_metrics_url(parser)
     parser.set_defaults(rows=ROWS, log_file=None, log_cmd=None, max_num_batched_tokens=None)
     parser.add_argument(
         "--interval", type=float, default=INTERVAL, help=f"seconds between rounds ({INTERVAL:g})"

@@ -250,6 +250,15 @@ class ComposeServer:
         self.log.write_text(self.project.logs(self.service))
         self.project.down(volumes=True)
 
+    def commands(self) -> list[str]:
+        """What start and stop run, as shell lines (--dry-run)."""
+        return [
+            self.project.shell("up", "-d", self.service, compose.GATEWAY),
+            f"{self.project.shell('logs', '--no-color', self.service)} > "
+            f"{shlex.quote(str(self.log))}",
+            self.project.shell("down", "-v"),
+        ]
+
 
 def smoke_report(single: Single, given: str | None, emulate: bool) -> Path:
     """The report's path: GIVEN, else reports/smoke-STACK[-emulated].json."""
@@ -281,12 +290,7 @@ def smoke(args: argparse.Namespace) -> int:
         env_file = emulated(env_file, checkout_root() / "build" / "smoke-emulated.env")
     project = smoke_project(single, folder, env_file)
     if args.dry_run:
-        for line in (
-            project.shell("up", "-d", single.service, compose.GATEWAY),
-            f"{project.shell('logs', '--no-color', single.service)} > {shlex.quote(str(log))}",
-            project.shell("down", "-v"),
-        ):
-            print(line)
+        print("\n".join(ComposeServer(project, single.service, log).commands()))
         return 0
     args.out = str(out)
     check_model(single)
@@ -329,16 +333,12 @@ def verify(args: argparse.Namespace) -> int:
     log = out.with_suffix(".log")
     project = smoke_project(single, folder, single.env_file)
     logs = project.shell("logs", "--no-color", single.service)
+    server = ComposeServer(project, single.service, log)
     if args.dry_run:
-        for line in (
-            project.shell("up", "-d", single.service, compose.GATEWAY),
-            f"{logs} > {shlex.quote(str(log))}",
-            project.shell("down", "-v"),
-        ):
-            print(line)
+        print("\n".join(server.commands()))
         return 0
     args.out = str(out)
-    server = ComposeServer(project, single.service, log)
+    check_model(single)
     base_url, cert = f"https://127.0.0.1:{single.port}", str(folder / "cert.pem")
     try:
         key = make_secrets(folder)

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from arcvllm.options import add_json, add_server, url
+from arcvllm.options import add_json, add_log_source, add_metrics_url, add_server
 from arcvllm.server.log import LogSource
 from arcvllm.server.report import table
 from arcvllm.smoke.checks import ShellLifecycle, SmokeOptions, run
@@ -65,14 +65,7 @@ def add_checks(parser: argparse.ArgumentParser, health_timeout: float | None = 3
     what = f"seconds ({health_timeout:.0f})" if health_timeout else "seconds"
     parser.add_argument("--health-timeout", type=float, default=health_timeout, help=what)
     parser.add_argument("--request-timeout", type=float, default=300.0, help="seconds (300)")
-    parser.add_argument(
-        "--metrics-url",
-        action="append",
-        type=url,
-        metavar="URL",
-        help="a replica's root URL whose /metrics to read (repeat for each replica behind a "
-        "router; their counters are summed); default: --base-url",
-    )
+    add_metrics_url(parser)
 
 
 def register(subparsers) -> None:
@@ -83,9 +76,7 @@ def register(subparsers) -> None:
     )
     add_server(parser)
     add_checks(parser)
-    logs = parser.add_mutually_exclusive_group()
-    logs.add_argument("--log-file", help="the server's log file (tail shown on failure)")
-    logs.add_argument("--log-cmd", help="command printing the server log, e.g. 'docker logs X'")
+    add_log_source(parser)
     parser.add_argument("--start-cmd", help="shell command that starts the server (detached)")
     parser.add_argument("--stop-cmd", help="shell command that stops it again (after --start-cmd)")
     parser.set_defaults(func=_cmd)

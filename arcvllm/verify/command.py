@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from arcvllm.options import add_json, add_server, url
+from arcvllm.options import add_json, add_log_source, add_metrics_url, add_server
 from arcvllm.server.log import LogSource
 from arcvllm.server.report import Report, table
 from arcvllm.verify import plan as P
@@ -95,17 +95,6 @@ def add_rows(parser: argparse.ArgumentParser) -> None:
     add_metrics_url(parser)
 
 
-def add_metrics_url(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--metrics-url",
-        action="append",
-        type=url,
-        metavar="URL",
-        help="the server's own root, for the /metrics and /tokenize a gateway does not serve "
-        "(default: --base-url)",
-    )
-
-
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "verify",
@@ -114,7 +103,5 @@ def register(subparsers) -> None:
     )
     add_server(parser)
     add_rows(parser)
-    logs = parser.add_mutually_exclusive_group()
-    logs.add_argument("--log-file", help="the server's log file (block size, chunk, crash)")
-    logs.add_argument("--log-cmd", help="command printing the server log, e.g. 'docker logs X'")
+    add_log_source(parser)
     parser.set_defaults(func=_cmd)

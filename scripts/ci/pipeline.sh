@@ -10,7 +10,7 @@
 #   tests (foreground): the unit tests and the router's two clean builds while the test
 #     venvs are made, the tests of real vLLM releases (`presets --check` among them), those
 #     of the CPU images (the deployments), the CPU image's smoke tests (emulated; the MTP
-#     preset).
+#     preset) and its acceptance test (make verify-check).
 # Every test step runs even after a failed one; the exit status is the first failure's.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -183,6 +183,8 @@ touch "$cpu_tests_done"
 test_step make smoke-emulated STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu
 test_step make smoke-check STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu-mtp \
 	SMOKE_REPORT=reports/smoke-cpu-mtp.json
+# The acceptance test on the CPU image, as an operator runs it (docs/verify.md).
+test_step make verify-check STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu
 echo "==> waiting for the images stream (release rehearsal, XPU rehearsal, the CPU image built again)"
 wait "$images_pid" || true
 trap - EXIT

@@ -395,6 +395,27 @@ def test_smoke_check_runs_its_own_project_with_a_throwaway_key_file_never_a_key(
     assert "k-zz9-secret" not in done.stdout + make
 
 
+def test_verify_check_runs_its_own_project_and_port_through_the_gateway(tmp_path):
+    """`make verify-check` is `arcvllm deploy verify`: a project and port of its own (not
+    the smoke test's: both may run), the throwaway key and certificate, the report and
+    the server's log beside it."""
+    mine = tmp_path / "mine.env"
+    mine.write_text("VLLM_API_KEY=k-zz9-secret\n")
+    make = make_dry("verify-check", "FLAVOR=cpu", f"ENV_FILE={mine}")
+    assert f"deploy verify --env-file {mine} --flavor cpu " in make and " --port 8002" in make
+    done = subprocess.run(
+        [str(ROOT / ".venv/bin/arcvllm"), "deploy", "verify", "--dry-run", "--flavor", "cpu",
+         "--env-file", str(mine)], capture_output=True, text=True, check=True, cwd=ROOT,
+    )  # fmt: skip
+    up, log, down = done.stdout.splitlines()
+    secrets = ROOT / "build" / "verify-gateway"
+    assert f"VLLM_API_KEY_FILE={secrets}/api-key " in up and "GATEWAY_DIAGNOSTIC_ROUTES=1 " in up
+    assert " PORT=8002 " in up and " -p arcvllm-verify " in up
+    assert up.endswith(" up -d vllm-cpu gateway") and down.endswith(" down -v")
+    assert log.endswith(" logs --no-color vllm-cpu > reports/verify-cpu.log")
+    assert "k-zz9-secret" not in done.stdout + make
+
+
 def up_line(*args: str) -> str:
     return next(line for line in menu_dry("up", *args).splitlines() if " up -d " in line)
 
