@@ -48,6 +48,36 @@ def wait_until(
         time.sleep(min(interval, left))
 
 
+# How long one request waits out a gateway's 429s (its rate limit: 10 r/s by default).
+RATE_LIMIT_WAIT = 60.0
+
+
+def rate_limited(
+    send: Callable[[], T],
+    limited: Callable[[Any], bool],
+    retry_after: Callable[[Any], str | None],
+    raises: type[BaseException] | None = None,
+) -> T:
+    """SEND until its answer (or, with RAISES, the error it raises) is no rate limit, or
+    RATE_LIMIT_WAIT seconds have passed: then the last answer (or error) stands."""
+    deadline = time.monotonic() + RATE_LIMIT_WAIT
+    pause = 0.25
+    while True:
+        try:
+            answer = send()
+        except BaseException as error:
+            if raises is None or not isinstance(error, raises) or time.monotonic() > deadline:
+                raise
+            answer = error
+        else:
+            if not limited(answer) or time.monotonic() > deadline:
+                return answer
+        after = retry_after(answer)
+        wait = float(after) if after and after.replace(".", "", 1).isdigit() else pause
+        time.sleep(min(wait, 5.0))
+        pause = min(pause * 2, 2.0)
+
+
 def root_url(base_url: str) -> str:
     """The server's root (where /health and /metrics are): BASE_URL without /v1."""
     url = base_url.rstrip("/")
@@ -152,16 +182,28 @@ class Client:
 
     # ---- plain HTTP
 
-    def get(self, path: str, timeout: float | None = None):
-        """GET ROOT/PATH (the httpx response; raises httpx.HTTPError on no answer)."""
+    def request(self, method: str, url: str, json: Any = None, timeout: float | None = None) -> Any:
+        """One HTTP request (the httpx response; httpx.HTTPError on no answer). A 429 of a
+        gateway's rate limit is waited out, as a polite client does: again after its
+        Retry-After (else a growing pause), for up to RATE_LIMIT_WAIT seconds in all."""
         import httpx
 
-        return httpx.get(
-            f"{self.root}{path}",
-            headers=self.headers(),
-            timeout=timeout or self.timeout,
-            verify=self.verify,
+        return rate_limited(
+            lambda: httpx.request(
+                method,
+                url,
+                json=json,
+                headers=self.headers(),
+                timeout=timeout or self.timeout,
+                verify=self.verify,
+            ),
+            lambda response: response.status_code == 429,
+            lambda response: response.headers.get("Retry-After"),
         )
+
+    def get(self, path: str, timeout: float | None = None):
+        """GET ROOT/PATH (the httpx response; raises httpx.HTTPError on no answer)."""
+        return self.request("GET", f"{self.root}{path}", timeout=timeout)
 
     def get_json(self, path: str) -> Any:
         response = self.get(path)
@@ -201,16 +243,10 @@ class Client:
         """The token ids of TEXT in MODEL's tokenizer, without special tokens: asked of the
         first of METRICS_URLS when given (a gateway serves no /tokenize: the server's own
         root, beside /metrics), else of the root."""
-        import httpx
 
         root = root_url(self.metrics_urls[0]) if self.metrics_urls else self.root
-        response = httpx.post(
-            f"{root}/tokenize",
-            json={"model": model, "prompt": text, "add_special_tokens": False},
-            headers=self.headers(),
-            timeout=self.timeout,
-            verify=self.verify,
-        )
+        body = {"model": model, "prompt": text, "add_special_tokens": False}
+        response = self.request("POST", f"{root}/tokenize", json=body)
         response.raise_for_status()
         return list(response.json()["tokens"])
 
@@ -246,13 +282,7 @@ class Client:
         should return is NaN)."""
         import httpx
 
-        response = httpx.post(
-            f"{self.root}/v1/completions",
-            json=body,
-            headers=self.headers(),
-            timeout=self.timeout,
-            verify=self.verify,
-        )
+        response = self.request("POST", f"{self.root}/v1/completions", json=body)
         if response.status_code != 200:
             raise httpx.HTTPStatusError(
                 f"{response.status_code}: {response.text[:200]}",
@@ -298,6 +328,17 @@ class Client:
             http_client=httpx.Client(verify=self.verify, timeout=self.timeout),
         )
 
+    def _create(self, model: str, prompt: Sequence[int] | str, max_tokens: int, extra: dict):
+        return self.openai.completions.create(
+            model=model,
+            prompt=prompt if isinstance(prompt, str) else list(prompt),
+            max_tokens=max_tokens,
+            temperature=0.0,
+            stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},
+            extra_body=extra,
+        )
+
     def stream(
         self,
         model: str,
@@ -318,14 +359,13 @@ class Client:
         out = Stream(prompt_len=0 if isinstance(prompt, str) else len(prompt))
         parts: list[str] = []
         start = time.perf_counter()
-        response = self.openai.completions.create(
-            model=model,
-            prompt=prompt if isinstance(prompt, str) else list(prompt),
-            max_tokens=max_tokens,
-            temperature=0.0,
-            stream=True,
-            stream_options={"include_usage": True, "continuous_usage_stats": True},
-            extra_body=extra,
+        import openai
+
+        response = rate_limited(
+            lambda: self._create(model, prompt, max_tokens, extra),
+            lambda error: isinstance(error, openai.RateLimitError),
+            lambda error: error.response.headers.get("Retry-After"),
+            raises=openai.RateLimitError,
         )
         counted = 0
         for chunk in response:

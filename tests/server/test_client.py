@@ -39,6 +39,7 @@ class Server:
         self.queries = 100
         self.health_after = 0.0  # /health answers 503 until this monotonic time
         self.bodies: list[dict] = []
+        self.limited = 0  # answer this many more requests 429, as a gateway's rate limit
 
     def handler(self):
         fake = self
@@ -63,6 +64,14 @@ class Server:
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 fake.bodies.append(body)
+                if fake.limited > 0:
+                    fake.limited -= 1
+                    self.send_response(429)
+                    self.send_header("Retry-After", "0.1")
+                    self.send_header("Content-Length", "2")
+                    self.end_headers()
+                    self.wfile.write(b"{}")
+                    return
                 if not self.authorized():
                     return
                 if self.path == "/tokenize":
@@ -241,3 +250,25 @@ def test_decode_rate_and_gaps_of_a_stream():
     assert round(Stream(chunks=[Chunk(3, 0.1)]).decode_tok_s(), 9) == 30.0
     assert Stream().decode_tok_s() is None
     assert Stream().ttft == 0.0
+
+
+def test_a_gateways_rate_limit_is_waited_out_for_tokenize_and_streams(serve):
+    fake = Server()
+    url = serve(fake)
+    fake.limited = 2
+    assert Client(url, KEY).tokenize("tiny-hybrid", "a bb") == [1, 2]
+    fake.limited = 3
+    out = Client(url, KEY).stream("tiny-hybrid", [1, 2, 3], 8)
+    assert out.completion_tokens == 8
+    assert len(fake.bodies) == 2 + 1 + 3 + 1
+
+
+def test_a_rate_limit_that_outlasts_the_wait_stands(serve, monkeypatch):
+    from arcvllm.server import client as C
+
+    monkeypatch.setattr(C, "RATE_LIMIT_WAIT", 0.3)
+    fake = Server()
+    url = serve(fake)
+    fake.limited = 1000
+    with pytest.raises(httpx.HTTPStatusError, match="429"):
+        Client(url, KEY).tokenize("tiny-hybrid", "a")
