@@ -16,7 +16,7 @@ NAMES          = --env-file $(ENV_FILE) $(if $(FLAVOR),--flavor $(FLAVOR)) $(if 
 	$(if $(GATEWAY_IMAGE),--gateway-image $(GATEWAY_IMAGE)) $(if $(GPUS_FILE),--gpus-file $(GPUS_FILE))
 DEPLOYMENT     = $(NAMES) $(if $(PORT),--port $(PORT)) $(if $(PROJECT),--project $(PROJECT))
 
-.PHONY: help venv test-venvs lint tools test test-fast test-host test-unit test-vllm test-in-engine
+.PHONY: help venv test-venvs lint tools test test-fast test-host test-unit test-docs test-vllm test-in-engine
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_.-]+:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 $(VENV)/.stamp: pyproject.toml
@@ -46,6 +46,9 @@ test-fast: $(VENV)/.stamp ## unit tests only (no vLLM, no Docker, no compose, no
 	$(PYTEST) --basetemp=$(BUILD)/pytest-fast -m 'not vllm and not docker and not server and not compose and not release'
 test-unit: $(VENV)/.stamp ## the host tests that need neither a test venv nor an image
 	$(PYTEST) --basetemp=$(BUILD)/pytest-unit -m 'not docker and not vllm and not server and not release'
+# (test-unit runs them too; their own target is CI's "document commands" step, one test each.)
+test-docs: $(VENV)/.stamp ## the shell blocks of README.md and docs/: every command, option, path and variable exists; the cheap ones run
+	$(PYTEST) --basetemp=$(BUILD)/pytest-docs $(if $(filter-out 0,$(TEST_WORKERS)),--dist load) tests/test_docs.py
 test-vllm: $(VENV)/.stamp ## the host tests of real vLLM releases and servers (make test-venvs first)
 	$(PYTEST) --basetemp=$(BUILD)/pytest-vllm -m 'not docker and not release and (vllm or server)'
 test-in-engine: test-host test-images
@@ -120,8 +123,8 @@ release-rehearsal: $(VENV)/.stamp ## CI: make release of the CPU stack and side 
 .PHONY: gpus model key up down logs engine presets doctor field-report bench bench-image smoke-test smoke-check smoke-emulated verify verify-check
 gpus: $(VENV)/.stamp ## the XPU server's GPUs: every B70's render node, never an iGPU (build/gpus.yaml)
 	@$(ARCVLLM) gpus --compose $(GPUS_FILE) --env-file $(ENV_FILE)
-model: $(VENV)/.stamp ## fetch PRESET's weights (default: the settings file's ARCVLLM_PRESET) into MODELS_DIR
-	$(ARCVLLM) model fetch $(PRESET) --env-file $(ENV_FILE)
+model: $(VENV)/.stamp ## fetch PRESET's weights (default: the settings file's ARCVLLM_PRESET) into MODELS_DIR; REVISION: the commit, for a preset that pins none
+	$(ARCVLLM) model fetch $(PRESET) --env-file $(ENV_FILE) $(if $(REVISION),--revision $(REVISION))
 key: $(VENV)/.stamp ## make the API key file of ENV_FILE (VLLM_API_KEY_FILE), readable by the containers' UID 1000 only
 	$(ARCVLLM) deploy key --env-file $(ENV_FILE)
 up: $(VENV)/.stamp ## start the server and its gateway with compose (XPU service; FLAVOR=cpu: the CPU service); settings: ENV_FILE

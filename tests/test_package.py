@@ -141,7 +141,8 @@ NOT_MIRRORS = {"support", "patches", "requirements"}
 
 def test_the_tests_mirror_the_package():
     """Each folder of tests/ is a subpackage of arcvllm and holds its tests; the commands
-    every life shares (cli, errors, presets, the layout itself) are tested at the top."""
+    every life shares (cli, errors, presets, the layout itself) and the documents' commands
+    are tested at the top."""
     subpackages = {p.parent.name for p in (ROOT / "arcvllm").glob("*/__init__.py")}
     folders = {p.name for p in (ROOT / "tests").iterdir() if p.is_dir()} - NOT_MIRRORS
     folders.discard("__pycache__")
@@ -152,6 +153,7 @@ def test_the_tests_mirror_the_package():
     assert top == [
         "test_cli.py",
         "test_defects.py",
+        "test_docs.py",
         "test_errors.py",
         "test_model.py",
         "test_package.py",

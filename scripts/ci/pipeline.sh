@@ -7,10 +7,11 @@
 #     and its tests (once the test venvs are made: they run real vLLM releases' Python
 #     from build/venvs), the CPU image's second clean build (one digest with the
 #     release's);
-#   tests (foreground): the unit tests and the router's two clean builds while the test
-#     venvs are made, the tests of real vLLM releases (`presets --check` among them), those
-#     of the CPU images (the deployments), the CPU image's smoke tests (emulated; the MTP
-#     preset) and its acceptance test (make verify-check).
+#   tests (foreground): the document commands (every shell block of README.md and docs/),
+#     the unit tests and the router's two clean builds while the test venvs are made, the
+#     tests of real vLLM releases (`presets --check` among them), those of the CPU images
+#     (the deployments), the CPU image's smoke tests (emulated; the MTP preset) and its
+#     acceptance test (make verify-check).
 # Every test step runs even after a failed one; the exit status is the first failure's.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -156,6 +157,9 @@ venvs_pid=$!
 images >"$TMPDIR/images.log" 2>&1 &
 images_pid=$!
 trap 'kill "$images_pid" "$venvs_pid" 2>/dev/null || true' EXIT
+# The document commands: each shell block's commands, options, paths and variables exist;
+# the cheap ones run as written (tests/support/documents.py).
+test_step make test-docs
 test_step make test-unit
 # Two clean builds of the router (apt, a venv, pip, a user): one digest. (Here, while the
 # test venvs are still made: the unit tests end ~100 s before them.)
