@@ -256,7 +256,7 @@ NAMESPACE = "arcvllm"
 ROUTER = {"app.kubernetes.io/name": "arcvllm", "app.kubernetes.io/component": "router"}
 MONITORING = "monitoring"  # where the manifests expect the cluster's Prometheus
 PORTS = [(53, "UDP"), (53, "TCP"), (443, "TCP"), (6443, "TCP"), (8000, "TCP")]
-PORTS += [(8443, "TCP"), (29000, "TCP"), (9999, "TCP")]
+PORTS += [(8443, "TCP"), (9400, "TCP"), (29000, "TCP"), (9999, "TCP")]
 
 
 @dataclass
@@ -898,3 +898,90 @@ def test_the_model_claim_names_a_storage_class():
 def test_the_docs_overlay_names_the_storage_class_of_the_model_claim(tmp_path):
     docs = docs_overlay(ROOT / "docs" / "scale.md", "storageClassName", tmp_path)
     assert one(docs, "PersistentVolumeClaim", "models")["spec"]["storageClassName"] == "nfs-ro"
+
+
+# ---- the canary (components/canary) -----------------------------------------------------
+
+
+def with_canary(tmp_path: Path, overlay: str = "one-b70") -> list[dict]:
+    """OVERLAY with the canary component, as an operator's overlay adds it (kustomize takes
+    relative paths only: over a copy of deploy/kubernetes)."""
+    kube = tmp_path / "deploy" / "kubernetes"
+    shutil.copytree(KUBE, kube)
+    mine = kube / "overlays" / "with-canary"
+    mine.mkdir()
+    (mine / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "namespace": NAMESPACE,
+                "resources": [f"../{overlay}"],
+                "components": ["../../components/canary"],
+            }
+        )
+    )
+    result = kustomize(mine)
+    assert result.returncode == 0, result.stderr
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
+
+
+def test_the_canary_builds_validates_and_runs_as_the_images_user_without_privileges(tmp_path):
+    docs = with_canary(tmp_path)
+    manifest = tmp_path / "canary.yaml"
+    manifest.write_text(yaml.safe_dump_all(docs))
+    checked = validate(manifest)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    pod = pod_template(docs, "Deployment", "canary")["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == image_uid()
+    (container,) = pod["containers"]
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    # The image of the deployment (kustomize's images: the same tag as the replica's).
+    replica = pod_template(docs, "StatefulSet", "vllm")["spec"]["containers"][0]
+    assert container["image"] == replica["image"]
+    args = container["args"]
+    assert args[:2] == ["arcvllm", "canary"]
+    assert "--base-url=https://arcvllm.$(POD_NAMESPACE).svc" in args
+    assert "--metrics-url=http://vllm.$(POD_NAMESPACE).svc:8000" in args
+    # Its arguments parse as the command's own (the Secrets' files where it mounts them).
+    from arcvllm import cli
+
+    key, cert = tmp_path / "key", tmp_path / "tls.crt"
+    key.write_text("k" * 32 + "\n")
+    cert.write_text("")
+    local = {
+        "$(POD_NAMESPACE)": "arcvllm",
+        "/run/secrets/arcvllm/key": str(key),
+        "/run/secrets/arcvllm-tls/tls.crt": str(cert),
+    }
+    given = []
+    for arg in args[1:]:
+        for mounted, here in local.items():
+            arg = arg.replace(mounted, here)
+        given.append(arg)
+    parsed = cli.build_parser().parse_args(given)
+    assert parsed.metrics_url == ["http://vllm.arcvllm.svc:8000"]
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert {"/run/secrets/arcvllm", "/run/secrets/arcvllm-tls"} <= mounts
+
+
+def test_the_canary_reaches_the_gateway_and_the_replica_and_prometheus_reaches_it(tmp_path):
+    docs = with_canary(tmp_path)
+    assert {p["metadata"]["name"] for p in policies(docs)} == POLICIES | {
+        "canary",
+        "canary-to-vllm",
+    }
+    matrix = reachability(docs)
+    assert out_of(matrix, "canary") == DNS | {("gateway", 8443, "TCP"), ("vllm", 8000, "TCP")}
+    assert into(matrix, "canary") == {("prometheus", 9400, "TCP")}
+    # The replica takes the canary beside the gateway and Prometheus, nobody else new.
+    assert into(matrix, "vllm") == {
+        ("gateway", 8000, "TCP"),
+        ("prometheus", 8000, "TCP"),
+        ("canary", 8000, "TCP"),
+    }
+    # Without the component nothing of it is there.
+    base = built("one-b70")
+    assert "canary" not in workloads(base)
