@@ -457,7 +457,8 @@ GIB = 1024**3
 
 @dataclass(frozen=True)
 class Fit:
-    """Per GPU: weights + KV cache + mamba states at max-model-len x max-num-seqs."""
+    """Per GPU: weights + KV cache + mamba states (align mode: 2 + drafts pages per layer
+    per request) at max-model-len x max-num-seqs."""
 
     weights_gib: float
     kv_gib: float
@@ -600,6 +601,11 @@ def memory_fit(preset: Preset) -> Fit | None:
     utilization = float(values.get("gpu-memory-utilization", 0.9))
     draft = 0.0
     spec = speculative_config(preset) or {}
+    # Align mode keeps (2 + num_speculative_tokens) pages of each GDN/mamba layer per
+    # request: the running state, the last block's checkpoint and one per draft
+    # (vllm/v1/kv_cache_interface.py, MambaSpec with num_speculative_blocks).
+    if "mamba-cache-mode" in values and values["mamba-cache-mode"] == "align":
+        state *= 2 + int(spec.get("num_speculative_tokens", 0))
     if spec.get("method") == "mtp":
         n = mtp_layers(text)
         kv_layer = kv_per_token // max(layers["attention"], 1)

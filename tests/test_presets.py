@@ -436,6 +436,16 @@ def test_every_preset_fits_its_gpus_and_twice_the_sequences_do_not(name):
     assert not P.memory_fit(doubled).ok
 
 
+def test_align_mode_keeps_two_state_pages_per_layer_and_request():
+    preset = P.get_preset("qwen3.6-35b-a3b-w4a16-1xb70")
+    align = P.memory_fit(preset)
+    args = {k: v for k, v in preset.vllm_args.items() if k != "mamba-cache-mode"}
+    plain = P.memory_fit(replace(preset, vllm_args=args))
+    assert align.states_gib == pytest.approx(2 * plain.states_gib)
+    # Qwen3.6's GDN state is ~60 MiB a request and layer set: 8 requests, two pages each.
+    assert 0.8 < align.states_gib < 1.1, align
+
+
 def test_the_mtp_twin_fits_with_its_mtp_layer_and_its_kv_cache():
     plain = P.memory_fit(P.get_preset("qwen3.6-35b-a3b-w4a16-1xb70"))
     twin = P.get_preset("qwen3.6-35b-a3b-w4a16-1xb70")
@@ -444,7 +454,9 @@ def test_the_mtp_twin_fits_with_its_mtp_layer_and_its_kv_cache():
     # One bf16 MoE decoder layer (256 experts x 3 x 2048 x 512: 1.5 GiB) plus one
     # attention layer's KV for 32k x 8 (0.5 GiB).
     assert 1.9 < mtp.draft_gib < 2.3, mtp
-    assert mtp.total_gib == pytest.approx(plain.total_gib + mtp.draft_gib)
+    # Align mode keeps 2 + 1 GDN pages per layer per request with one draft, 2 without.
+    assert mtp.states_gib == pytest.approx(plain.states_gib * 3 / 2)
+    assert mtp.total_gib == pytest.approx(plain.total_gib + mtp.draft_gib + plain.states_gib / 2)
     assert "+ mtp 2.1 + 1)" in mtp.summary() and "mtp" not in plain.summary()
     assert plain.draft_gib == 0.0
 
