@@ -26,6 +26,10 @@ from arcvllm.server.client import Client
 TIE_NATS = 1.0
 
 Logprobs = list[dict[int, float] | None]
+# How many of the last position's top tokens a sequence of max-model-len tokens is judged
+# against (vLLM's default max_logprobs): where the model is unsure its top tokens are
+# within hundredths of a nat, and a token outside a short list would read as a miss.
+LAST_TOP = 20
 
 # Text the prompts are made of; its token ids are tiled to exact lengths.
 PROMPT_TEXT = (
@@ -107,7 +111,7 @@ def plain_logprobs(
         "max_tokens": 1,
         "temperature": 0.0,
         "prompt_logprobs": 1,
-        "logprobs": 5,
+        "logprobs": LAST_TOP,
         "return_tokens_as_token_ids": True,
         "cache_salt": salt,
     }
