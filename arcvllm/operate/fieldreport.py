@@ -116,8 +116,9 @@ class Step:
     command: str
     rc: int
     seconds: float
-    text: str  # what goes into the tarball: stdout, then stderr
+    text: str  # what goes into the tarball: stdout, then stderr (a .json file: stdout only)
     stdout: str = ""
+    stderr: str = ""  # a .json file's stderr, kept beside it as NAME.stderr.txt
 
 
 @dataclass
@@ -139,11 +140,14 @@ class Collector:
                 timeout=self.timeout,
                 env={**os.environ, **(env or {})},
             )
-            rc, out = done.returncode, done.stdout
-            text = out + (f"\n{done.stderr}" if done.stderr else "")
+            rc, out, err = done.returncode, done.stdout, done.stderr
         except subprocess.TimeoutExpired as exc:
-            rc, out, text = 124, "", f"timed out after {exc.timeout} s"
-        step = Step(name, command, rc, round(time.monotonic() - start, 1), text, out)
+            rc, out, err = 124, "", f"timed out after {exc.timeout} s"
+        # A JSON member stays parseable: its stderr goes into a file of its own.
+        apart = name.endswith(".json")
+        text = out if apart else out + (f"\n{err}" if err else "")
+        seconds = round(time.monotonic() - start, 1)
+        step = Step(name, command, rc, seconds, text, out, err if apart else "")
         self.steps.append(step)
         return step
 
@@ -345,7 +349,12 @@ def summary(c: Collector, started: str) -> str:
 
 def write(path: Path, c: Collector, text_summary: str) -> list[str]:
     """The tarball: one folder, every member redacted. Returns the member names."""
-    members = [(s.name, s.text) for s in c.steps if s.name != "preset.txt"]
+    members = []
+    for s in c.steps:
+        if s.name != "preset.txt":
+            members.append((s.name, s.text))
+        if s.stderr:
+            members.append((f"{s.name.removesuffix('.json')}.stderr.txt", s.stderr))
     commands = "\n".join(f"{s.name}\trc={s.rc}\t{s.seconds}s\t{s.command}" for s in c.steps)
     members += [("commands.txt", commands + "\n"), ("summary.txt", text_summary)]
     root = path.name.removesuffix(".tar.gz")

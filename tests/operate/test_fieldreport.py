@@ -68,6 +68,21 @@ def test_the_tarball_holds_every_step_redacted_and_a_summary(tmp_path):
     assert b"rc=3" in blobs["field-report/commands.txt"]
 
 
+def test_a_json_member_stays_json_when_its_command_also_writes_to_stderr(tmp_path):
+    """A failing doctor prints its JSON, then one line on stderr: the member must parse."""
+    c = F.Collector("compose", "svc", {KEY})
+    c.shell("host/doctor.json", f"""echo '{{"preset": "p"}}'; echo 'arcvllm: no {KEY}' >&2; exit 1""")
+    c.shell("server.log", "echo out; echo err >&2")
+    out = tmp_path / "field-report.tar.gz"
+    names = F.write(out, c, F.summary(c, "now"))
+    assert names[:3] == ["host/doctor.json", "host/doctor.stderr.txt", "server.log"]
+    with tarfile.open(out) as tar:
+        blobs = {m.name.split("/", 1)[1]: tar.extractfile(m).read() for m in tar.getmembers()}
+    assert json.loads(blobs["host/doctor.json"]) == {"preset": "p"}
+    assert blobs["host/doctor.stderr.txt"] == f"arcvllm: no {F.REDACTED}\n".encode()
+    assert blobs["server.log"] == b"out\n\nerr\n"
+
+
 def test_the_api_key_given_on_the_command_line_is_redacted_and_json_lists_the_steps(
     tmp_path, monkeypatch, capsys
 ):
