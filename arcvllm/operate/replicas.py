@@ -7,7 +7,7 @@ node's own GID, so it cannot open another GPU whatever ZE_AFFINITY_MASK says.
 
 `compose_services` turns the cards into the compose file of replicas vllm-0 .. vllm-(N-1), made
 from docker/compose.scale.yaml's `x-xpu-replica` (its one definition), with the router
-told the N workers and Prometheus its N targets. `arcvllm scale up` writes it under the
+told the N workers, Prometheus its N targets and the canary its N metrics URLs. `arcvllm scale up` writes it under the
 deployment's state folder; `arcvllm scale render` prints it for compose by hand.
 """
 
@@ -26,6 +26,8 @@ TEMPLATE_KEY = "x-xpu-replica"
 # XPUPlatform.device_control_env_var, in each XPU stack's release: tests/operate/test_replicas.py).
 AFFINITY_ENV = "ZE_AFFINITY_MASK"
 TARGETS_IN_CONTAINER = "/etc/arcvllm/prometheus/targets/replicas.yml"
+CANARY_KEY = "x-canary-command"
+METRICS_URL = "--metrics-url="
 
 
 def pick(host: Host, replicas: int) -> list[Card]:
@@ -43,11 +45,15 @@ def pick(host: Host, replicas: int) -> list[Card]:
 
 
 def template(scale_file: Path) -> dict:
-    """compose.scale.yaml's `x-xpu-replica`, its anchors resolved."""
+    """compose.scale.yaml's `x-xpu-replica`, its anchors resolved, and under CANARY_KEY the
+    command of its `canary`."""
     doc = yaml.safe_load(scale_file.read_text())
     if not isinstance(doc, dict) or not isinstance(doc.get(TEMPLATE_KEY), dict):
         raise Unavailable(f"{scale_file}: no {TEMPLATE_KEY} mapping")
-    return doc[TEMPLATE_KEY]
+    command = ((doc.get("services") or {}).get("canary") or {}).get("command")
+    if not isinstance(command, list):
+        raise Unavailable(f"{scale_file}: no services.canary.command list")
+    return {**doc[TEMPLATE_KEY], CANARY_KEY: command}
 
 
 def name(index: int) -> str:
@@ -110,6 +116,8 @@ def compose_services(cards: list[Card], base: dict, state: Path) -> dict:
     """The compose file of the replicas (absolute paths only: compose reads relative ones
     from the first file's folder). Writes each replica's by-path folder under STATE."""
     services: dict[str, dict] = {}
+    base = dict(base)
+    canary = base.pop(CANARY_KEY)
     for i, card in enumerate(cards):
         by_path = by_path_folder([card], state / "by-path" / name(i))
         service = copy.deepcopy(base)
@@ -129,7 +137,16 @@ def compose_services(cards: list[Card], base: dict, state: Path) -> dict:
     targets_file = state / "targets.yml"
     targets_file.write_text(yaml.safe_dump(targets(len(cards)), sort_keys=False))
     services["prometheus"] = {"volumes": [f"{targets_file}:{TARGETS_IN_CONTAINER}:ro"]}
+    services["canary"] = {"command": canary_command(canary, len(cards))}
     return {"services": services}
+
+
+def canary_command(command: list[str], count: int) -> list[str]:
+    """COMMAND with one --metrics-url for each of the COUNT replicas, where its own were."""
+    at = next((i for i, arg in enumerate(command) if arg.startswith(METRICS_URL)), len(command))
+    rest = [arg for arg in command if not arg.startswith(METRICS_URL)]
+    urls = [f"{METRICS_URL}http://{name(i)}:8000" for i in range(count)]
+    return rest[:at] + urls + rest[at:]
 
 
 def write(cards: list[Card], scale_file: Path, state: Path) -> Path:

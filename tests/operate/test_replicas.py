@@ -148,6 +148,14 @@ def test_the_written_file_is_valid_compose_with_one_gpu_per_replica(tmp_path):
     ]
     assert any(m.startswith(f"{state}/targets.yml:") for m in mounts), mounts
     assert sum("/etc/arcvllm/prometheus/targets/replicas.yml" in m for m in mounts) == 1
+    # The canary reads /metrics and /tokenize from each of the 3, not compose.yaml's `vllm`
+    # (no such service here) nor only the scale file's two.
+    canary = svc["canary"]["command"]
+    assert [a for a in canary if a.startswith("--metrics-url")] == [
+        f"--metrics-url=http://vllm-{i}:8000" for i in range(3)
+    ]
+    assert canary[:3] == ["arcvllm", "canary", "--base-url=https://gateway:8443"]
+    assert "--api-key-file=/run/secrets/api-key" in canary
 
 
 @pytest.mark.compose

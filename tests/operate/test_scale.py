@@ -410,9 +410,14 @@ def test_prometheus_scrapes_all_and_agrees_with_direct_scrapes(deployment):
     from support.prometheus import console_exprs, dashboard_exprs, rules
 
     def targets_up() -> bool:
+        # The canary's target is configured too; this deployment does not start the canary
+        # (tests/operate/test_canary.py runs it), so its target is down here.
         r = httpx.get(f"{deployment.prometheus}/api/v1/targets", timeout=10).json()
-        active = r["data"]["activeTargets"]
-        return len(active) == 3 and all(t["health"] == "up" for t in active)
+        jobs = {}
+        for t in r["data"]["activeTargets"]:
+            jobs.setdefault(t["labels"]["job"], []).append(t["health"])
+        assert set(jobs) == {"vllm", "router", "canary"}, jobs
+        return len(jobs["vllm"]) == 2 and all(h == "up" for h in jobs["vllm"] + jobs["router"])
 
     wait_for(targets_up, 60, "all Prometheus targets up", deployment)
     time.sleep(12)  # no traffic now: let two scrapes pass
