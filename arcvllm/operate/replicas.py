@@ -7,8 +7,9 @@ node's own GID, so it cannot open another GPU whatever ZE_AFFINITY_MASK says.
 
 `compose_services` turns the cards into the compose file of replicas vllm-0 .. vllm-(N-1), made
 from docker/compose.scale.yaml's `x-xpu-replica` (its one definition), with the router
-told the N workers, Prometheus its N targets and the canary its N metrics URLs. `arcvllm scale up` writes it under the
-deployment's state folder; `arcvllm scale render` prints it for compose by hand.
+told the N workers, Prometheus its N targets and the canary its N metrics URLs.
+`arcvllm scale up` writes it under the deployment's state folder; `arcvllm scale render`
+prints it for compose by hand.
 """
 
 from __future__ import annotations

@@ -71,7 +71,8 @@ def test_the_tarball_holds_every_step_redacted_and_a_summary(tmp_path):
 def test_a_json_member_stays_json_when_its_command_also_writes_to_stderr(tmp_path):
     """A failing doctor prints its JSON, then one line on stderr: the member must parse."""
     c = F.Collector("compose", "svc", {KEY})
-    c.shell("host/doctor.json", f"""echo '{{"preset": "p"}}'; echo 'arcvllm: no {KEY}' >&2; exit 1""")
+    doctor = f"""echo '{{"preset": "p"}}'; echo 'arcvllm: no {KEY}' >&2; exit 1"""
+    c.shell("host/doctor.json", doctor)
     c.shell("server.log", "echo out; echo err >&2")
     out = tmp_path / "field-report.tar.gz"
     names = F.write(out, c, F.summary(c, "now"))
