@@ -1,10 +1,11 @@
-"""The `arcvllm` command: parses arguments and hands them to the domain modules.
+"""The `arcvllm` command: serve hybrid (mamba) models with vLLM on Intel Arc Pro B70 GPUs,
+and check, deploy, test and measure the server.
 
-Each command module exposes `register(subparsers)`, which adds its sub-command and sets
-`func`; this is the one place that registers them (a command's own sub-commands kept in
-another module are listed in NESTED). The modules import their heavy dependencies lazily so
-that `arcvllm patches` runs in any environment that has a vLLM, and nothing more. What
-their arguments share is arcvllm.options.
+Each command is one module of arcvllm.commands (arcvllm.ci.command for CI's, in a checkout
+only) whose `register(subparsers)` adds its sub-command and sets `func`; this is the one
+place that lists them, grouped by who runs them. The modules import their heavy
+dependencies lazily so that `arcvllm patches` runs in any environment that has a vLLM, and
+nothing more. What their arguments share is arcvllm.options.
 """
 
 from __future__ import annotations
@@ -18,37 +19,55 @@ from collections.abc import Sequence
 from arcvllm import __version__, options
 from arcvllm.errors import ArcvllmError, Unavailable
 
-# Module names, in the order `arcvllm --help` lists them.
-COMMANDS = (
-    "patching.patches",
-    "builder.stack",
-    "builder.image",
-    "builder.release",
-    "ci.standins",
-    "builder.toolchain",
-    "presets",
-    "defects",
-    "operate.settings",
-    "model",
-    "serving.serve",
-    "smoke",
-    "operate.canary",
-    "verify",
-    "bench",
-    "operate.doctor",
-    "operate.gpus",
-    "operate.fieldreport",
-    "operate.scale",
-    "operate.deploy",
-    "builder.tinymodel",
+# The command modules, grouped as `arcvllm --help` lists them.
+GROUPS = {
+    "Serve and operate": (
+        "commands.serve",
+        "commands.presets",
+        "commands.model",
+        "commands.settings",
+        "commands.doctor",
+        "commands.gpus",
+        "commands.deploy",
+        "commands.smoke",
+        "commands.verify",
+        "commands.canary",
+        "commands.bench",
+        "commands.fieldreport",
+        "commands.scale",
+        "commands.defects",
+    ),
+    "Build and release": (
+        "commands.image",
+        "commands.stack",
+        "commands.patches",
+        "commands.release",
+        "commands.toolchain",
+        "commands.tinymodel",
+    ),
+}
+
+# CI's commands: runnable in a checkout, never listed, absent from the wheel (which leaves
+# arcvllm/ci out: pyproject.toml).
+CI_ONLY = ("ci.command",)
+
+COMMANDS = (*(m for group in GROUPS.values() for m in group), *CI_ONLY)
+
+DESCRIPTION = (
+    "arcvllm serves hybrid (mamba) models with vLLM on Intel Arc Pro B70 GPUs: it starts the "
+    "server from a preset, checks the host, deploys, tests and measures the service, and "
+    "builds and releases its images."
 )
 
-# Commands of a checkout only (the wheel leaves arcvllm/ci out: pyproject.toml).
-CHECKOUT_ONLY = ("ci.standins",)
 
-# Sub-commands registered under a command from a module of their own: the command's
-# register() returns its sub-parsers.
-NESTED = {"builder.stack": ("builder.audit",), "model": ("operate.weights",)}
+class _Formatter(options._Formatter):
+    """Prints the grouped listing of the commands as written (the epilog up to EXIT_STATUS)."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        listing, sep, rest = text.partition(options.EXIT_STATUS)
+        if not listing.startswith(tuple(GROUPS)):
+            return super()._fill_text(text, width, indent)
+        return listing + super()._fill_text(sep + rest, width, indent)
 
 
 def _installed(module: str) -> bool:
@@ -59,16 +78,35 @@ def _installed(module: str) -> bool:
         return False
 
 
+def _listing(helps: dict[str, str], names: dict[str, list[str]]) -> str:
+    """The commands of each group, one a line with its help, as `--help` shows them."""
+    width = max(len(name) for name in helps) + 2
+    blocks = []
+    for group, modules in GROUPS.items():
+        lines = [f"{group}:"]
+        for module in modules:
+            lines += [f"  {name:<{width}}{helps[name]}" for name in names[module]]
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) + "\n\n"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = options.Parser(prog="arcvllm", description=__doc__.splitlines()[0])
+    parser = options.Parser(prog="arcvllm", description=DESCRIPTION, formatter_class=_Formatter)
     parser.add_argument("--version", action="version", version=f"arcvllm {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMANDS:
-        if name in CHECKOUT_ONLY and not _installed(f"arcvllm.{name}"):
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", help="one of the commands below"
+    )
+    names: dict[str, list[str]] = {}
+    for module in COMMANDS:
+        if module in CI_ONLY and not _installed(f"arcvllm.{module}"):
             continue
-        nested = importlib.import_module(f"arcvllm.{name}").register(sub)
-        for inner in NESTED.get(name, ()):
-            importlib.import_module(f"arcvllm.{inner}").register(nested)
+        before = set(sub.choices)
+        importlib.import_module(f"arcvllm.{module}").register(sub)
+        names[module] = [name for name in sub.choices if name not in before]
+    # The listing is the epilog's, grouped; argparse's own flat one (and CI's) is dropped.
+    helps = {action.dest: action.help or "" for action in sub._choices_actions}
+    sub._choices_actions.clear()
+    parser.epilog = _listing(helps, names) + (parser.epilog or "")
     return parser
 
 

@@ -15,18 +15,14 @@ lists the ledger.
 
 from __future__ import annotations
 
-import argparse
-import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from arcvllm import options
-from arcvllm.errors import ArcvllmError, UsageError
+from arcvllm.errors import ArcvllmError
 from arcvllm.paths import configs_dir
-from arcvllm.text import columns
 
 COMPONENTS = ("vllm", "vllm-xpu-kernels", "compute-runtime")
 EFFECTS = ("wrong-output", "engine-dies")
@@ -428,64 +424,3 @@ def rows(found: Sequence[Verdict]) -> list[tuple[str, ...]]:
 
 
 # ---- `arcvllm defects` ----
-
-
-def _cmd_defects(args: argparse.Namespace) -> int:
-    """List the ledger; with --stack, each defect's standing on that stack's pins."""
-    from arcvllm.builder import stack as stacks_mod
-
-    ledger = load(args.defects_file)
-    pins: dict[str, str | None] = {}
-    if args.stack:
-        stacks, _ = stacks_mod.load()
-        if args.stack not in stacks:
-            raise UsageError(f"unknown stack {args.stack!r}; stacks: {', '.join(stacks)}")
-        pins = pinned_versions(stacks[args.stack])
-    listed = []
-    for d in ledger.defects:
-        entry = {
-            "id": d.id,
-            "component": d.component,
-            "affected": d.affected,
-            "fixed": d.fixed,
-            "effect": d.effect,
-            "trigger": dict(d.trigger),
-            "patched_by": d.patched_by,
-            "url": d.url,
-            "title": d.title,
-        }
-        if args.stack:
-            entry["standing"] = d.standing(pins.get(d.component))
-        listed.append(entry)
-    if args.json:
-        print(json.dumps({"stack": args.stack, "pins": pins, "defects": listed}, indent=2))
-        return 0
-    head = ("DEFECT", "COMPONENT", "AFFECTED", "FIXED", "EFFECT", "TRIGGER")
-    table: list[tuple[str, ...]] = [head + (("STANDING",) if args.stack else ())]
-    for e in listed:
-        trigger = ", ".join(f"{k}={v}" for k, v in e["trigger"].items()) or "any preset"
-        row = (e["id"], e["component"], e["affected"], e["fixed"] or "-", e["effect"], trigger)
-        table.append(row + ((e["standing"],) if args.stack else ()))
-    print(columns(table))
-    return 0
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "defects",
-        help="the ledger of known upstream defects (configs/defects.yaml)",
-        description=_cmd_defects.__doc__,
-    )
-    parser.add_argument("--stack", help="show each defect's standing on this stack's pins")
-    add_defects_file(parser)
-    options.add_json(parser)
-    parser.set_defaults(func=_cmd_defects)
-
-
-def add_defects_file(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--defects-file",
-        type=options.existing_file,
-        default=None,
-        help="read the ledger from this file instead of configs/defects.yaml",
-    )

@@ -16,28 +16,22 @@ serve` runs it before it execs vLLM.
 
 from __future__ import annotations
 
-import argparse
 import json
 import struct
-import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from arcvllm import options
 from arcvllm.errors import CheckFailed, UsageError
 from arcvllm.presets import (
     GIB,
     GPU_GIB,
     Preset,
-    add_presets_dir,
     flag_values,
-    get_preset,
     server_command,
     speculative_config,
 )
-from arcvllm.text import columns
 
 INDEX = "model.safetensors.index.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
@@ -292,46 +286,3 @@ def model_dir(preset: Preset, extra: Sequence[str] = ()) -> Path | None:
 
 
 # ---- CLI ----
-
-
-def _cmd_check(args: argparse.Namespace) -> int:
-    preset = get_preset(args.preset, args.presets_dir)
-    directory = Path(args.dir) if args.dir else model_dir(preset)
-    if directory is None:
-        raise UsageError(f"preset {preset.name} serves a hub id ({preset.model}): give DIR")
-    findings = check(preset, directory)
-    line = problem(preset, directory, findings)
-    if args.json:
-        doc = {
-            "preset": preset.name,
-            "dir": str(directory),
-            "ok": line is None,
-            "rows": [asdict(f) for f in findings],
-        }
-        print(json.dumps(doc, indent=2))
-    else:
-        rows = [("CHECK", "RESULT", "SEEN")]
-        rows += [(f.check, "ok" if f.ok else "FAIL", f.seen) for f in findings]
-        print(columns(rows))
-    if line:
-        sys.stdout.flush()
-        raise CheckFailed(line)
-    return 0
-
-
-def register(subparsers: argparse._SubParsersAction) -> argparse._SubParsersAction:
-    parser = subparsers.add_parser(
-        "model", help="a preset's model folder: check it (here), fetch it (operate.weights)"
-    )
-    sub = parser.add_subparsers(dest="model_command", required=True, metavar="ACTION")
-    c = sub.add_parser(
-        "check",
-        help="config, quantization, tensors (mtp.* for MTP presets), size, tokenizer, template",
-        description=__doc__.splitlines()[0],
-    )
-    c.add_argument("preset", help="preset name (`arcvllm presets`)")
-    c.add_argument("dir", nargs="?", help="the model folder (default: the preset's model)")
-    add_presets_dir(c)
-    options.add_json(c, help="the checks as one JSON document")
-    c.set_defaults(func=_cmd_check)
-    return sub  # `model fetch` joins it (arcvllm.operate.weights, cli.NESTED)

@@ -239,3 +239,22 @@ def add_log_source(parser: argparse.ArgumentParser) -> None:
     logs = parser.add_mutually_exclusive_group()
     logs.add_argument("--log-file", help="the server's log file")
     logs.add_argument("--log-cmd", help="command printing the server log, e.g. 'docker logs X'")
+
+
+def add_presets_dir(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--presets-dir",
+        type=existing_dir,
+        default=os.environ.get("ARCVLLM_PRESETS_DIR") or None,
+        help="read presets from this folder instead of the ones arcvllm ships "
+        "(default: $ARCVLLM_PRESETS_DIR)",
+    )
+
+
+def add_defects_file(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--defects-file",
+        type=existing_file,
+        default=None,
+        help="read the ledger from this file instead of configs/defects.yaml",
+    )

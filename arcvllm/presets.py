@@ -13,7 +13,6 @@ import contextlib
 import importlib
 import io
 import json
-import os
 import re
 import shlex
 import sys
@@ -22,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from arcvllm import options
 from arcvllm.builder.stack import FLAVORS
 from arcvllm.errors import ArcvllmError, UsageError, status
 from arcvllm.paths import configs_dir
@@ -948,95 +946,3 @@ def _check_defects(presets: Mapping[str, Preset], ledger_path: Path | None, doc:
                 f"{DEFAULT_XPU_PRESET}\n"
             )
     return status(problem is not None)
-
-
-# ---- CLI ----
-
-
-def _cmd_presets(args: argparse.Namespace) -> int:
-    """List the presets, or check them against the vLLM releases of their stacks."""
-    presets = load_all(args.presets_dir)
-    if not args.check:
-        if args.json:
-            listed = [
-                {
-                    "name": p.name,
-                    "model": p.model,
-                    "flavor": p.flavor,
-                    "gpus": p.gpus,
-                    "stacks": list(p.stacks),
-                }
-                for p in presets.values()
-            ]
-            print(json.dumps(listed, indent=2))
-            return 0
-        rows = [("NAME", "MODEL", "GPUS", "STACKS")]
-        for p in presets.values():
-            gpus = f"{p.gpus}x B70" if p.flavor == "xpu" else "cpu"
-            rows.append((p.name, p.model, gpus, ",".join(p.stacks)))
-        print(columns(rows))
-        return 0
-    doc: dict[str, Any] = {"json": args.json, "vllm": None, "problems": []}
-    versions = stack_vllm_versions()
-    doc["problems"] += [line for p in presets.values() for line in stack_problems(p, versions)]
-    defects_status = _check_defects(presets, args.defects_file, doc)
-    status = _check_arguments(presets, doc)
-    if status is None:
-        if not args.json:
-            print("no vLLM in this Python: argument check left to the release's Python")
-        status = 0
-    status = max(status, defects_status)
-    if doc["problems"]:
-        status = max(status, 1)
-    if args.kernels:
-        status = max(status, _check_kernels(presets, args.release, doc))
-    del doc["json"]
-    doc["ok"] = status == 0
-    if args.json:
-        print(json.dumps(doc, indent=2))
-    for problem in doc["problems"]:
-        print(f"arcvllm: {problem}", file=sys.stderr)
-    return status
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "presets", help="list the deployment presets", description=_cmd_presets.__doc__
-    )
-    parser.add_argument(
-        "--check",
-        action="store_true",
-        help="parse every preset this vLLM's stacks cover with the installed vLLM's parser; "
-        "run each XPU stack's kernel selection on every preset's model; fit the memory "
-        "(exit 1 when a check fails)",
-    )
-    parser.add_argument(
-        "--kernels",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="with --check: the kernel table and memory fit (default: on)",
-    )
-    parser.add_argument(
-        "--release",
-        action="append",
-        default=[],
-        metavar="VERSION=PYTHON[:SITE]",
-        help="run vLLM VERSION's selection in PYTHON (with SITE on its path) instead of "
-        "the test venvs (build/venvs, $ARCVLLM_TEST_VENVS)",
-    )
-    add_presets_dir(parser)
-    from arcvllm.defects import add_defects_file
-
-    add_defects_file(parser)
-    options.add_json(parser)
-    parser.set_defaults(func=_cmd_presets)
-
-
-def add_presets_dir(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--presets-dir",
-        type=options.existing_dir,
-        default=os.environ.get("ARCVLLM_PRESETS_DIR") or None,
-        help="read presets from this folder instead of the ones arcvllm ships "
-        "(default: $ARCVLLM_PRESETS_DIR)",
-    )

@@ -39,6 +39,26 @@ def test_every_command_module_is_in_the_tree():
     assert len([path for path in EVERY if len(path) == 1]) == len(cli.COMMANDS)
 
 
+def test_help_groups_the_commands_for_operators_and_hides_ci(capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "Serve and operate:\n  serve " in out and "\nBuild and release:\n  image " in out
+    assert out.index("Serve and operate:") < out.index("Build and release:")
+    assert "standins" not in out and "{" not in out  # no flat list of every choice
+    listing = out[out.index("Serve and operate:") : out.index(options.EXIT_STATUS)]
+    listed = re.findall(r"^  ([a-z-]+)  ", listing, re.MULTILINE)
+    assert sorted(listed) == sorted({p[0] for p in EVERY if len(p) == 1} - {"standins"})
+
+
+def test_a_ci_command_still_runs_in_a_checkout(capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main(["standins", "--help"])
+    assert done.value.code == 0
+    assert "stand-ins" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("path", EVERY, ids=lambda p: " ".join(("arcvllm", *p)))
 def test_help_shows_the_exit_status_table(path, capsys):
     with pytest.raises(SystemExit) as done:
@@ -149,7 +169,7 @@ def test_a_missing_extra_names_it():
 def test_a_missing_extra_is_one_line_and_exit_3(monkeypatch, capsys):
     """A command that needs an absent module: main prints one line, no traceback."""
     from arcvllm import options
-    from arcvllm.builder import toolchain
+    from arcvllm.commands import toolchain
 
     monkeypatch.setattr(toolchain, "_cmd", lambda args: options.require("arcvllm_no_such", "bench"))
     assert cli.main(["toolchain"]) == 3

@@ -5,9 +5,6 @@ report), with a Python that carries vLLM for vLLM's own part (the image's, by de
 runner: vLLM's benchmark in a Python that carries vLLM; measurements: block-boundary
 inter-token latency and the prefix cache, against the same server; reference: the
 headline numbers and their ratios to the preset's reference figures; plot: latency over
-position (matplotlib, the 'bench' extra); command: `arcvllm bench` and `bench replot`.
+position (matplotlib, the 'bench' extra); session: a run, its report and its replot (the
+command is arcvllm.commands.bench).
 """
-
-from arcvllm.bench.command import register
-
-__all__ = ["register"]

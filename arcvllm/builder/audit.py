@@ -12,19 +12,16 @@ one that no longer differs. The stack's XPU lock must be what `arcvllm stack loc
 
 from __future__ import annotations
 
-import argparse
-import json
 import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from arcvllm import options
 from arcvllm.builder import index, lock
 from arcvllm.builder.facts import Facts, our_facts, release_facts, requirement_facts
 from arcvllm.builder.sdist import Release, default_cache, release_of
-from arcvllm.errors import ArcvllmError, Unavailable, UsageError, status
+from arcvllm.errors import ArcvllmError, Unavailable, UsageError
 from arcvllm.paths import data_root
 from arcvllm.text import columns
 
@@ -270,46 +267,3 @@ def _uv_version() -> str:
         return version("uv")
     except PackageNotFoundError:
         return "(not installed)"
-
-
-def _cmd(args: argparse.Namespace) -> int:
-    options = {"file": args.stacks_file, "cache": args.cache_dir, "sdist": args.sdist}
-    if args.action == "lock":
-        written = write_lock(args.name, **options)
-        print(json.dumps({"stack": args.name, "lock": str(written)}) if args.json else written)
-        return 0
-    result = audit(args.name, dockerfile=args.dockerfile, **options)
-    if args.json:
-        print(json.dumps(result.as_json(), indent=2))
-    else:
-        print(table(result.rows))
-    for line in result.problems():
-        print(f"arcvllm: {line}", file=sys.stderr)
-    return status(bool(result.problems()))
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    """`stack audit` and `stack lock`, under the `stack` command."""
-    for action, text in (
-        ("audit", "compare an XPU stack with its release's own Dockerfile.xpu and lock"),
-        ("lock", "write an XPU stack's lock from its release's resolved XPU lock"),
-    ):
-        parser = sub.add_parser(action, help=text, description=text)
-        parser.add_argument("name", metavar="STACK")
-        parser.add_argument(
-            "--cache-dir", type=Path, default=None, help="sdist folder (default: build/sdists)"
-        )
-        parser.add_argument(
-            "--sdist", type=options.existing_file, default=None, help="this sdist file instead"
-        )
-        if action == "audit":
-            options.add_json(parser, help="the facts as JSON")
-            parser.add_argument(
-                "--dockerfile",
-                type=options.existing_file,
-                default=None,
-                help="another Dockerfile of ours",
-            )
-        else:
-            options.add_json(parser, help="the stack and the lock file written, as JSON")
-        parser.set_defaults(func=_cmd)

@@ -11,7 +11,6 @@ fails with such an error alone (TRANSIENT) is run once more and says so.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
 import shutil
@@ -21,10 +20,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from arcvllm import __version__, options
+from arcvllm import __version__
 from arcvllm.builder.stack import Stack
 from arcvllm.engine import docker_binary
-from arcvllm.errors import ArcvllmError, CheckFailed, Unavailable, UsageError
+from arcvllm.errors import ArcvllmError, Unavailable, UsageError
 from arcvllm.paths import checkout_root
 
 # Engine failures that a second run of the same build (from its cache) gets past: what
@@ -323,37 +322,6 @@ def rehearse(args) -> int:
     return 0
 
 
-def _cmd(args) -> int:
-    if args.rehearsal:
-        return rehearse(args)
-    if len(args.side or ()) > 1:  # the side images one after the other, each its own tag
-        if args.tag or args.stack or args.target:
-            raise UsageError("several --side images take no stack, --tag or --target")
-        return max(_cmd(argparse.Namespace(**{**vars(args), "side": [s]})) for s in args.side)
-    side = args.side[0] if args.side else None
-    name = args.stack
-    if name is None and side is None:
-        name = default_stack(args.flavor, args.stacks_file)
-    unknown_stack(name, args.stacks_file)
-    spec = spec_for(name, side, args.ci, args.flavor, args.stacks_file)
-    if args.target:
-        spec.target = args.target
-    if args.tag:
-        spec.tags = args.tag
-    elif not spec.tags:
-        spec.tags = [tag_for(spec.stack.name, args.env_file)]
-    spec.oci_layout = args.oci_layout
-    spec.flags = shlex.split(args.docker_flags)
-    argv = build(spec, dry_run=args.dry_run)
-    if args.json:
-        import json
-
-        print(json.dumps({"tags": list(spec.tags), "built": not args.dry_run, "argv": argv}))
-    elif args.dry_run:
-        print(shlex.join(argv))
-    return 0
-
-
 def wheelhouse(source: Path | None, dest: Path) -> list[Path]:
     """DEST (the build context's build/wheelhouse) with every wheel of SOURCE linked in (or
     copied, across file systems): wheels no index has, e.g. torch +cpu. SOURCE: pip's
@@ -377,109 +345,3 @@ def wheelhouse(source: Path | None, dest: Path) -> list[Path]:
             shutil.copy2(wheel, target)
         made.append(target)
     return made
-
-
-def _cmd_wheelhouse(args) -> int:
-    made = wheelhouse(args.source, args.dest or checkout_root() / "build" / "wheelhouse")
-    if args.json:
-        import json
-
-        print(json.dumps({"wheels": [str(p) for p in made]}))
-    return 0
-
-
-def _cmd_sums(args) -> int:
-    """Every download of the stack pinned (fetching and recording the unpinned ones)."""
-    from arcvllm.builder import stack, sums
-
-    the_stack = stack.get(args.stack)
-    values = sums.apply(the_stack.name, the_stack.build_args())
-    pinned = {k: values.get(k, "") for a, k in sums.PAIRS.items() if values.get(a)}
-    if args.write:
-        path = stack.stacks_file()
-        path.write_text(sums.pin(path, the_stack.name, pinned))
-        if sums.unpinned(stack.get(the_stack.name).build_args()):
-            raise CheckFailed(f"{path}: {the_stack.name}'s sums did not all land in it")
-        print(f"arcvllm: {the_stack.name}: every download pinned in {path}", file=sys.stderr)
-    if args.json:
-        import json
-
-        print(json.dumps({"stack": the_stack.name, "sums": pinned}, indent=2))
-    else:
-        for key, value in pinned.items():
-            print(f"{key}={value}")
-    return 0
-
-
-def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "image",
-        help="build an image of docker/Dockerfile (a stack's server, or a side image)",
-        description="Build the server image of a stack (target runtime) or a side image "
-        "(gateway, router, prometheus, alertmanager) with the stack's pinned args, the "
-        "commit's revision and time, and the CA bundle as a secret.",
-    )
-    sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
-    b = sub.add_parser("build", help="build one image")
-    b.add_argument(
-        "stack",
-        nargs="?",
-        help="the stack (default: the --flavor's default stack, the flavour by default xpu "
-        "where this host has a render node, else cpu)",
-    )
-    b.add_argument(
-        "--side",
-        action="append",
-        help="a side image of configs/stacks.yaml (side_images); repeat for several",
-    )
-    b.add_argument("--target", help="a Dockerfile target other than the image's own")
-    b.add_argument(
-        "--tag",
-        action="append",
-        help="the image's tag (repeatable; default: IMAGE of --env-file or the shell, else "
-        "arcvllm:STACK; a side image's own)",
-    )
-    b.add_argument(
-        "--env-file",
-        type=options.existing_file,
-        help="the settings file whose IMAGE tags the server image (the one `make up` runs)",
-    )
-    b.add_argument(
-        "--rehearsal",
-        action="store_true",
-        help="CI: an XPU stack (default: the default one) with its stand-ins, stage for stage: "
-        "arcvllm:STACK-ci (the vllm stage) and arcvllm:STACK-ci-user (the runtime's user)",
-    )
-    b.add_argument("--flavor", choices=("cpu", "xpu"), help="fail unless the stack is this")
-    b.add_argument("--ci", action="store_true", help="CI: an XPU stack with its stand-ins")
-    b.add_argument("--oci-layout", type=Path, help="export an OCI layout directory (reproducible)")
-    b.add_argument("--stacks-file", type=options.existing_file, default=None)
-    b.add_argument("--dry-run", action="store_true", help="print the command, build nothing")
-    b.add_argument(
-        "--docker-flags", default="", help="more flags for docker build, one string (shell words)"
-    )
-    b.set_defaults(func=_cmd)
-    su = sub.add_parser(
-        "sums",
-        help="pin every download of a stack: the unpinned ones fetched once and recorded "
-        "in configs/trusted-sums.txt (trust on first use)",
-    )
-    su.add_argument("stack")
-    su.add_argument(
-        "--write", action="store_true", help="pin them in configs/stacks.yaml (the release's PR)"
-    )
-    su.set_defaults(func=_cmd_sums)
-    w = sub.add_parser(
-        "wheelhouse",
-        help="link the local wheel folder into the build context (build/wheelhouse)",
-    )
-    w.add_argument(
-        "--from",
-        dest="source",
-        type=options.existing_dir,
-        help="the wheel folder (default: pip's find-links here, else /opt/wheels)",
-    )
-    w.add_argument("--dest", type=Path, help="default: the checkout's build/wheelhouse")
-    w.set_defaults(func=_cmd_wheelhouse)
-    for each in (b, su, w):
-        options.add_json(each)

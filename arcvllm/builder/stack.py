@@ -7,14 +7,11 @@ the presets all read the same pins.
 
 from __future__ import annotations
 
-import argparse
-import json
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from arcvllm import options
 from arcvllm.errors import ArcvllmError, Unavailable, UsageError
 from arcvllm.paths import configs_dir
 from arcvllm.text import columns
@@ -250,91 +247,3 @@ def stack_json(stack: Stack) -> dict:
             k: {"value": p.value, "from": " ".join(p.source.split())} for k, p in stack.args.items()
         },
     }
-
-
-def _cmd(args: argparse.Namespace) -> int:
-    as_json = getattr(args, "json", False)
-    if args.action in (None, "list"):
-        stacks, defaults = load(args.stacks_file)
-        if as_json:
-            listed = [
-                {
-                    "name": s.name,
-                    "flavor": s.flavor,
-                    "vllm": s.vllm_version,
-                    "description": s.description,
-                    "default": defaults.get(s.flavor) == s.name,
-                }
-                for s in stacks.values()
-            ]
-            print(json.dumps(listed, indent=2))
-        else:
-            print(render_table(stacks, defaults))
-        return 0
-    if args.action == "default":
-        _, defaults = load(args.stacks_file)
-        if args.name not in defaults:
-            raise UsageError(f"no default stack for flavour {args.name!r}")
-        doc = {"flavor": args.name, "stack": defaults[args.name]}
-        print(json.dumps(doc) if as_json else defaults[args.name])
-        return 0
-    try:
-        stack = get(args.name, args.stacks_file, getattr(args, "flavor", None))
-    except ArcvllmError as exc:  # a stack named on the command line
-        raise UsageError(str(exc)) from None
-    if args.action == "show":
-        print(json.dumps(stack_json(stack), indent=2) if as_json else render_stack(stack))
-        return 0
-    if args.action == "build-args":
-        values = ci_build_args(stack, args.standins_dir) if args.ci else stack.resolved_build_args()
-        print(json.dumps(values, indent=2) if as_json else render_build_args(values))
-    elif args.action == "get":
-        try:
-            value = lookup(stack, args.key)
-        except ArcvllmError as exc:  # a key named on the command line
-            raise UsageError(str(exc)) from None
-        doc = {"stack": stack.name, "key": args.key, "value": value}
-        print(json.dumps(doc) if as_json else value)
-    return 0
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "stack",
-        help="the pinned stacks (configs/stacks.yaml) the images are built from",
-        description="List and show the pinned stacks; print one as Docker build args.",
-    )
-    parser.add_argument(
-        "--stacks-file",
-        type=options.existing_file,
-        default=None,
-        help="another stacks file (default: the bundled configs/stacks.yaml)",
-    )
-    parser.set_defaults(func=_cmd, action=None)
-    sub = parser.add_subparsers(dest="action", metavar="ACTION")
-    listing = sub.add_parser("list", help="the stacks, one a line (the default)")
-    show = sub.add_parser("show", help="every pin of a stack and where it came from")
-    show.add_argument("name")
-    build = sub.add_parser("build-args", help="the stack as `--build-arg K=V` for docker build")
-    build.add_argument("name")
-    build.add_argument("--flavor", choices=FLAVORS, help="fail unless the stack is this flavour")
-    build.add_argument(
-        "--ci",
-        action="store_true",
-        help="CI: the stack's own args, with what CI cannot reach pointing at its stand-ins "
-        "(arcvllm/ci/standins.yaml; scripts/ci/standins.sh makes them)",
-    )
-    build.add_argument(
-        "--standins-dir",
-        type=Path,
-        default=None,
-        help="where scripts/ci/standins.sh put the stand-ins (default: build/wheelhouse/standins)",
-    )
-    get_ = sub.add_parser("get", help="one build arg's value (e.g. VLLM_VERSION)")
-    get_.add_argument("name")
-    get_.add_argument("key")
-    default = sub.add_parser("default", help="the default stack of a flavour")
-    default.add_argument("name", metavar="FLAVOR", choices=FLAVORS)
-    for each in (listing, show, build, get_, default):
-        options.add_json(each)
-    return sub  # `stack audit` and `stack lock` (arcvllm.builder.audit) go under it: cli.NESTED

@@ -27,13 +27,11 @@ here (no files, no network), the weights come from a seeded generator.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 from pathlib import Path
 
-from arcvllm import options
-from arcvllm.errors import Unavailable, UsageError
+from arcvllm.errors import UsageError
 
 SERVED_NAME = "tiny-hybrid"
 VOCAB_SIZE = 512
@@ -282,38 +280,3 @@ def build(out_dir: Path, seed: int = 0, mtp: bool = True) -> Path:
     for path in out_dir.iterdir():
         path.chmod(0o644)
     return out_dir
-
-
-def _cmd_build(args: argparse.Namespace) -> int:
-    try:
-        import torch  # noqa: F401
-        import transformers  # noqa: F401
-    except ModuleNotFoundError as exc:
-        raise Unavailable(
-            f"`tinymodel build` needs the vLLM environment ({exc.name} is missing)"
-        ) from exc
-    path = build(Path(args.dir), seed=args.seed, mtp=args.mtp)
-    if args.json:
-        summary = json.loads((path / "arcvllm-tinymodel.json").read_text())
-        print(json.dumps({"dir": str(path), **summary}, indent=2))
-    else:
-        print(f"tiny hybrid model written to {path} (serve it as {SERVED_NAME!r})")
-    return 0
-
-
-def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "tinymodel", help="build the tiny hybrid MoE model used by the CPU flavour"
-    )
-    sub = parser.add_subparsers(dest="tinymodel_command", required=True, metavar="ACTION")
-    b = sub.add_parser("build", help="write the model (random bf16 weights, local tokenizer)")
-    b.add_argument("dir", help="output folder (created; must be empty)")
-    b.add_argument("--seed", type=int, default=0, help="seed for tokenizer text and weights")
-    b.add_argument(
-        "--mtp",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="write the MTP layer's mtp.* weights (--no-mtp: leave them out, config unchanged)",
-    )
-    options.add_json(b, help="print the folder, seed, served name and parameter count as JSON")
-    b.set_defaults(func=_cmd_build)

@@ -10,19 +10,15 @@ library folders found the way the driver finds them, and names the first missing
 
 from __future__ import annotations
 
-import argparse
 import ctypes
-import json
 import os
 import shutil
 import subprocess
 import sysconfig
-import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from arcvllm import options
 from arcvllm.errors import Unavailable
 
 LAUNCHER = r"""
@@ -120,30 +116,3 @@ def check(workdir: Path) -> Toolchain:
     except OSError as exc:
         raise Unavailable(f"the launcher does not load: {exc}") from None
     return tc
-
-
-def _cmd(args: argparse.Namespace) -> int:
-    with tempfile.TemporaryDirectory(prefix="arcvllm-toolchain-") as tmp:
-        try:
-            tc = check(Path(tmp))
-        except Unavailable as exc:
-            if args.json:
-                print(json.dumps({"ok": False, "problem": str(exc)}, indent=2))
-            raise
-    if args.json:
-        print(json.dumps({"ok": True, **asdict(tc)}, indent=2))
-    else:
-        for key, value in asdict(tc).items():
-            print(f"{key:20} {value}")
-        print("toolchain: the Triton launcher builds, links -lsycl -lze_loader and loads")
-    return 0
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "toolchain",
-        help="check the compiler, headers and libraries Triton's XPU launcher needs",
-        description=__doc__.splitlines()[0],
-    )
-    options.add_json(parser)
-    parser.set_defaults(func=_cmd)

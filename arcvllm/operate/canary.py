@@ -12,14 +12,11 @@ deploy/prometheus/rules/canary.yml turns that into an alert for Alertmanager.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
 
-from arcvllm import options
 from arcvllm.errors import ArcvllmError
-from arcvllm.server.report import Report, table
+from arcvllm.server.report import Report
 from arcvllm.text import error_line
 from arcvllm.verify import plan as P
 
@@ -126,60 +123,3 @@ def one_round(opts, metrics: Metrics) -> tuple[str, Report | None]:
     if error:
         print(f"arcvllm canary: round failed: {error}", file=sys.stderr, flush=True)
     return result, report
-
-
-def _cmd(args: argparse.Namespace) -> int:
-    from prometheus_client import start_http_server
-
-    from arcvllm.verify.command import options_from
-
-    opts = options_from(args, rows=ROWS)
-    metrics = Metrics(args.acceptance_floor)
-    if args.once:
-        result, report = one_round(opts, metrics)
-        if report is not None:
-            print(report.to_json() if args.json else table(report, "canary"), flush=True)
-        return 0 if result == "pass" else 1
-    start_http_server(args.port, addr=args.listen, registry=metrics.registry)
-    print(f"arcvllm canary: metrics on {args.listen}:{args.port}/metrics", flush=True)
-    while True:
-        result, report = one_round(opts, metrics)
-        failed = report.failed if report is not None else []
-        if args.json:
-            print(json.dumps({"round": result, "failed": failed}), flush=True)
-        else:
-            why = f": {', '.join(failed)}" if failed else ""
-            print(f"arcvllm canary: round {result}{why}", flush=True)
-        time.sleep(args.interval)
-
-
-def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "canary",
-        help="check a serving deployment's output every few minutes; Prometheus metrics",
-        description=DESCRIPTION,
-    )
-    options.add_server(parser)
-    parser.add_argument("--model", help="served model name (default: the only one served)")
-    parser.add_argument("--preset", help="take the served model name (and chunk) from this preset")
-    parser.add_argument(
-        "--request-timeout", type=float, default=600.0, help="seconds per request (600)"
-    )
-    options.add_metrics_url(parser)
-    parser.set_defaults(rows=ROWS, log_file=None, log_cmd=None, max_num_batched_tokens=None)
-    parser.add_argument(
-        "--interval", type=float, default=INTERVAL, help=f"seconds between rounds ({INTERVAL:g})"
-    )
-    parser.add_argument("--port", type=int, default=PORT, help=f"the metrics port ({PORT})")
-    parser.add_argument("--listen", default="0.0.0.0", help="the metrics address (0.0.0.0)")
-    parser.add_argument(
-        "--acceptance-floor",
-        type=float,
-        default=ACCEPTANCE_FLOOR,
-        help=f"alert when a speculating server accepts fewer drafts ({ACCEPTANCE_FLOOR})",
-    )
-    parser.add_argument(
-        "--once", action="store_true", help="one round, its table, exit 1 unless it passed"
-    )
-    options.add_json(parser, help="--once: the round's report; else a JSON line per round")
-    parser.set_defaults(func=_cmd)

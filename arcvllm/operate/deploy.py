@@ -26,7 +26,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from arcvllm import options
 from arcvllm.builder import stack
 from arcvllm.engine import docker_binary
 from arcvllm.errors import ArcvllmError, CheckFailed, Unavailable, UsageError
@@ -279,7 +278,7 @@ def smoke_project(single: Single, folder: Path, env_file: Path) -> compose.Proje
 
 def smoke(args: argparse.Namespace) -> int:
     from arcvllm.server.log import LogSource
-    from arcvllm.smoke.command import finish, options_from
+    from arcvllm.smoke.session import finish, options_from
 
     single = resolve(args)
     folder = Path(args.secrets).resolve()
@@ -325,7 +324,7 @@ def verify(args: argparse.Namespace) -> int:
     deployment's acceptance test before it takes traffic (docs/verify.md)."""
     from arcvllm.server.client import Client, WaitTimeout
     from arcvllm.server.log import LogSource
-    from arcvllm.verify.command import finish, options_from
+    from arcvllm.verify.session import finish, options_from
 
     single = resolve(args)
     folder = Path(args.secrets).resolve()
@@ -425,13 +424,6 @@ def key(args: argparse.Namespace) -> int:
     return 0
 
 
-def doctor(args: argparse.Namespace) -> int:
-    from arcvllm.operate.doctor import preflight
-
-    single = resolve(args)
-    return preflight(Host(settings=single.settings), single.preset, args.json)
-
-
 BENCH_SCRATCH = "/tmp/arcvllm-bench"  # inside the container
 
 
@@ -461,168 +453,11 @@ def bench(args: argparse.Namespace) -> int:
     if subprocess.run(copy).returncode != 0:
         raise Unavailable(f"docker cp of {BENCH_SCRATCH} out of {cid} failed")
     if not (out / "bench.png").exists():  # the image may carry no matplotlib: drawn here
-        from arcvllm.bench.command import replot
+        from arcvllm.bench.session import replot
 
         replot(out / "bench.json")
     print(f"bench results in {out}", file=sys.stderr)
     return 0
 
 
-def field_report(args: argparse.Namespace) -> int:
-    from arcvllm.operate import fieldreport
-
-    single = resolve(args)
-    args.compose = single.compose().shell()
-    args.service = single.service
-    args.image = single.image
-    args.env_file = single.env_file
-    args.out = args.out or f"reports/field-report-{single.stack}.tar.gz"
-    return fieldreport.run(args)
-
-
 # ---- the command ----
-
-
-def add_names(parser: argparse.ArgumentParser, project: str, port: str | None, preset=True):
-    """The options that name a deployment; PROJECT and PORT their defaults here."""
-    parser.add_argument(
-        "--env-file",
-        type=options.existing_file,
-        default="docker/arcvllm.env",
-        help="the settings file (docker/arcvllm.env)",
-    )
-    parser.add_argument("--flavor", choices=stack.FLAVORS, help="default: the stack's, else xpu "
-                        "where this host has a render node, else cpu")  # fmt: skip
-    parser.add_argument("--stack", help="default: the flavour's default stack")
-    if preset:
-        parser.add_argument(
-            "--preset",
-            help="default: ARCVLLM_PRESET (XPU) or CPU_PRESET (CPU) of the shell, else of the "
-            "settings file, else the stack's; a preset alone also chooses the flavour",
-        )
-    parser.add_argument("--image", help="default: IMAGE (shell, settings), else arcvllm:STACK")
-    parser.add_argument("--gateway-image", help="default: GATEWAY_IMAGE, else stacks.yaml's")
-    where = f"{port}" if port else f"PORT (shell, settings), else {DEFAULT_PORT}"
-    parser.add_argument("--port", default=port, help=f"the gateway's published port ({where})")
-    parser.add_argument(
-        "--project",
-        default=project,
-        help=f"the compose project: a second deployment on this host needs its own ({project})",
-    )
-    parser.add_argument(
-        "--gpus-file", help=f"XPU: the file of this host's B70s ({compose.gpus_file()})"
-    )
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "deploy",
-        help="compose.yaml's server and gateway: up, down, logs, key, smoke, bench, doctor, report",
-        description=__doc__.split("\n\n")[1],
-    )
-    sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
-    start = sub.add_parser("up", help="check the settings and the key file, then compose up -d")
-    stop = sub.add_parser("down", help="stop and remove the service (volumes kept unless -v)")
-    stop.add_argument(
-        "-v", "--volumes", action="store_true", help="the cache volumes too (compile caches)"
-    )
-    follow = sub.add_parser("logs", help="follow the server's log")
-    follow.add_argument("--tail", type=int, default=200, help="lines of the past first (200)")
-    for each in (start, stop, follow):
-        add_names(each, PROJECT, None)
-        each.add_argument("--dry-run", action="store_true", help="print the compose command")
-        options.add_json(each, help="the deployment and the compose command as JSON (logs: "
-                         "instead of following them)")  # fmt: skip
-    start.set_defaults(func=up)
-    stop.set_defaults(func=down)
-    follow.set_defaults(func=logs)
-
-    from arcvllm.smoke.command import add_checks
-
-    test = sub.add_parser(
-        "smoke",
-        help="the smoke test through the gateway, in a project of its own, stopped after",
-        description="Start the server and the gateway as their own compose project on their "
-        "own port (a throwaway key and self-signed certificate, the gateway's diagnostic "
-        "routes on), run the smoke test through the gateway, save the server's log beside "
-        "the report (.log), and remove the project, its volumes and the secrets, pass or fail.",
-    )
-    add_names(test, SMOKE_PROJECT, SMOKE_PORT, preset=False)
-    add_checks(test, health_timeout=None)
-    test.add_argument(
-        "--secrets",
-        default=str(checkout_root() / "build" / "smoke-gateway"),
-        help="where the throwaway key and certificate are made (removed at the end)",
-    )
-    test.add_argument(
-        "--emulate-high-addresses",
-        action="store_true",
-        help=f"{ENV}=1 in the container (XPU-like mamba copy pointers): must pass, "
-        "with the emulation's banner in the log (report: reports/smoke-STACK-emulated.json)",
-    )
-    test.add_argument("--dry-run", action="store_true", help="print the compose commands")
-    test.set_defaults(func=smoke)
-
-    from arcvllm.verify.command import add_rows
-
-    accept = sub.add_parser(
-        "verify",
-        help="arcvllm verify through the gateway, in a project of its own, stopped after",
-        description="Start the server and the gateway as their own compose project on their "
-        "own port (a throwaway key and self-signed certificate), run `arcvllm verify` through "
-        "the gateway (every mamba-state path checked against the model itself), save the "
-        "server's log beside the report (.log), and remove the project, its volumes and the "
-        "secrets, pass or fail. The acceptance test of a host before it takes traffic.",
-    )
-    add_names(accept, VERIFY_PROJECT, VERIFY_PORT, preset=False)
-    add_rows(accept)
-    accept.add_argument(
-        "--health-timeout", type=float, help="seconds to wait for the server (600 CPU, 900 XPU)"
-    )
-    accept.add_argument(
-        "--secrets",
-        default=str(checkout_root() / "build" / "verify-gateway"),
-        help="where the throwaway key and certificate are made (removed at the end)",
-    )
-    accept.add_argument("--dry-run", action="store_true", help="print the compose commands")
-    accept.set_defaults(func=verify)
-
-    make_key = sub.add_parser(
-        "key",
-        help="make the API key file, readable by the containers' user (UID 1000) only",
-        description=key.__doc__,
-    )
-    make_key.add_argument(
-        "--env-file",
-        type=options.existing_file,
-        default="docker/arcvllm.env",
-        help="the settings file whose VLLM_API_KEY_FILE is made (docker/arcvllm.env)",
-    )
-    make_key.add_argument("--out", help="this file instead of VLLM_API_KEY_FILE")
-    make_key.add_argument("--force", action="store_true", help="replace an existing key file")
-    options.add_json(make_key, help="the file made, as JSON (never the key)")
-    make_key.set_defaults(func=key)
-
-    check_host = sub.add_parser("doctor", help="host preflight for the deployment's preset")
-    add_names(check_host, PROJECT, None)
-    options.add_json(check_host)
-    check_host.set_defaults(func=doctor)
-
-    measure = sub.add_parser("bench", help="benchmark the running server: JSON + PNG in --out")
-    add_names(measure, PROJECT, None)
-    measure.add_argument("--out", default="reports/bench", help="results folder (reports/bench)")
-    measure.add_argument("--vllm-python", help="a Python with vLLM: run from this host instead")
-    measure.add_argument("--tokenizer", help="with --vllm-python: the model's tokenizer")
-    measure.add_argument("--bench-args", default="", help="more `arcvllm bench` options")
-    options.add_json(measure, help="what `arcvllm bench` prints with --json")
-    measure.set_defaults(func=bench)
-
-    from arcvllm.operate.fieldreport import add_options
-
-    report = sub.add_parser(
-        "field-report", help="the running service in one tarball (arcvllm field-report)"
-    )
-    add_names(report, PROJECT, None)
-    report.add_argument("--out", help="the tarball (reports/field-report-STACK.tar.gz)")
-    add_options(report)
-    report.set_defaults(func=field_report)

@@ -10,14 +10,12 @@ code non-zero.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
-from arcvllm import options
 from arcvllm.errors import CheckFailed
 from arcvllm.operate import weights
 from arcvllm.operate.host import (
@@ -27,7 +25,6 @@ from arcvllm.operate.host import (
     level_zero_devices,
     render_nodes,
 )
-from arcvllm.operate.settings import load as load_settings
 from arcvllm.operate.settings import render_gid_mismatch
 from arcvllm.presets import DEFAULT_XPU_PRESET, Preset, get_preset
 
@@ -703,35 +700,3 @@ def preflight(host: Host, preset_name: str | None, as_json: bool = False) -> int
     if failed:
         raise CheckFailed(f"cannot serve {preset.name}: {', '.join(failed)}")
     return 0
-
-
-def _cmd_doctor(args: argparse.Namespace) -> int:
-    host = Host(root=args.root, settings=load_settings(args.env_file) if args.env_file else {})
-    return preflight(host, args.preset, args.json)
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "doctor",
-        help="host preflight: can this host serve a preset?",
-        description="Check GPU nodes, driver, runtime, shared memory, RAM and disk for a preset.",
-    )
-    parser.add_argument(
-        "--preset",
-        help=f"default: $ARCVLLM_PRESET, else the --env-file's, else {DEFAULT_PRESET}",
-    )
-    parser.add_argument(
-        "--root",
-        default="/",
-        type=options.existing_dir,
-        help="read every file (/dev, /sys, /proc, /lib, /etc) and find every tool under this root",
-    )
-    parser.add_argument(
-        "--env-file",
-        type=options.existing_file,
-        help="the settings file (docker/arcvllm.env): its ARCVLLM_PRESET is the preset checked "
-        "unless named, its RENDER_GID is checked against the render nodes' group (default: "
-        "$RENDER_GID, as compose hands it to the container)",
-    )
-    options.add_json(parser, help="the report as JSON")
-    parser.set_defaults(func=_cmd_doctor)

@@ -24,7 +24,6 @@ from pathlib import Path
 
 import yaml
 
-from arcvllm import options
 from arcvllm.engine import docker_binary
 from arcvllm.errors import Degraded, Unavailable, UsageError
 from arcvllm.operate import compose, replicas
@@ -345,72 +344,3 @@ def down(args: argparse.Namespace) -> int:
     else:
         print(f"{args.project}: down; named volumes kept (compile caches, Prometheus data)")
     return 0
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "scale",
-        help="N replicas behind vLLM's router (docker/compose.scale.yaml), started or stopped",
-        description=__doc__.splitlines()[0],
-    )
-    sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
-    start = sub.add_parser(
-        "up",
-        help="start N replicas + the router; wait until they serve",
-        description="Start N replicas (one Arc Pro B70 each) and the gateway, wait until "
-        "they are healthy, then start the router with the healthy ones and wait until it "
-        "serves. A replica that is not healthy by --timeout while another is gets stopped "
-        "alone and named (exit 4); with none healthy, everything started is stopped (exit 3).",
-        exit_rows=EXIT_ROWS,
-    )
-    start.add_argument("--replicas", type=int, default=2, help="how many, one Arc Pro B70 each (2)")
-    start.add_argument("--cpu", action="store_true", help="two CPU replicas of the tiny model")
-    start.add_argument(
-        "--monitoring",
-        action="store_true",
-        help="Prometheus and Alertmanager too (ALERT_WEBHOOK_URL)",
-    )
-    start.add_argument("--timeout", type=float, default=1800.0, help="replica health, s (1800)")
-    start.add_argument("--router-timeout", type=float, default=60.0, help="router ready, s (60)")
-    start.add_argument("--dev-root", default="/", help=argparse.SUPPRESS)
-    made = sub.add_parser(
-        "render",
-        help="write the XPU replicas' compose file for this host's B70s (compose by hand)",
-        description="Write the compose file of N XPU replicas, one Arc Pro B70 of this host "
-        "each (its render node, by-path entry and GID only), to use after compose.yaml and "
-        "compose.scale.yaml. `scale up` writes the same file for itself.",
-    )
-    made.add_argument("--replicas", type=int, default=2, help="how many (2)")
-    made.add_argument("--out", type=Path, required=True, help="the file to write")
-    made.add_argument("--dev-root", default="/", help=argparse.SUPPRESS)
-    options.add_json(made)
-    made.set_defaults(func=write_replicas_file)
-    stop = sub.add_parser(
-        "down",
-        help="stop and remove the scale-out project (volumes kept unless --purge)",
-        description="Stop and remove the scale-out project's containers. Each server gets "
-        "SIGTERM and drains its requests for up to its preset's shutdown_timeout, within the "
-        "services' stop_grace_period. The named volumes (compile caches, Prometheus and "
-        "Alertmanager data) are kept unless --purge.",
-    )
-    stop.add_argument(
-        "--purge",
-        action="store_true",
-        help="remove the project's named volumes too (compile caches: the next start "
-        "compiles again; Prometheus history)",
-    )
-    for each in (start, stop):
-        each.add_argument(
-            "--env-file",
-            type=options.existing_file,
-            default="docker/arcvllm.env",
-            help="the settings file (docker/arcvllm.env)",
-        )
-        each.add_argument(
-            "--project",
-            default=PROJECT,
-            help=f"the compose project: a second deployment on this host needs its own ({PROJECT})",
-        )
-        options.add_json(each)
-    start.set_defaults(func=up)
-    stop.set_defaults(func=down)

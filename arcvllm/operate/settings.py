@@ -11,9 +11,7 @@ without access to the GPU and vLLM would fail later with an unclear platform err
 
 from __future__ import annotations
 
-import argparse
 import difflib
-import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -21,9 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from arcvllm import options
 from arcvllm.errors import ArcvllmError, UsageError
-from arcvllm.operate.host import DRI_DIR, check_api_key_file, render_node_gids
 from arcvllm.presets import EXTRA_ARGS, extra_args, presets_dir
 
 # Read by compose for the ${...} in docker/compose.yaml and docker/compose.scale.yaml.
@@ -177,48 +173,3 @@ def check_render_gid(settings: Iterable[Setting], nodes: Mapping[str, int], sour
                 f"the container could not open the GPU; set RENDER_GID={gid} "
                 f"(stat -c %g {node})"
             )
-
-
-def _cmd_check(args: argparse.Namespace) -> int:
-    try:
-        settings = read(args.file)
-        check_render_gid(settings, render_node_gids(args.dri_dir or DRI_DIR), str(args.file))
-        if args.key_file is not None:  # the one key rule, before compose hands the file out
-            check_api_key_file(args.key_file)
-    except ArcvllmError as exc:
-        if args.json:
-            print(json.dumps({"file": str(args.file), "ok": False, "problem": str(exc)}))
-        raise
-    values = {s.key: s.value for s in settings}
-    if args.json:  # the keys only: values may be secrets
-        print(json.dumps({"file": str(args.file), "ok": True, "keys": sorted(values)}))
-    else:
-        print(f"{args.file}: {len(values)} settings ok")
-    return 0
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "settings",
-        help="check a settings file (docker/arcvllm.env) before compose reads it",
-        description="Check the compose settings file: known keys, known preset, only the "
-        "syntax compose v2 and docker-compose 1.29 read alike, and a RENDER_GID that is the "
-        "group of this host's render nodes.",
-    )
-    sub = parser.add_subparsers(dest="settings_command", required=True, metavar="ACTION")
-    check_parser = sub.add_parser("check", help="refuse unknown keys and unportable lines")
-    check_parser.add_argument(
-        "file", type=options.existing_file, help="the settings file, e.g. docker/arcvllm.env"
-    )
-    check_parser.add_argument(
-        "--dri-dir",
-        type=options.existing_dir,
-        help=f"where the render nodes are (default {DRI_DIR}; none there: nothing to compare)",
-    )
-    check_parser.add_argument(
-        "--key-file",
-        type=Path,
-        help="also the API key file compose hands out: readable, and the one key rule",
-    )
-    options.add_json(check_parser, help="the verdict and the keys (never the values) as JSON")
-    check_parser.set_defaults(func=_cmd_check)

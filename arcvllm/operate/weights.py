@@ -16,21 +16,17 @@ host (the `weights` extra).
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import re
 import stat
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from arcvllm import options
 from arcvllm.errors import ArcvllmError, Unavailable, UsageError
 from arcvllm.operate.host import effective
-from arcvllm.presets import Preset, add_presets_dir, get_preset
+from arcvllm.presets import Preset
 
 # Where compose mounts MODELS_DIR in the server (docker/compose.yaml), and its default.
 MOUNT = PurePosixPath("/models")
@@ -258,69 +254,3 @@ def read_token(path: Path | None) -> str | None:
     if not token or "\n" in token:
         raise UsageError(f"--token-file {path}: one line holding the token")
     return token
-
-
-def _cmd_fetch(args: argparse.Namespace) -> int:
-    from arcvllm.operate import settings
-
-    env_file = args.env_file or (Path("docker/arcvllm.env") if Path("docker/arcvllm.env").is_file()
-                                 else None)  # fmt: skip
-    values = settings.load(env_file) if env_file else {}
-    name = args.preset or effective("ARCVLLM_PRESET", values, os.environ, "")
-    if not name:
-        raise UsageError("name a preset: arcvllm model fetch PRESET (or ARCVLLM_PRESET)")
-    preset = get_preset(name, args.presets_dir)
-    folder = host_dir(preset, Path(args.models_dir) if args.models_dir else
-                      models_dir(values, os.environ))  # fmt: skip
-    source = source_of(preset, args.revision)
-    if source.revision is None:
-        raise UsageError(
-            f"preset {preset.name} pins no revision of {source.repo} (checkpoint.revision): "
-            "name the commit you checked with --revision"
-        )
-    token = read_token(args.token_file)
-    record = complete(folder, source)
-    fetched = record is None
-    if fetched:
-        options.require("huggingface_hub", "weights", "arcvllm model fetch")
-        record = fetch(source, folder, args.endpoint or default_endpoint(os.environ), token)
-    size = sum(record["files"].values())
-    doc = {"preset": preset.name, "repo": source.repo, "commit": record["commit"]}
-    doc |= {"dir": str(folder), "files": len(record["files"]), "bytes": size, "fetched": fetched}
-    if args.json:
-        print(json.dumps(doc))
-    else:
-        what = "fetched" if fetched else "complete, nothing fetched:"
-        print(f"{what} {source.repo}@{record['commit']} in {folder} "
-              f"({len(record['files'])} files, {size / 1024**3:.2f} GiB)")  # fmt: skip
-    if fetched and not COMMIT.fullmatch(source.revision):
-        print(f"arcvllm: note: {source.revision} is commit {record['commit']}: pin it in the "
-              "preset (checkpoint.revision)", file=sys.stderr)  # fmt: skip
-    return 0
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    """`model fetch`, under `arcvllm model` (arcvllm.model's register; cli.NESTED)."""
-    get = sub.add_parser(
-        "fetch",
-        help="the preset's checkpoint from the hub (or HF_ENDPOINT) into MODELS_DIR",
-        description=__doc__.split("\n\n")[1],
-    )
-    get.add_argument("preset", nargs="?", help="default: ARCVLLM_PRESET (shell, settings file)")
-    get.add_argument(
-        "--env-file",
-        type=options.existing_file,
-        help="the settings file: its MODELS_DIR and ARCVLLM_PRESET (default: docker/arcvllm.env "
-        "when run from a checkout)",
-    )
-    get.add_argument("--models-dir", help="instead of MODELS_DIR (shell, settings file, /models)")
-    get.add_argument("--revision", help="a commit (or branch) instead of the preset's pin")
-    get.add_argument("--endpoint", help="the hub or a mirror (default: HF_ENDPOINT, else the hub)")
-    get.add_argument(
-        "--token-file",
-        type=options.existing_file,
-        help="a file holding the hub token (default: HF_TOKEN, else the hub client's own file)",
-    )
-    add_presets_dir(get)
-    options.add_json(get, help="what was fetched (or found complete) as JSON")
-    get.set_defaults(func=_cmd_fetch)

@@ -6,30 +6,18 @@ behaviour in the container are vLLM's own.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import shlex
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from arcvllm import options
-from arcvllm.errors import ArcvllmError, Unavailable, UsageError
-from arcvllm.model import model_dir, refuse
+from arcvllm.errors import ArcvllmError, UsageError
 from arcvllm.presets import (
     EXTRA_ARGS,
     Command,
     Preset,
-    add_presets_dir,
     covers,
     extra_args,
     flag_values,
-    get_preset,
-    merge_args,
-    server_command,
-    shutdown_timeout_problem,
-    stack_vllm_versions,
 )
 
 # The distributions vLLM comes as, and the flavour each serves.
@@ -137,63 +125,3 @@ def vllm_refusal(command: Command, version: str) -> str | None:
 
     error = parse_with_vllm(command.args, *vllm_server_parser())
     return None if error is None else f"vLLM {version} refuses the server's arguments: {error}"
-
-
-def _cmd_serve(args: argparse.Namespace) -> int:
-    preset = get_preset(args.preset, args.presets_dir)
-    from_settings = setting_args(os.environ)
-    # the preset's, then the settings file's, then the command line's: the later ones win
-    command = server_command(preset, merge_args(from_settings, split_extra(args.extra)))
-    problem = model_path_problem(command)
-    installed = installed_vllm()
-    mismatch = stack_problem(preset, installed, stack_vllm_versions())
-    if installed and not mismatch:
-        # The server would reject the flag, or (dropped) abort every request on stop.
-        mismatch = shutdown_timeout_problem(preset, installed[1])
-    if from_settings and installed and not mismatch:
-        refused = vllm_refusal(command, installed[1])
-        if refused:
-            raise UsageError(f"{EXTRA_ARGS}={os.environ[EXTRA_ARGS]}: {refused}")
-    if args.json and not args.dry_run:
-        raise UsageError("--json prints what --dry-run would: give both")
-    if args.dry_run and args.json:
-        env = {k: operator_value(os.environ, k) or v for k, v in command.env.items()}
-        print(json.dumps({"env": env, "argv": command.argv}, indent=2))
-    elif args.dry_run:
-        print(describe(command, os.environ))
-    if args.dry_run:
-        for warning in (problem, mismatch if installed else None):
-            if warning:
-                print(f"arcvllm: warning: {warning}", file=sys.stderr)
-        return 0
-    if problem:
-        raise Unavailable(problem)
-    if mismatch:
-        raise Unavailable(mismatch)  # no vLLM, or one the preset's stacks do not span
-    served = model_dir(preset, split_extra(args.extra))
-    if served is not None:
-        refuse(preset, served)  # the files, before vLLM takes any memory (arcvllm.model)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execve(command.python, command.argv, effective_env(command, os.environ))
-    raise AssertionError("not reached: os.execve replaced this process")
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "serve",
-        help="start vLLM's OpenAI server from a preset",
-        description="Start vLLM's OpenAI server from a preset; arguments after `--` go to "
-        f"vLLM and win over the preset's and over ${EXTRA_ARGS} (the settings file's extra "
-        "arguments, checked with the installed vLLM's own parser before the server starts).",
-    )
-    parser.add_argument("--preset", required=True, help="preset name (`arcvllm presets`)")
-    parser.add_argument(
-        "--dry-run", action="store_true", help="print the environment and command, run nothing"
-    )
-    add_presets_dir(parser)
-    options.add_json(
-        parser, help="with --dry-run: the environment and the argv as one JSON document"
-    )
-    parser.add_argument("extra", nargs=argparse.REMAINDER, help="-- extra vLLM arguments")
-    parser.set_defaults(func=_cmd_serve)

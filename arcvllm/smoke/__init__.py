@@ -11,10 +11,7 @@ all complete. It works against any OpenAI-compatible vLLM server; optionally it 
 and stops the server itself (`--start-cmd` / `--stop-cmd`), e.g. a container.
 
 checks: the plan of token positions and the checks; report: the Check rows, the screen
-and the JSON; command: the `arcvllm smoke` sub-command. Talking to the server, and what
-its log says, is arcvllm.server's.
+and the JSON; session: a run from the options of `arcvllm smoke`, its report written and
+printed (the command is arcvllm.commands.smoke). Talking to the server, and what its log
+says, is arcvllm.server's.
 """
-
-from arcvllm.smoke.command import register
-
-__all__ = ["register"]

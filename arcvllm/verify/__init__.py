@@ -9,10 +9,6 @@ that mix prefill and decode, preemption and recompute, a request run to max-mode
 prompts of every length mod 64, and sampled answers to open prompts (degeneration).
 
 plan: what each row sends, from the server's geometry, and the pure judgements; suite: the
-rows against one server; command: the `arcvllm verify` sub-command. The oracle and the
-report are arcvllm.server's.
+rows against one server; session: a run from the options of `arcvllm verify` (the command
+is arcvllm.commands.verify). The oracle and the report are arcvllm.server's.
 """
-
-from arcvllm.verify.command import register
-
-__all__ = ["register"]

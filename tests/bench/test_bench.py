@@ -12,7 +12,7 @@ import sys
 import pytest
 from conftest import ROOT, vllm_env
 
-from arcvllm.bench import command, measurements, plot, reference, runner
+from arcvllm.bench import measurements, plot, reference, runner, session
 from arcvllm.bench.measurements import TokenStep, token_steps
 from arcvllm.errors import ArcvllmError
 from arcvllm.server.client import Chunk, Stream
@@ -87,9 +87,9 @@ def test_the_b70_reference_carries_the_reports_figures():
 
 
 def test_tokenizer_must_exist_locally(tmp_path):
-    assert command.resolve_tokenizer(None, str(tmp_path), "tiny") == str(tmp_path)
+    assert session.resolve_tokenizer(None, str(tmp_path), "tiny") == str(tmp_path)
     with pytest.raises(ArcvllmError, match="--tokenizer"):
-        command.resolve_tokenizer(None, str(tmp_path / "absent"), "tiny")
+        session.resolve_tokenizer(None, str(tmp_path / "absent"), "tiny")
 
 
 def test_plot_writes_a_png_with_boundaries(tmp_path):
@@ -108,13 +108,13 @@ def test_replot_draws_the_png_of_a_bench_json_elsewhere(tmp_path, capsys):
     from arcvllm import cli
 
     runs = [[asdict(s) for s in token_steps(stream(60, [1] * 100), 64)]]
-    source = tmp_path / command.REPORT_JSON
+    source = tmp_path / session.REPORT_JSON
     source.write_text(json.dumps({"model": "m", "block_size": 64, "runs": runs}))
     assert cli.main(["bench", "replot", str(source)]) == 0
-    assert (tmp_path / command.REPORT_PNG).read_bytes()[:4] == b"\x89PNG"
-    assert capsys.readouterr().out == f"wrote {tmp_path / command.REPORT_PNG}\n"
+    assert (tmp_path / session.REPORT_PNG).read_bytes()[:4] == b"\x89PNG"
+    assert capsys.readouterr().out == f"wrote {tmp_path / session.REPORT_PNG}\n"
     assert cli.main(["bench", "replot", "--json", str(source)]) == 0
-    assert json.loads(capsys.readouterr().out) == {"png": str(tmp_path / command.REPORT_PNG)}
+    assert json.loads(capsys.readouterr().out) == {"png": str(tmp_path / session.REPORT_PNG)}
     # A file that is not there, or not a bench.json: one line, usage.
     assert cli.main(["bench", "replot", str(tmp_path / "absent.json")]) == 2
     assert capsys.readouterr().err.startswith("arcvllm: cannot read")
@@ -126,7 +126,7 @@ def test_replot_draws_the_png_of_a_bench_json_elsewhere(tmp_path, capsys):
 
 def test_replot_without_matplotlib_is_one_line_and_exit_3(tmp_path):
     """An environment without the 'bench' extra (matplotlib cannot be imported)."""
-    source = tmp_path / command.REPORT_JSON
+    source = tmp_path / session.REPORT_JSON
     source.write_text(json.dumps({"model": "m", "block_size": 64, "runs": [[]]}))
     code = (
         "import sys; sys.modules['matplotlib'] = None\n"
@@ -141,7 +141,7 @@ def test_replot_without_matplotlib_is_one_line_and_exit_3(tmp_path):
         "arcvllm: arcvllm bench needs the 'bench' extra: pip install 'arcvllm[bench]' "
         "(no module named matplotlib)"
     ]
-    assert not (tmp_path / command.REPORT_PNG).exists()
+    assert not (tmp_path / session.REPORT_PNG).exists()
 
 
 def test_bench_without_a_server_is_a_usage_error(capsys):
@@ -279,7 +279,7 @@ def test_a_stream_that_arrived_step_by_step_is_not_bulk_even_with_a_stall_in_it(
 
 
 def test_a_report_with_bulk_streams_says_so_in_its_table():
-    from arcvllm.bench.command import format_report
+    from arcvllm.bench.session import format_report
 
     report = {
         "summary": {"decode_tok_s": 300.0},
@@ -297,7 +297,7 @@ def test_a_report_with_bulk_streams_says_so_in_its_table():
 
 
 def test_bench_json_flags_the_streams_it_timed_that_arrived_in_bulk():
-    from arcvllm.bench.command import delivery
+    from arcvllm.bench.session import delivery
 
     held = recorded("held-back-2000")
     compare = {
@@ -381,13 +381,13 @@ def test_bench_runs_against_the_only_model_served_and_writes_its_report(bench_cl
 
     code, out, err = bench_cli(Fake())
     assert code == 0, err
-    report = json.loads((tmp_path / "out" / command.REPORT_JSON).read_text())
+    report = json.loads((tmp_path / "out" / session.REPORT_JSON).read_text())
     assert report["model"] == "tiny-hybrid"
     assert (report["block_size"], report["max_model_len"]) == (BLOCK, MAX_LEN)
     assert report["vllm_bench"]["completed"] == 2
     assert report["boundary"]["boundary_positions"] == [BLOCK, 2 * BLOCK]
     assert report["prefix_cache"]["warm_hit_rate"] > 0.9
-    assert f"wrote {tmp_path / 'out' / command.REPORT_JSON}" in out
+    assert f"wrote {tmp_path / 'out' / session.REPORT_JSON}" in out
 
 
 def test_bench_takes_the_block_size_from_the_servers_log_as_smoke_does(bench_cli, tmp_path):
@@ -397,7 +397,7 @@ def test_bench_takes_the_block_size_from_the_servers_log_as_smoke_does(bench_cli
     log.write_text("INFO Setting attention block size to 64 tokens to ...\n")
     code, _, err = bench_cli(Fake(block_in_metrics=False), "--log-file", str(log))
     assert code == 0, err
-    assert json.loads((tmp_path / "out" / command.REPORT_JSON).read_text())["block_size"] == 64
+    assert json.loads((tmp_path / "out" / session.REPORT_JSON).read_text())["block_size"] == 64
     code, _, err = bench_cli(Fake(block_in_metrics=False))
     assert code == 3 and err.startswith("arcvllm: cannot determine the server's block size")
 
@@ -426,7 +426,7 @@ def test_bench_checks_the_model_against_the_preset_as_smoke_does(bench_cli, tmp_
     assert code == 2 and err == (
         "arcvllm: --model 'decoy' is not the model of preset 'tiny-hybrid-cpu' ('tiny-hybrid')\n"
     )
-    assert fake.asked_for == set() and not (tmp_path / "out" / command.REPORT_JSON).exists()
+    assert fake.asked_for == set() and not (tmp_path / "out" / session.REPORT_JSON).exists()
     code, _, err = bench_cli(fake)
     assert code == 2 and "choose one with --model" in err
 

@@ -14,6 +14,7 @@ import tarfile
 import pytest
 from conftest import ROOT
 
+from arcvllm.commands import fieldreport as field_report_command
 from arcvllm.operate import canary
 from arcvllm.operate import fieldreport as F
 
@@ -275,6 +276,6 @@ def test_the_summary_says_the_verify_verdict_and_its_failed_rows():
 
 def test_the_verify_step_runs_the_canarys_rows_inside_the_container():
     parser = argparse.ArgumentParser()
-    F.add_options(parser)
+    field_report_command.add_options(parser)
     opts = parser.parse_args([])
     assert opts.verify_rows.split(",") == list(canary.ROWS)

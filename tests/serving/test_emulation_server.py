@@ -32,7 +32,7 @@ from conftest import ROOT, stop_server, vllm_env, wait_healthy
 from support.overlay import make_overlay
 from support.servers import smoke, start_preset_server
 
-from arcvllm.bench import command
+from arcvllm.bench import session
 
 pytestmark = [pytest.mark.server, pytest.mark.vllm]
 
@@ -226,8 +226,8 @@ def test_the_preset_server_runs_the_presets_flags_and_answers(stock):
 def test_bench_against_a_real_server_writes_json_and_plot(stock):
     done, out = stock.extra["bench"], stock.extra["bench_out"]
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    report = json.loads((out / command.REPORT_JSON).read_text())
-    assert (out / command.REPORT_PNG).read_bytes()[:4] == b"\x89PNG"
+    report = json.loads((out / session.REPORT_JSON).read_text())
+    assert (out / session.REPORT_PNG).read_bytes()[:4] == b"\x89PNG"
     assert report["block_size"] >= 16
     assert report["vllm_bench"]["completed"] == 2 and report["vllm_bench"]["failed"] == 0
     boundary = report["boundary"]

@@ -1,16 +1,12 @@
-"""`arcvllm verify`: arguments in, the report out (table or JSON), exit 1 on a failed row."""
+"""`arcvllm verify`: the correctness suite against a running server (arcvllm.verify)."""
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 from arcvllm.options import add_json, add_log_source, add_metrics_url, add_server
-from arcvllm.server.log import LogSource
-from arcvllm.server.report import Report, table
 from arcvllm.verify import plan as P
-from arcvllm.verify.suite import VerifyOptions, run
+from arcvllm.verify import session
 
 DESCRIPTION = """\
 Checks that a running vLLM server's output is right on every path that touches a hybrid
@@ -35,38 +31,8 @@ def rows(value: str) -> tuple[str, ...]:
     return names
 
 
-def options_from(args: argparse.Namespace, **given) -> VerifyOptions:
-    fields = {
-        "base_url": getattr(args, "base_url", None),
-        "model": args.model,
-        "preset": args.preset,
-        "api_key": getattr(args, "api_key", None),
-        "ca_cert": str(args.ca_cert) if getattr(args, "ca_cert", None) else None,
-        "log": LogSource(file=getattr(args, "log_file", None), cmd=getattr(args, "log_cmd", None)),
-        "chunk_tokens": args.max_num_batched_tokens,
-        "rows": args.rows,
-        "request_timeout": args.request_timeout,
-        "metrics_urls": tuple(getattr(args, "metrics_url", None) or ()),
-    }
-    return VerifyOptions(**{**fields, **given})
-
-
-def finish(args: argparse.Namespace, opts: VerifyOptions) -> Report:
-    """Run the rows, print the table (or JSON), write --out: the report."""
-    report = run(opts)
-    if args.json:
-        sys.stdout.write(report.to_json())
-    else:
-        print(table(report, "verify"))
-    if args.out:
-        path = Path(args.out)
-        report.write(path)
-        print(f"report: {path}", file=sys.stderr)
-    return report
-
-
 def _cmd(args: argparse.Namespace) -> int:
-    report = finish(args, options_from(args))
+    report = session.finish(args, session.options_from(args))
     return 0 if report.verdict == "pass" else 1
 
 

@@ -1,0 +1,149 @@
+"""`arcvllm patches`: apply, show or verify the vLLM patch series (arcvllm.patching)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from arcvllm import options
+from arcvllm.errors import ArcvllmError, CheckFailed, UsageError
+from arcvllm.patching import patches, series
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("patches", help="apply, show or verify the vLLM patch series")
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--target",
+            help="vLLM source tree or site-packages (default: the vLLM this Python imports)",
+        )
+        p.add_argument(
+            "--python",
+            default=sys.executable,
+            help="interpreter that runs the probes (default: this one)",
+        )
+        add_series(p)
+        p.add_argument(
+            "--allow-unsupported",
+            action="store_true",
+            help="go on with a vLLM release outside the supported range",
+        )
+
+    p = actions.add_parser("apply", help="apply what the target needs, verified by probes")
+    common(p)
+    p.add_argument(
+        "--out",
+        type=Path,
+        help=f"where to write the JSON manifest (default: TARGET/{patches.MANIFEST_NAME})",
+    )
+    options.add_json(p, help="print the manifest instead of the table")
+    p.add_argument(
+        "--expect",
+        help="fail unless the result equals this summary line "
+        "(as `arcvllm patches plan` prints it)",
+    )
+    p.set_defaults(func=_cmd_apply)
+
+    p = actions.add_parser("status", help="show each patch's state on the target")
+    common(p)
+    options.add_json(p, help="print the manifest instead of the table")
+    p.set_defaults(func=_cmd_status)
+
+    p = actions.add_parser("verify", help="exit 1 unless every fix is in place")
+    common(p)
+    options.add_json(p, help="print the manifest and the verdict instead of the table")
+    p.set_defaults(func=_cmd_verify)
+
+    p = actions.add_parser("plan", help="the summary the series expects for a vLLM version")
+    p.add_argument("--vllm-version", required=True)
+    add_series(p)
+    options.add_json(p, help="print the version, the summary and each patch's state as JSON")
+    p.set_defaults(func=_cmd_plan)
+
+
+def _cmd_apply(args) -> int:
+    target, the_series = patches._load(args)
+    report = patches.apply(
+        target,
+        the_series,
+        args.python,
+        allow_unsupported=args.allow_unsupported,
+        expect=args.expect,
+    )
+    patches.write_manifest(report, args.out or target.root / patches.MANIFEST_NAME)
+    changed = [row.name for row in report.rows if row.action == "patched"]
+    if args.json:
+        print(json.dumps(report.manifest(), indent=2))
+        return 0
+    print(patches.table(report))
+    print(f"patched: {', '.join(changed) if changed else 'nothing (already up to date)'}")
+    if unpatched := [row.name for row in report.rows if row.state == patches.UNPATCHED]:
+        print(f"unpatched (the bug stays): {', '.join(unpatched)}")
+    return 0
+
+
+def _cmd_status(args) -> int:
+    target, the_series = patches._load(args)
+    patches._check_supported(target, the_series, args.allow_unsupported)
+    report = patches.inspect_target(target, the_series, args.python)
+    print(json.dumps(report.manifest(), indent=2) if args.json else patches.table(report))
+    return 0
+
+
+def _cmd_verify(args) -> int:
+    target, the_series = patches._load(args)
+    patches._check_supported(target, the_series, args.allow_unsupported)
+    report = patches.inspect_target(target, the_series, args.python)
+    bad = [
+        row
+        for row in report.rows
+        if row.state in (patches.PENDING, patches.DRIFT, patches.UNPATCHED)
+        or (row.state != patches.NOT_APPLICABLE and row.probe != "pass")
+    ]
+    if args.json:
+        verdict = {"verified": not bad, "not_verified": [row.name for row in bad]}
+        print(json.dumps({**report.manifest(), **verdict}, indent=2))
+    else:
+        print(patches.table(report))
+    if bad:
+        raise CheckFailed(
+            "not verified: "
+            + ", ".join(f"{row.name} is {row.state} (probe {row.probe})" for row in bad)
+        )
+    if not args.json:
+        print(f"verified: vLLM {target.version}: {report.summary()}")
+    return 0
+
+
+def _cmd_plan(args) -> int:
+    the_series = patches._series(args)
+    try:
+        version = series.parse_version(args.vllm_version)
+    except ArcvllmError as exc:
+        raise UsageError(f"--vllm-version: {exc}") from None
+    if not the_series.supports(version):
+        raise UsageError(f"vLLM {version} is outside the supported range {the_series.supported}")
+    states = patches.plan_states(the_series, version)
+    if args.json:
+        doc = {"vllm": str(version), "summary": series.summary(states), "patches": states}
+        print(json.dumps(doc, indent=2))
+    else:
+        print(series.summary(states))
+    return 0
+
+
+def add_series(p: argparse.ArgumentParser) -> None:
+    which = p.add_mutually_exclusive_group()
+    which.add_argument(
+        "--series-file", type=options.existing_file, help="series file (default: the bundled one)"
+    )
+    which.add_argument(
+        "--build",
+        action="store_true",
+        help="the bundled build series (patches/vllm/build/): a release's source tree, "
+        "before its wheel is built",
+    )
