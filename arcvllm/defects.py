@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from arcvllm.errors import ArcvllmError
+from arcvllm.modelconfig import text_config
 from arcvllm.paths import configs_dir
 
 COMPONENTS = ("vllm", "vllm-xpu-kernels", "compute-runtime")
@@ -274,7 +275,7 @@ _RUNTIME = re.compile(r"libze-intel-gpu1_(\d+(?:\.\d+)+)")
 
 
 def pinned_versions(stack: Any) -> dict[str, str | None]:
-    """The version of each component a stack (arcvllm.builder.stack.Stack) pins."""
+    """The version of each component a stack (arcvllm.stack.Stack) pins."""
     args = {key: pin.value for key, pin in stack.args.items()}
     kernels = _KERNELS.search(args.get("VLLM_XPU_KERNELS", ""))
     runtime = _RUNTIME.search(args.get("GPU_DEBS", ""))
@@ -290,8 +291,6 @@ def pinned_versions(stack: Any) -> dict[str, str | None]:
 
 def quantization(model_config: Mapping[str, Any]) -> str:
     """The weight scheme in one word: int4, fp8 or bf16 (unquantized)."""
-    from arcvllm.builder.kernels import text_config
-
     quant = model_config.get("quantization_config") or text_config(model_config).get(
         "quantization_config"
     )

@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from arcvllm.builder.stack import FLAVORS
 from arcvllm.errors import ArcvllmError, UsageError, status
+from arcvllm.modelconfig import moe_shape, text_config
 from arcvllm.paths import configs_dir
+from arcvllm.stack import FLAVORS
 from arcvllm.text import columns
 
 if TYPE_CHECKING:
@@ -43,6 +44,12 @@ SHUTDOWN_TIMEOUT_SINCE = "0.18.0"
 # (configs/defects.yaml) decides the default XPU stack.
 DEFAULT_XPU_PRESET = "qwen3.6-35b-a3b-w4a16-1xb70"
 _REQUIRED = ("name", "description", "model", "served_model_name", "flavor", "gpus", "stacks")
+
+
+def default_preset(environ: Mapping[str, str]) -> str:
+    """The preset this host or container serves: $ARCVLLM_PRESET (the image and the settings
+    file set it), else the production preset."""
+    return environ.get("ARCVLLM_PRESET") or DEFAULT_XPU_PRESET
 
 
 @dataclass(frozen=True)
@@ -519,8 +526,6 @@ def parameter_counts(model_config: Mapping[str, Any]) -> tuple[int, int]:
 
     The vision tower is not counted: the VLM presets serve the language model only.
     """
-    from arcvllm.builder.kernels import moe_shape, text_config
-
     text = text_config(model_config)
     hidden = int(text["hidden_size"])
     layers = _layers(text)
@@ -572,8 +577,6 @@ def weight_bytes(model_config: Mapping[str, Any]) -> float:
 
 def memory_fit(preset: Preset) -> Fit | None:
     """The preset's memory per GPU, or None when it carries no model config (CPU presets)."""
-    from arcvllm.builder.kernels import text_config
-
     if not preset.model_config:
         return None
     text = text_config(preset.model_config)
@@ -628,8 +631,6 @@ def mtp_layer_bytes(text: Mapping[str, Any]) -> float:
     and three norms (vllm/model_executor/models/qwen3_next_mtp.py). Its experts are taken
     unquantized: W4A16 checkpoints keep the MTP layer out of the quantized set or drop it,
     so the estimate errs on the large side; embedding and lm_head are the model's own."""
-    from arcvllm.builder.kernels import moe_shape
-
     hidden = int(text["hidden_size"])
     heads, kv_heads, head_dim = _attention_dims(text)
     gate = 2 if text.get("attn_output_gate") else 1
@@ -650,7 +651,7 @@ def mtp_layer_bytes(text: Mapping[str, Any]) -> float:
 
 def stack_vllm_versions(path: Path | None = None) -> dict[str, str]:
     """Stack name -> vLLM version, from the stacks file (configs/stacks.yaml)."""
-    from arcvllm.builder import stack
+    from arcvllm import stack
 
     return {name: s.vllm_version for name, s in stack.load(path)[0].items()}
 
@@ -743,65 +744,6 @@ def check_all(
     return results
 
 
-# ---- kernels: each XPU stack's own selection for each preset's model ----
-
-
-def xpu_stacks() -> dict[str, str]:
-    """XPU stack name -> its vLLM version, from configs/stacks.yaml."""
-    from arcvllm.builder import stack
-
-    stacks, _ = stack.load()
-    return {name: s.vllm_version for name, s in stacks.items() if s.flavor == "xpu"}
-
-
-def kernel_rows(
-    presets: Iterable[Preset], stacks: Mapping[str, str], releases: Mapping[str, Any]
-) -> tuple[list[tuple[str, ...]], list[str], list[str]]:
-    """(table rows, failing listed preset/stack pairs, notes) for every preset x XPU stack.
-
-    RELEASES maps a vLLM version to the kernels.ReleasePython that runs it. A stack a preset
-    does not list is still checked and shown, so the table says what would break.
-    """
-    from arcvllm.builder import kernels
-
-    checked = [p for p in presets if p.flavor == "xpu" and p.model_config]
-    requests = [
-        kernels.Request(
-            p.name,
-            p.model_config,
-            int(flag_values(server_command(p).args).get("tensor-parallel-size", 1)),
-            speculative_config(p),
-        )
-        for p in checked
-    ]
-    rows: list[tuple[str, ...]] = [("PRESET", "STACK", "MOE KERNEL", "VERDICT", "LISTED")]
-    failures: list[str] = []
-    notes: list[str] = []
-    for stack_name, version in stacks.items():
-        release = releases[version]
-        if release.note:
-            notes.append(f"{stack_name}: {release.note}")
-        selections = kernels.select(release, requests) if requests else {}
-        for preset in checked:
-            selection = selections[preset.name]
-            result = kernels.verdict(selection)
-            listed = stack_name in preset.stacks
-            if listed and not result.ok:
-                failures.append(f"{preset.name} on {stack_name}")
-            layers = "; ".join(path for _, path, _ in selection.layers)
-            kernel = selection.kernel + (f" [{layers}]" if layers else "")
-            rows.append(
-                (
-                    preset.name,
-                    f"{stack_name} ({selection.vllm.split('+')[0] or version})",
-                    kernel,
-                    f"{result.word}: {result.reason}",
-                    "yes" if listed else "no",
-                )
-            )
-    return rows, failures, notes
-
-
 def fit_rows(presets: Iterable[Preset]) -> tuple[list[tuple[str, ...]], list[str]]:
     rows: list[tuple[str, ...]] = [
         ("PRESET", "GPUS", "PER GPU (max-model-len x max-num-seqs)", "FIT")
@@ -835,39 +777,9 @@ def _check_arguments(presets: Mapping[str, Preset], doc: dict[str, Any]) -> int 
     return status(any(r.startswith("FAIL") for _, r in results))
 
 
-def _check_kernels(presets: Mapping[str, Preset], given: Sequence[str], doc: dict) -> int:
-    from arcvllm.builder import kernels
-
-    stacks = xpu_stacks()
-    try:
-        overrides = {r.version: r for r in map(kernels.parse_release, given)}
-    except ArcvllmError as exc:
-        raise UsageError(str(exc)) from None
-    releases = {v: overrides.get(v) or kernels.find_release(v) for v in set(stacks.values())}
-    rows, failures, notes = kernel_rows(presets.values(), stacks, releases)
-    fits, too_big = fit_rows(presets.values())
-    doc["kernels"] = [
-        dict(zip(("preset", "stack", "kernel", "verdict", "listed"), r, strict=True))
-        for r in rows[1:]
-    ]
-    doc["notes"] = notes
-    doc["fit"] = [dict(zip(("preset", "gpus", "per_gpu", "fit"), r, strict=True)) for r in fits[1:]]
-    doc["problems"] += [f"{f}: the release has no XPU path for it" for f in failures]
-    doc["problems"] += [f"{name} does not fit its GPUs" for name in too_big]
-    if not doc["json"]:
-        print("\nXPU kernels each stack's vLLM selects (its own code, platform = XPU)")
-        print(columns(rows))
-        for note in notes:
-            print(f"note: {note}")
-        print(f"\nMemory per GPU: gpu-memory-utilization x {GPU_GIB:.0f} GiB")
-        print(columns(fits))
-    return status(bool(failures or too_big))
-
-
 def defect_settings(preset: Preset) -> defects.Settings:
     """What PRESET sets that a defect's trigger asks about (arcvllm.defects)."""
     from arcvllm import defects
-    from arcvllm.builder.kernels import moe_shape, text_config
 
     values = flag_values(server_command(preset).args)
     text = text_config(preset.model_config)
@@ -906,8 +818,7 @@ def defect_settings(preset: Preset) -> defects.Settings:
 def _check_defects(presets: Mapping[str, Preset], ledger_path: Path | None, doc: dict) -> int:
     """Each XPU preset x XPU stack against the defect ledger, and the default XPU stack
     against the one the ledger picks (exit 1 when they differ). Pure: no vLLM needed."""
-    from arcvllm import defects
-    from arcvllm.builder import stack
+    from arcvllm import defects, stack
 
     ledger = defects.load(ledger_path)
     stacks, default_names = stack.load()

@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from arcvllm import cli
+from arcvllm import cli, stack
 from arcvllm import defects as D
 from arcvllm import presets as P
-from arcvllm.builder import stack
 from arcvllm.errors import ArcvllmError
 
 LEDGER = D.load()

@@ -28,13 +28,14 @@ def modules(package: Path) -> dict[str, Path]:
     return found
 
 
-def imports(name: str, path: Path, known: set[str]) -> set[str]:
-    """The modules of KNOWN that NAME (at PATH) imports."""
+def import_sites(name: str, path: Path, known: set[str]) -> list[tuple[str, int]]:
+    """(module of KNOWN, line) for each import NAME (at PATH) makes, at its top or inside a
+    function."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found = set()
+    found = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name in known}
+            found += [(a.name, node.lineno) for a in node.names if a.name in known]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
@@ -42,8 +43,14 @@ def imports(name: str, path: Path, known: set[str]) -> set[str]:
                 base = ".".join([*parent, base] if base else parent)
             for alias in node.names:
                 member = f"{base}.{alias.name}"
-                found |= {member} if member in known else {base} & known
-    return found - {name}
+                target = member if member in known else base if base in known else None
+                found += [(target, node.lineno)] if target else []
+    return [(target, line) for target, line in found if target != name]
+
+
+def imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The modules of KNOWN that NAME (at PATH) imports."""
+    return {target for target, _ in import_sites(name, path, known)}
 
 
 def graph(package: Path) -> dict[str, set[str]]:
@@ -70,6 +77,67 @@ def test_a_circle_is_found_and_named():
     edges["arcvllm.options"].add("arcvllm.cli")  # options -> cli -> options
     found = cycle(edges)
     assert found and {"arcvllm.cli", "arcvllm.options"} <= set(found)
+
+
+# The layers, lowest first: a part of arcvllm (a subpackage, or a module at the top) may
+# import its own modules and those of the parts this table allows it, nothing else: no
+# import runs up (docs/architecture.md). Imports inside functions count as much as those at
+# the top: a lazy import still ties the lower part to the higher one.
+CORE = {"arcvllm", "errors", "paths", "text", "options", "engine", "stack", "modelconfig"}
+PRESET_MODEL = {"presets", "defects", "model"}
+BELOW_OPERATE = CORE | PRESET_MODEL | {"server", "serving", "smoke", "bench", "verify"}
+ALLOWED = {
+    **{part: CORE for part in CORE},
+    "ci": CORE,  # CI's stand-ins: data and their reader (left out of the wheel)
+    **{part: CORE | PRESET_MODEL for part in PRESET_MODEL},
+    "server": CORE | PRESET_MODEL,
+    "patching": CORE | PRESET_MODEL,
+    "serving": CORE | PRESET_MODEL,
+    "smoke": CORE | PRESET_MODEL | {"server"},
+    "bench": CORE | PRESET_MODEL | {"server"},
+    "verify": CORE | PRESET_MODEL | {"server"},
+    "builder": CORE | PRESET_MODEL | {"patching", "ci"},
+    "operate": BELOW_OPERATE,
+    "commands": BELOW_OPERATE | {"patching", "builder", "ci", "operate"},
+    "cli": CORE | {"commands", "ci"},
+    "__main__": {"cli"},
+}
+
+
+def part(module: str) -> str:
+    """The part of arcvllm MODULE belongs to: arcvllm.builder.image -> builder."""
+    return module.split(".")[1] if "." in module else module
+
+
+def upward(edges: dict[str, list[tuple[str, int]]]) -> list[str]:
+    """Every import the table does not allow, one line each, naming both modules."""
+    return [
+        f"{source}:{line} imports {target}: {part(source)} may import only "
+        f"{', '.join(sorted(ALLOWED.get(part(source), set())))}"
+        for source, sites in sorted(edges.items())
+        for target, line in sites
+        if part(target) != part(source) and part(target) not in ALLOWED.get(part(source), set())
+    ]
+
+
+def sites(package: Path) -> dict[str, list[tuple[str, int]]]:
+    found = modules(package)
+    return {name: import_sites(name, path, set(found)) for name, path in found.items()}
+
+
+def test_every_part_of_the_package_is_in_the_table_of_layers():
+    assert {part(m) for m in modules(ROOT / "arcvllm")} == set(ALLOWED)
+
+
+def test_no_import_runs_from_a_lower_layer_up_to_a_higher_one():
+    assert upward(sites(ROOT / "arcvllm")) == []
+
+
+def test_an_upward_import_is_found_and_named():
+    edges = sites(ROOT / "arcvllm")
+    edges["arcvllm.presets"].append(("arcvllm.builder.kernels", 7))  # the preset model -> build
+    (found,) = upward(edges)
+    assert found.startswith("arcvllm.presets:7 imports arcvllm.builder.kernels: presets may ")
 
 
 def test_the_commands_cli_names_exist():
@@ -110,7 +178,7 @@ def product_wheel(tmp_path_factory) -> zipfile.ZipFile:
 def test_the_product_wheel_holds_no_ci_stand_in_and_every_module_it_names(product_wheel):
     names = product_wheel.namelist()
     assert not [n for n in names if n.startswith("arcvllm/ci/") or "standin" in n]
-    assert "arcvllm/builder/stack.py" in names and "arcvllm/_data/configs/stacks.yaml" in names
+    assert "arcvllm/stack.py" in names and "arcvllm/_data/configs/stacks.yaml" in names
     (points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
     modules = re.findall(r"= *([\w.]+):", product_wheel.read(points).decode())
     assert modules and all(f"{m.replace('.', '/')}.py" in names for m in modules), modules

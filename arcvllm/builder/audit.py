@@ -135,7 +135,7 @@ class Audit:
 
 def _stack_entry(name: str, file: Path | None) -> tuple[object, Mapping[str, str]]:
     """The XPU stack NAME and its `differences:` mapping (missing = empty)."""
-    from arcvllm.builder import stack as stacks
+    from arcvllm import stack as stacks
 
     try:
         found = stacks.get(name, file, flavor="xpu")

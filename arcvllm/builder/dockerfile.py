@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from arcvllm.builder.shell import substitute, unquote
 from arcvllm.errors import Unavailable
+from arcvllm.stack import Stack
 
 
 def instructions(text: str) -> list[tuple[str, str]]:
@@ -120,3 +121,26 @@ def venv_stages(stages: Sequence[Stage], final: Stage) -> list[Stage]:
                 if m and (source := names.get(m.group(1).lower())) is not None:
                     todo.append(source)
     return [s for s in stages if s.name in keep]
+
+
+def mismatches(text: str, stacks: Mapping[str, Stack], defaults: Mapping[str, str]) -> list[str]:
+    """Where the Dockerfile and the stacks file disagree, one line each.
+
+    Every pin is declared once, in the stacks file: an ARG that any stack sets has no
+    default in the Dockerfile (a default would be a second copy, and a plain `docker build`
+    would quietly build it), and every pin is an ARG.
+    """
+    pinned = {key for s in stacks.values() for key in s.build_args()}
+    declared = args(text)
+    problems = [
+        f"ARG {name} in stage {stage or '(global)'} has a default ({default!r}); "
+        "its value belongs in configs/stacks.yaml only"
+        for stage, name, default in declared
+        if default is not None and name in pinned
+    ]
+    names = {name for _, name, _ in declared}
+    for stack in stacks.values():
+        for key in stack.build_args():
+            if key not in names:
+                problems.append(f"stack {stack.name}: {key} is no ARG of the Dockerfile")
+    return problems

@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from arcvllm import __version__
-from arcvllm.builder.stack import Stack
+from arcvllm.builder import index
 from arcvllm.engine import docker_binary
 from arcvllm.errors import ArcvllmError, Unavailable, UsageError
 from arcvllm.paths import checkout_root
+from arcvllm.stack import Stack
 
 # Engine failures that a second run of the same build (from its cache) gets past: what
 # each looks like in the build's output, and the line that says the build runs again.
@@ -228,7 +229,7 @@ def spec_for(
 ) -> Build:
     """The build of a stack's server image (target runtime), or of a side image (its own
     target on the default CPU stack); CI's stand-ins for an XPU stack with CI."""
-    from arcvllm.builder import stack
+    from arcvllm import stack
     from arcvllm.patching import patches
 
     stacks, defaults = stack.load(stacks_file)
@@ -250,38 +251,18 @@ def spec_for(
     except ArcvllmError as exc:  # a stack named on the command line
         raise UsageError(str(exc)) from None
     if ci:
-        args = stack.ci_build_args(the_stack)
+        args = ci_build_args(the_stack)
     else:  # every download pinned: by stacks.yaml, else trusted on first use (arcvllm.builder.sums)
         from arcvllm.builder import sums
 
-        args = sums.apply(the_stack.name, the_stack.resolved_build_args())
+        args = sums.apply(the_stack.name, index.build_args(the_stack))
     plan = patches.plan_summary(the_stack.vllm_version)
     return Build(the_stack, target="runtime", args=args, extra_args={"ARCVLLM_PATCHES": plan})
 
 
-def default_stack(flavor: str | None, stacks_file: Path | None = None) -> str:
-    """The stack a build of no named stack builds: FLAVOR's default stack, FLAVOR by default
-    this host's (xpu where a render node is)."""
-    from arcvllm.builder import stack
-    from arcvllm.operate.host import default_flavor
-
-    return stack.load(stacks_file)[1][flavor or default_flavor()]
-
-
-def tag_for(stack_name: str, env_file: Path | None) -> str:
-    """The tag of a stack's server image: IMAGE (the shell's, else ENV_FILE's: the image
-    `make up` then runs), else arcvllm:STACK."""
-    if env_file is None:
-        return f"arcvllm:{stack_name}"
-    from arcvllm.operate.host import effective
-    from arcvllm.operate.settings import load
-
-    return effective("IMAGE", load(env_file), os.environ, f"arcvllm:{stack_name}")
-
-
 def unknown_stack(name: str | None, stacks_file: Path | None) -> bool:
     """Whether NAME is a stack name the stacks file lacks: then the stacks are listed."""
-    from arcvllm.builder import stack
+    from arcvllm import stack
 
     stacks, defaults = stack.load(stacks_file)
     if name is None or name in stacks:
@@ -300,7 +281,7 @@ REHEARSAL = (("vllm", "-ci"), ("models", None), ("runtime-user", "-ci-user"))
 
 def rehearse(args) -> int:
     """The rehearsal of an XPU stack (default: the default XPU stack) with its stand-ins."""
-    from arcvllm.builder import stack
+    from arcvllm import stack
 
     name = args.stack or stack.load(args.stacks_file)[1]["xpu"]
     unknown_stack(name, args.stacks_file)
@@ -345,3 +326,18 @@ def wheelhouse(source: Path | None, dest: Path) -> list[Path]:
             shutil.copy2(wheel, target)
         made.append(target)
     return made
+
+
+def ci_build_args(stack: Stack, standins_dir: Path | None = None) -> dict[str, str]:
+    """CI's build args of an XPU stack: its own (FLAVOR=xpu), where only the inputs CI cannot
+    reach point at their stand-ins (arcvllm/ci/standins.yaml, made by scripts/ci/standins.sh)."""
+    try:
+        from arcvllm.ci import standins
+    except ImportError:
+        where = "CI's stand-ins come with a checkout of arcvllm, not with its wheel"
+        raise Unavailable(where) from None
+    if stack.flavor != "xpu":
+        raise UsageError(f"stack {stack.name} is {stack.flavor}: CI stand-ins are for xpu")
+    # The stand-ins first: a missing one fails before the index is asked for the sdist.
+    replace = standins.overrides(stack.name, standins.load(), standins_dir or standins.DEFAULT_DIR)
+    return standins.ci_build_args(index.build_args(stack), replace, stack.name)

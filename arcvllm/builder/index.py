@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from arcvllm.errors import ArcvllmError, Unavailable, UsageError
+from arcvllm.stack import Stack
 
 
 def pip_config() -> dict[str, list[str]]:
@@ -207,3 +208,12 @@ if __name__ == "__main__":
             "usage: python -m arcvllm.builder.index PROJECT FILENAME SHA256 [DEST]", file=sys.stderr
         )
         sys.exit(UsageError.exit_code)
+
+
+def build_args(stack: Stack) -> dict[str, str]:
+    """STACK's build args plus VLLM_SDIST_URL, asked of the package index pip is configured
+    with (the stack pins the sdist by VLLM_SDIST_SHA256)."""
+    values = stack.build_args()
+    if sha256 := values.get("VLLM_SDIST_SHA256"):
+        values["VLLM_SDIST_URL"] = file_url("vllm", stack.sdist, sha256)
+    return values

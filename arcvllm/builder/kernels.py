@@ -30,10 +30,15 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from arcvllm.errors import ArcvllmError, Unavailable
+from arcvllm.errors import ArcvllmError, Unavailable, UsageError, status
+from arcvllm.modelconfig import moe_shape, text_config
 from arcvllm.paths import checkout_root
+from arcvllm.text import columns
+
+if TYPE_CHECKING:  # the probe runs in a release's Python: presets are read lazily
+    from arcvllm.presets import Preset
 
 # Kernel families that exist only as CUDA (or ROCm) extensions: a selection that names
 # one of them cannot run on an Arc GPU, whatever else the release does.
@@ -261,27 +266,6 @@ _MARK = "ARCVLLM-KERNELS "
 
 
 # ---- the probe itself: runs inside the release's Python ----
-
-
-def moe_shape(text_config: Mapping[str, Any]) -> dict[str, Any] | None:
-    """Experts, top-k, hidden and per-expert intermediate size, in either naming scheme."""
-    experts = text_config.get("num_experts") or text_config.get("num_local_experts")
-    if not experts:
-        return None
-    return {
-        "num_experts": int(experts),
-        "top_k": int(text_config["num_experts_per_tok"]),
-        "hidden_size": int(text_config["hidden_size"]),
-        "intermediate_size": int(
-            text_config.get("moe_intermediate_size") or text_config["intermediate_size"]
-        ),
-        "renormalize": bool(text_config.get("norm_topk_prob", True)),
-    }
-
-
-def text_config(model_config: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The language model's part of a config.json (VLMs nest it under text_config)."""
-    return model_config.get("text_config") or model_config
 
 
 def _probe_main() -> None:
@@ -635,3 +619,91 @@ def _layer_path(kind: str, candidates: Iterable[tuple[str, str]]) -> list[Any]:
     if cuda:
         return [kind, f"{cls.__name__}: CUDA ops in {', '.join(cuda)}", False]
     return [kind, f"{cls.__name__}: Triton ({len(kernels)} kernels)", True]
+
+
+# ---- the presets' check: each XPU stack's own selection for each preset's model ----
+
+
+def xpu_stacks() -> dict[str, str]:
+    """XPU stack name -> its vLLM version, from configs/stacks.yaml."""
+    from arcvllm import stack
+
+    stacks, _ = stack.load()
+    return {name: s.vllm_version for name, s in stacks.items() if s.flavor == "xpu"}
+
+
+def kernel_rows(
+    presets: Iterable[Preset], stacks: Mapping[str, str], releases: Mapping[str, Any]
+) -> tuple[list[tuple[str, ...]], list[str], list[str]]:
+    """(table rows, failing listed preset/stack pairs, notes) for every preset x XPU stack.
+
+    RELEASES maps a vLLM version to the ReleasePython that runs it. A stack a preset
+    does not list is still checked and shown, so the table says what would break.
+    """
+    from arcvllm import presets as P
+
+    checked = [p for p in presets if p.flavor == "xpu" and p.model_config]
+    requests = [
+        Request(
+            p.name,
+            p.model_config,
+            int(P.flag_values(P.server_command(p).args).get("tensor-parallel-size", 1)),
+            P.speculative_config(p),
+        )
+        for p in checked
+    ]
+    rows: list[tuple[str, ...]] = [("PRESET", "STACK", "MOE KERNEL", "VERDICT", "LISTED")]
+    failures: list[str] = []
+    notes: list[str] = []
+    for stack_name, version in stacks.items():
+        release = releases[version]
+        if release.note:
+            notes.append(f"{stack_name}: {release.note}")
+        selections = select(release, requests) if requests else {}
+        for preset in checked:
+            selection = selections[preset.name]
+            result = verdict(selection)
+            listed = stack_name in preset.stacks
+            if listed and not result.ok:
+                failures.append(f"{preset.name} on {stack_name}")
+            layers = "; ".join(path for _, path, _ in selection.layers)
+            kernel = selection.kernel + (f" [{layers}]" if layers else "")
+            rows.append(
+                (
+                    preset.name,
+                    f"{stack_name} ({selection.vllm.split('+')[0] or version})",
+                    kernel,
+                    f"{result.word}: {result.reason}",
+                    "yes" if listed else "no",
+                )
+            )
+    return rows, failures, notes
+
+
+def check_presets(found: Mapping[str, Preset], given: Sequence[str], doc: dict) -> int:
+    from arcvllm import presets as P
+
+    stacks = xpu_stacks()
+    try:
+        overrides = {r.version: r for r in map(parse_release, given)}
+    except ArcvllmError as exc:
+        raise UsageError(str(exc)) from None
+    releases = {v: overrides.get(v) or find_release(v) for v in set(stacks.values())}
+    rows, failures, notes = kernel_rows(found.values(), stacks, releases)
+    fits, too_big = P.fit_rows(found.values())
+    doc["kernels"] = [
+        dict(zip(("preset", "stack", "kernel", "verdict", "listed"), r, strict=True))
+        for r in rows[1:]
+    ]
+    doc["notes"] = notes
+    doc["fit"] = [dict(zip(("preset", "gpus", "per_gpu", "fit"), r, strict=True)) for r in fits[1:]]
+    doc["problems"] += [f"{f}: the release has no XPU path for it" for f in failures]
+    doc["problems"] += [f"{name} does not fit its GPUs" for name in too_big]
+    if not doc["json"]:
+        print("\nXPU kernels each stack's vLLM selects (its own code, platform = XPU)")
+        print(columns(rows))
+        for note in notes:
+            print(f"note: {note}")
+        print(f"\nMemory per GPU: gpu-memory-utilization x {P.GPU_GIB:.0f} GiB")
+        print(columns(fits))
+    return status(bool(failures or too_big))

@@ -43,14 +43,14 @@ class Target:
     def repository(self) -> str:
         if self.kind == "server":
             return "arcvllm"
-        from arcvllm.builder import stack
+        from arcvllm import stack
 
         return stack.side_images()[self.name].image
 
     def tags(self, version: str) -> list[str]:
         if self.kind == "server":
             return [f"{self.name}-{version}", self.name]
-        from arcvllm.builder import stack
+        from arcvllm import stack
 
         tag = stack.side_images()[self.name].tag
         return [f"{tag}-{version}", tag]
@@ -58,7 +58,7 @@ class Target:
 
 def targets(stacks: Sequence[str] | None, sides: Sequence[str] | None) -> list[Target]:
     """The release's images: the named stacks (default all) and side images (default all)."""
-    from arcvllm.builder import stack
+    from arcvllm import stack
 
     all_stacks, _ = stack.load()
     all_sides = stack.side_images()
@@ -449,7 +449,7 @@ def reproducible(names: Sequence[str], builds: Sequence[str], out: Path) -> list
     with no cache, as an uncompressed OCI layout OUT/NAME-N, the two compared, then removed;
     the names whose builds differ. Without build 1, OUT/NAME-1 is an earlier one (CI: the
     release rehearsal's, built on a new engine)."""
-    from arcvllm.builder import stack
+    from arcvllm import stack
 
     if sorted(builds) not in (["1", "2"], ["2"]):
         raise UsageError(f"builds {' '.join(builds)!r}: `1 2`, or `2` beside an earlier NAME-1")

@@ -143,7 +143,7 @@ def pin(path: Path, stack_name: str, values: Mapping[str, str]) -> str:
     """The stacks file at PATH with STACK_NAME's *_SHA256 args set to VALUES' where they
     differ (their `from` keeps what it said and adds that the release recorded the rest);
     the rest of the file, comments included, as it was."""
-    from arcvllm.builder import stack
+    from arcvllm import stack
 
     old = stack.get(stack_name, path).args
     lines = path.read_text().splitlines(keepends=True)

@@ -12,7 +12,7 @@ from arcvllm.text import columns
 
 def _cmd_defects(args: argparse.Namespace) -> int:
     """List the ledger; with --stack, each defect's standing on that stack's pins."""
-    from arcvllm.builder import stack as stacks_mod
+    from arcvllm import stack as stacks_mod
 
     ledger = defects.load(args.defects_file)
     pins: dict[str, str | None] = {}

@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from arcvllm import options
-from arcvllm.builder import stack
+from arcvllm import options, stack
 from arcvllm.commands import doctor, fieldreport, smoke, verify
 from arcvllm.operate import compose, deploy
 from arcvllm.operate.host import DEFAULT_PORT

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -23,7 +24,7 @@ def _cmd(args) -> int:
     side = args.side[0] if args.side else None
     name = args.stack
     if name is None and side is None:
-        name = image.default_stack(args.flavor, args.stacks_file)
+        name = default_stack(args.flavor, args.stacks_file)
     image.unknown_stack(name, args.stacks_file)
     spec = image.spec_for(name, side, args.ci, args.flavor, args.stacks_file)
     if args.target:
@@ -31,7 +32,7 @@ def _cmd(args) -> int:
     if args.tag:
         spec.tags = args.tag
     elif not spec.tags:
-        spec.tags = [image.tag_for(spec.stack.name, args.env_file)]
+        spec.tags = [tag_for(spec.stack.name, args.env_file)]
     spec.oci_layout = args.oci_layout
     spec.flags = shlex.split(args.docker_flags)
     argv = image.build(spec, dry_run=args.dry_run)
@@ -55,7 +56,8 @@ def _cmd_wheelhouse(args) -> int:
 
 def _cmd_sums(args) -> int:
     """Every download of the stack pinned (fetching and recording the unpinned ones)."""
-    from arcvllm.builder import stack, sums
+    from arcvllm import stack
+    from arcvllm.builder import sums
 
     the_stack = stack.get(args.stack)
     values = sums.apply(the_stack.name, the_stack.build_args())
@@ -148,3 +150,23 @@ def register(subparsers) -> None:
     w.set_defaults(func=_cmd_wheelhouse)
     for each in (b, su, w):
         options.add_json(each)
+
+
+def default_stack(flavor: str | None, stacks_file: Path | None = None) -> str:
+    """The stack a build of no named stack builds: FLAVOR's default stack, FLAVOR by default
+    this host's (xpu where a render node is)."""
+    from arcvllm import stack
+    from arcvllm.operate.host import default_flavor
+
+    return stack.load(stacks_file)[1][flavor or default_flavor()]
+
+
+def tag_for(stack_name: str, env_file: Path | None) -> str:
+    """The tag of a stack's server image: IMAGE (the shell's, else ENV_FILE's: the image
+    `make up` then runs), else arcvllm:STACK."""
+    if env_file is None:
+        return f"arcvllm:{stack_name}"
+    from arcvllm.operate.host import effective
+    from arcvllm.operate.settings import load
+
+    return effective("IMAGE", load(env_file), os.environ, f"arcvllm:{stack_name}")

@@ -49,7 +49,9 @@ def _cmd_presets(args: argparse.Namespace) -> int:
     if doc["problems"]:
         status = max(status, 1)
     if args.kernels:
-        status = max(status, presets._check_kernels(found, args.release, doc))
+        from arcvllm.builder import kernels
+
+        status = max(status, kernels.check_presets(found, args.release, doc))
     del doc["json"]
     doc["ok"] = status == 0
     if args.json:

@@ -7,8 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from arcvllm import options
-from arcvllm.builder import audit, stack
+from arcvllm import options, stack
+from arcvllm.builder import audit, image, index
 from arcvllm.errors import ArcvllmError, UsageError, status
 
 
@@ -51,9 +51,7 @@ def _cmd(args: argparse.Namespace) -> int:
         return 0
     if args.action == "build-args":
         values = (
-            stack.ci_build_args(chosen, args.standins_dir)
-            if args.ci
-            else chosen.resolved_build_args()
+            image.ci_build_args(chosen, args.standins_dir) if args.ci else index.build_args(chosen)
         )
         print(json.dumps(values, indent=2) if as_json else stack.render_build_args(values))
     elif args.action == "get":

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from arcvllm.builder import stack
+from arcvllm import stack
 from arcvllm.engine import docker_binary
 from arcvllm.errors import ArcvllmError, CheckFailed, Unavailable, UsageError
 from arcvllm.operate import compose, gpus, settings, weights

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from arcvllm.errors import CheckFailed
@@ -664,12 +664,6 @@ def render_table(rows: Sequence[Finding]) -> str:
     return columns(
         [("CHECK", "STATUS", "SEEN", "FIX"), *((r.check, r.status, r.seen, r.fix) for r in rows)]
     )
-
-
-def default_preset(environ: Mapping[str, str]) -> str:
-    """The preset this host or container serves: $ARCVLLM_PRESET (the image and the settings
-    file set it), else the production preset."""
-    return environ.get("ARCVLLM_PRESET") or DEFAULT_PRESET
 
 
 def report(host: Host, preset: Preset, rows: Sequence[Finding]) -> dict:

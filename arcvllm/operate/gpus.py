@@ -14,9 +14,8 @@ from pathlib import Path
 
 from arcvllm.errors import Unavailable
 from arcvllm.operate import replicas
-from arcvllm.operate.doctor import default_preset
 from arcvllm.operate.host import Card, Host, b70s, level_zero_devices
-from arcvllm.presets import get_preset
+from arcvllm.presets import default_preset, get_preset
 
 
 def table(host: Host) -> list[dict]:

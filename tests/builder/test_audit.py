@@ -10,7 +10,8 @@ import pytest
 import yaml
 from conftest import ROOT, free_port
 
-from arcvllm.builder import audit, facts, lock, sdist, shell, stack
+from arcvllm import stack
+from arcvllm.builder import audit, facts, lock, sdist, shell
 from arcvllm.cli import main
 
 # vllm-0.23.0.tar.gz as PyPI's simple index lists it (36624042 bytes).

@@ -21,7 +21,7 @@ from conftest import ROOT, free_port
 from support.engine import docker, docker_client, xpu_ci_image
 from support.entrypoint import ENTRYPOINT
 
-from arcvllm.builder import stack as stack_module
+from arcvllm import stack as stack_module
 from arcvllm.server.client import WaitTimeout, wait_until
 
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
@@ -234,7 +234,8 @@ def test_no_account_the_image_adds_carries_the_day_it_was_built(cpu_image, side)
     field of /etc/shadow): the same commit built on another day would be another image.
     The accounts each image adds have none, in /etc/shadow and in the backup chage leaves
     (their base's own keep the base's)."""
-    from arcvllm.builder import image, stack
+    from arcvllm import stack
+    from arcvllm.builder import image
 
     if side is None:
         name = cpu_image
@@ -463,7 +464,8 @@ def test_a_runtime_without_the_toolchain_fails_in_one_line(cpu_image):
 
 
 def test_no_named_stack_is_the_flavours_default_the_flavour_the_hosts(monkeypatch):
-    from arcvllm.builder import image, stack
+    from arcvllm import stack
+    from arcvllm.commands import image
     from arcvllm.operate import host
 
     defaults = stack.load()[1]
@@ -473,7 +475,7 @@ def test_no_named_stack_is_the_flavours_default_the_flavour_the_hosts(monkeypatc
 
 
 def test_the_server_image_is_tagged_the_settings_image_the_shells_first(tmp_path, monkeypatch):
-    from arcvllm.builder import image
+    from arcvllm.commands import image
 
     monkeypatch.delenv("IMAGE", raising=False)
     mine = tmp_path / "mine.env"
@@ -511,7 +513,7 @@ def built_argvs(monkeypatch, *args: str) -> list[list[str]]:
 
 
 def test_several_side_images_are_built_one_after_the_other_each_its_own_tag(monkeypatch):
-    from arcvllm.builder import stack
+    from arcvllm import stack
 
     sides = stack.side_images()
     argvs = built_argvs(monkeypatch, "--side", "router", "--side", "prometheus")
@@ -523,7 +525,8 @@ def test_the_rehearsal_builds_every_stage_up_to_models_and_the_runtimes_user(mon
     """The `vllm` stage and the runtime's user to their tags, and the `models` stage (the
     patch series applied and probed, the tiny model built) checked by its own steps in the
     build cache, nothing exported: every stage of the XPU image that needs no GPU."""
-    from arcvllm.builder import image, stack
+    from arcvllm import stack
+    from arcvllm.builder import image
 
     build = image.spec_for("cpu")
     monkeypatch.setattr(image, "spec_for", lambda *a, **k: image.Build(build.stack, "runtime"))

@@ -25,8 +25,8 @@ import pytest
 import yaml
 from conftest import ROOT, QuietHandler, free_port
 
-from arcvllm import __version__
-from arcvllm.builder import image, release, sbom, stack
+from arcvllm import __version__, stack
+from arcvllm.builder import image, release, sbom
 from arcvllm.engine import docker_binary
 from arcvllm.errors import ArcvllmError, Unavailable, UsageError
 

@@ -9,7 +9,8 @@ import pytest
 import yaml
 from conftest import ROOT
 
-from arcvllm.builder import stack
+from arcvllm import stack
+from arcvllm.builder import dockerfile, image, index
 from arcvllm.cli import main
 from arcvllm.errors import ArcvllmError
 
@@ -48,14 +49,12 @@ def test_no_download_host_in_the_stacks_file():
 
 
 def test_sdist_url_is_asked_of_the_configured_index(stacks, monkeypatch):
-    from arcvllm.builder import index
-
     asked = []
     monkeypatch.setattr(
         index, "file_url", lambda *a: asked.append(a) or "https://mirror.invalid/vllm.tar.gz"
     )
     by_name, _ = stacks
-    args = by_name["xpu-0.23"].resolved_build_args()
+    args = index.build_args(by_name["xpu-0.23"])
     assert args["VLLM_SDIST_URL"] == "https://mirror.invalid/vllm.tar.gz"
     assert asked == [("vllm", "vllm-0.23.0.tar.gz", args["VLLM_SDIST_SHA256"])]
 
@@ -95,7 +94,7 @@ def test_default_of_the_wrong_flavour_is_refused():
 
 
 def test_no_arg_a_stack_sets_has_a_default_in_the_dockerfile(stacks):
-    assert stack.dockerfile_mismatches(DOCKERFILE.read_text(), *stacks) == []
+    assert dockerfile.mismatches(DOCKERFILE.read_text(), *stacks) == []
 
 
 @pytest.mark.parametrize(
@@ -109,7 +108,7 @@ def test_no_arg_a_stack_sets_has_a_default_in_the_dockerfile(stacks):
 def test_a_default_for_a_stack_pin_is_caught(stacks, arg, default):
     text = DOCKERFILE.read_text()
     assert f"ARG {arg}\n" in text
-    problems = stack.dockerfile_mismatches(
+    problems = dockerfile.mismatches(
         text.replace(f"ARG {arg}\n", f"ARG {arg}={default}\n", 1), *stacks
     )
     assert len(problems) == 1 and f"ARG {arg} " in problems[0], problems
@@ -119,7 +118,7 @@ def test_a_pin_the_dockerfile_ignores_is_caught(tmp_path, stacks):
     data = yaml.safe_load(stack.stacks_file().read_text())
     data["stacks"]["cpu"]["args"]["NEW_PIN"] = {"value": "1", "from": "test"}
     by_name, defaults = stack.parse(data)
-    problems = stack.dockerfile_mismatches(DOCKERFILE.read_text(), by_name, defaults)
+    problems = dockerfile.mismatches(DOCKERFILE.read_text(), by_name, defaults)
     assert problems == ["stack cpu: NEW_PIN is no ARG of the Dockerfile"]
 
 
@@ -168,7 +167,6 @@ def test_make_build_with_an_unknown_stack_lists_stacks_and_fails():
 def test_ci_build_args_are_the_xpu_stacks_own_with_flavor_xpu(stacks, monkeypatch, tmp_path):
     """CI builds the operator's XPU build: same flavour, stages and locks (the stand-ins of
     arcvllm/ci/standins.yaml replace only unreachable inputs: tests/ci/test_standins.py)."""
-    from arcvllm.builder import index
     from arcvllm.ci import standins
 
     monkeypatch.setattr(index, "file_url", lambda *a: "https://mirror.invalid/vllm.tar.gz")
@@ -180,8 +178,8 @@ def test_ci_build_args_are_the_xpu_stacks_own_with_flavor_xpu(stacks, monkeypatc
     for name, (version, _) in debs["packages"].items():
         (tmp_path / debs["dir"] / standins._deb_file(name, version)).write_bytes(b"")
     by_name, _ = stacks
-    real = by_name["xpu-0.20"].resolved_build_args()
-    args = stack.ci_build_args(by_name["xpu-0.20"], tmp_path)
+    real = index.build_args(by_name["xpu-0.20"])
+    args = image.ci_build_args(by_name["xpu-0.20"], tmp_path)
     assert args["FLAVOR"] == "xpu"
     kept = "STACK VLLM_VERSION VLLM_SDIST_SHA256 XPU_LOCK TORCH_VERSION PYTHON_VERSION"
     kept += " TRITON_REINSTALL ONEAPI_PIP VLLM_DEPS_FROM PRESET"
@@ -193,7 +191,7 @@ def test_ci_build_args_are_the_xpu_stacks_own_with_flavor_xpu(stacks, monkeypatc
 def test_ci_build_args_of_a_cpu_stack_are_refused(stacks):
     by_name, _ = stacks
     with pytest.raises(ArcvllmError, match="CI stand-ins are for xpu"):
-        stack.ci_build_args(by_name["cpu"])
+        image.ci_build_args(by_name["cpu"])
 
 
 def test_each_stack_defaults_to_a_preset_that_lists_it(stacks):

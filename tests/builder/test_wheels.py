@@ -8,7 +8,7 @@ import pytest
 from conftest import ROOT
 from support import wheels
 
-from arcvllm.builder import stack
+from arcvllm import stack
 
 CACHE = ROOT / "build" / "wheels"
 

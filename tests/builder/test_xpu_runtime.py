@@ -22,7 +22,8 @@ import yaml
 from conftest import ROOT
 from support.engine import docker, xpu_ci_image
 
-from arcvllm.builder import facts, index, shell, stack
+from arcvllm import stack
+from arcvllm.builder import facts, index, shell
 from arcvllm.ci import standins
 
 XPU_STACKS = ["xpu-0.20", "xpu-0.23", "xpu-0.33"]

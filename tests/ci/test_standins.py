@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from arcvllm.builder import stack
+from arcvllm import stack
+from arcvllm.builder import image, index
 from arcvllm.ci import standin_base, standins
 from arcvllm.cli import main
 from arcvllm.engine import docker_binary
@@ -98,8 +99,8 @@ def no_index(monkeypatch):
 @pytest.mark.parametrize("name", ["xpu-0.20", "xpu-0.23", "xpu-0.33"])
 def test_ci_args_are_the_stacks_own_but_for_the_standins(name, config, made, no_index):
     real_stack = stack.get(name)
-    real = real_stack.resolved_build_args()
-    ci = stack.ci_build_args(real_stack, made)
+    real = index.build_args(real_stack)
+    ci = image.ci_build_args(real_stack, made)
     assert ci["FLAVOR"] == "xpu"
     assert set(ci) == set(real)
     changed = {k for k in real if ci[k] != real[k]}
@@ -107,7 +108,7 @@ def test_ci_args_are_the_stacks_own_but_for_the_standins(name, config, made, no_
 
 
 def test_ci_args_point_at_files_that_exist_with_their_sums(made, no_index):
-    ci = stack.ci_build_args(stack.get("xpu-0.23"), made)
+    ci = image.ci_build_args(stack.get("xpu-0.23"), made)
     in_build = "file:///wheelhouse/standins/"
     urls = ci["GPU_DEBS"].split()
     assert len(urls) == 8 and all(u.startswith(in_build + "debs/") for u in urls)

@@ -208,7 +208,7 @@ def test_without_env_file_the_container_gets_the_shipped_file_not_the_other_one(
 
 def stack_defaults() -> dict[str, str]:
     """Flavour -> default stack (configs/stacks.yaml `defaults:`), checked by the loader."""
-    from arcvllm.builder.stack import load
+    from arcvllm.stack import load
 
     return load(STACKS_FILE)[1]
 

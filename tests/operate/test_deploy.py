@@ -219,8 +219,8 @@ def names(**given) -> argparse.Namespace:
 
 
 def test_a_deployment_named_by_flavour_alone_is_its_default_stack_and_the_stacks_preset(tmp_path):
-    from arcvllm.builder.stack import load, side_images
     from arcvllm.operate import deploy
+    from arcvllm.stack import load, side_images
 
     defaults = load()[1]
     cpu = deploy.resolve(names(flavor="cpu"), environ={}, dri_dir=tmp_path)

@@ -17,7 +17,7 @@ from conftest import ROOT, release_root
 from support.compose import compose_binary
 from support.hosts import B70, B580, FOUR, IGPU, fake_host
 
-from arcvllm.builder import stack
+from arcvllm import stack
 from arcvllm.errors import Unavailable
 from arcvllm.operate import host as hosts
 from arcvllm.operate import replicas

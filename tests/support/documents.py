@@ -301,8 +301,7 @@ class Repository:
 
 @functools.cache
 def repository(root: Path) -> Repository:
-    from arcvllm import cli, presets
-    from arcvllm.builder import stack
+    from arcvllm import cli, presets, stack
     from arcvllm.operate import settings
 
     makefile = (root / "Makefile").read_text()

@@ -62,7 +62,7 @@ def ports(service: dict) -> list[tuple[str, int, int]]:
 def side_image(name: str) -> str:
     """A side image's tag as configs/stacks.yaml declares it (`side_images:`, read by the one
     stacks loader): what `make` builds and compose runs."""
-    from arcvllm.builder.stack import side_images
+    from arcvllm.stack import side_images
 
     return side_images()[name].ref
 

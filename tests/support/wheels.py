@@ -19,8 +19,8 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 from arcvllm.builder import index, lock
-from arcvllm.builder.stack import Stack
 from arcvllm.errors import ArcvllmError
+from arcvllm.stack import Stack
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from arcvllm.errors import ArcvllmError, Unavailable, UsageError
+from arcvllm.errors import ArcvllmError
 from arcvllm.paths import configs_dir
 from arcvllm.text import columns
 
@@ -47,15 +47,6 @@ class Stack:
     def sdist(self) -> str:
         """The file name of the release's source distribution (pinned by VLLM_SDIST_SHA256)."""
         return f"vllm-{self.vllm_version}.tar.gz"
-
-    def resolved_build_args(self) -> dict[str, str]:
-        """build_args plus VLLM_SDIST_URL, asked of the package index pip is configured with."""
-        values = self.build_args()
-        if sha256 := values.get("VLLM_SDIST_SHA256"):
-            from arcvllm.builder import index
-
-            values["VLLM_SDIST_URL"] = index.file_url("vllm", self.sdist, sha256)
-        return values
 
 
 def stacks_file() -> Path:
@@ -160,21 +151,6 @@ def get(name: str, path: Path | None = None, flavor: str | None = None) -> Stack
     return stack
 
 
-def ci_build_args(stack: Stack, standins_dir: Path | None = None) -> dict[str, str]:
-    """CI's build args of an XPU stack: its own (FLAVOR=xpu), where only the inputs CI cannot
-    reach point at their stand-ins (arcvllm/ci/standins.yaml, made by scripts/ci/standins.sh)."""
-    try:
-        from arcvllm.ci import standins
-    except ImportError:
-        where = "CI's stand-ins come with a checkout of arcvllm, not with its wheel"
-        raise Unavailable(where) from None
-    if stack.flavor != "xpu":
-        raise UsageError(f"stack {stack.name} is {stack.flavor}: CI stand-ins are for xpu")
-    # The stand-ins first: a missing one fails before the index is asked for the sdist.
-    replace = standins.overrides(stack.name, standins.load(), standins_dir or standins.DEFAULT_DIR)
-    return standins.ci_build_args(stack.resolved_build_args(), replace, stack.name)
-
-
 def render_build_args(values: Mapping[str, str]) -> str:
     """`--build-arg K=V ...`, quoted for a shell (values may hold spaces)."""
     return " ".join(f"--build-arg {shlex.quote(f'{k}={v}')}" for k, v in values.items())
@@ -202,38 +178,6 @@ def lookup(stack: Stack, key: str) -> str:
     if key not in values:
         raise ArcvllmError(f"stack {stack.name} has no {key}; keys: {', '.join(values)}")
     return values[key]
-
-
-def dockerfile_args(text: str) -> list[tuple[str, str, str | None]]:
-    """(stage, name, default) for every ARG of a Dockerfile; stage "" is the global scope."""
-    from arcvllm.builder import dockerfile
-
-    return dockerfile.args(text)
-
-
-def dockerfile_mismatches(
-    text: str, stacks: Mapping[str, Stack], defaults: Mapping[str, str]
-) -> list[str]:
-    """Where the Dockerfile and the stacks file disagree, one line each.
-
-    Every pin is declared once, in the stacks file: an ARG that any stack sets has no
-    default in the Dockerfile (a default would be a second copy, and a plain `docker build`
-    would quietly build it), and every pin is an ARG.
-    """
-    pinned = {key for s in stacks.values() for key in s.build_args()}
-    declared = dockerfile_args(text)
-    problems = [
-        f"ARG {name} in stage {stage or '(global)'} has a default ({default!r}); "
-        "its value belongs in configs/stacks.yaml only"
-        for stage, name, default in declared
-        if default is not None and name in pinned
-    ]
-    names = {name for _, name, _ in declared}
-    for stack in stacks.values():
-        for key in stack.build_args():
-            if key not in names:
-                problems.append(f"stack {stack.name}: {key} is no ARG of the Dockerfile")
-    return problems
 
 
 def stack_json(stack: Stack) -> dict:
