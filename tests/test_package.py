@@ -87,9 +87,9 @@ CORE = {"arcvllm", "errors", "paths", "text", "options", "engine", "stack", "mod
 PRESET_MODEL = {"presets", "defects", "model"}
 BELOW_OPERATE = CORE | PRESET_MODEL | {"server", "serving", "smoke", "bench", "verify"}
 ALLOWED = {
-    **{part: CORE for part in CORE},
+    **dict.fromkeys(CORE, CORE),
     "ci": CORE,  # CI's stand-ins: data and their reader (left out of the wheel)
-    **{part: CORE | PRESET_MODEL for part in PRESET_MODEL},
+    **dict.fromkeys(PRESET_MODEL, CORE | PRESET_MODEL),
     "server": CORE | PRESET_MODEL,
     "patching": CORE | PRESET_MODEL,
     "serving": CORE | PRESET_MODEL,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from arcvllm import defects, options
 from arcvllm.errors import UsageError
@@ -21,7 +22,7 @@ def _cmd_defects(args: argparse.Namespace) -> int:
         if args.stack not in stacks:
             raise UsageError(f"unknown stack {args.stack!r}; stacks: {', '.join(stacks)}")
         pins = defects.pinned_versions(stacks[args.stack])
-    listed = []
+    listed: list[dict[str, Any]] = []
     for d in ledger.defects:
         entry = {
             "id": d.id,

@@ -81,7 +81,7 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
     token = weights.read_token(args.token_file)
     record = weights.complete(folder, source)
     fetched = record is None
-    if fetched:
+    if record is None:
         options.require("huggingface_hub", "weights", "arcvllm model fetch")
         record = weights.fetch(
             source, folder, args.endpoint or weights.default_endpoint(os.environ), token
