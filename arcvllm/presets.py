@@ -759,7 +759,7 @@ def fit_rows(presets: Iterable[Preset]) -> tuple[list[tuple[str, ...]], list[str
     return rows, failures
 
 
-def _check_arguments(presets: Mapping[str, Preset], doc: dict[str, Any]) -> int | None:
+def check_arguments(presets: Mapping[str, Preset], doc: dict[str, Any]) -> int | None:
     """The argument check with this Python's vLLM; None when this Python has no vLLM."""
     try:
         version = installed_vllm_version()
@@ -815,7 +815,7 @@ def defect_settings(preset: Preset) -> defects.Settings:
     )
 
 
-def _check_defects(presets: Mapping[str, Preset], ledger_path: Path | None, doc: dict) -> int:
+def check_defects(presets: Mapping[str, Preset], ledger_path: Path | None, doc: dict) -> int:
     """Each XPU preset x XPU stack against the defect ledger, and the default XPU stack
     against the one the ledger picks (exit 1 when they differ). Pure: no vLLM needed."""
     from arcvllm import defects, stack

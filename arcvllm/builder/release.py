@@ -570,8 +570,3 @@ def entry(manifest_file: Path, name: str) -> dict:
         names = ", ".join(e["name"] for e in images)
         raise UsageError(f"{manifest_file}: no image {name!r} (it has: {names})")
     return found
-
-
-def _names(raw: str | None) -> list[str] | None:
-    """A comma-separated option: None when absent (all), [] when empty (none)."""
-    return None if raw is None else [n for n in raw.split(",") if n]

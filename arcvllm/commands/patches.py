@@ -66,7 +66,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_apply(args) -> int:
-    target, the_series = patches._load(args)
+    target, the_series = patches.target_and_series(args)
     report = patches.apply(
         target,
         the_series,
@@ -87,16 +87,16 @@ def _cmd_apply(args) -> int:
 
 
 def _cmd_status(args) -> int:
-    target, the_series = patches._load(args)
-    patches._check_supported(target, the_series, args.allow_unsupported)
+    target, the_series = patches.target_and_series(args)
+    patches.check_supported(target, the_series, args.allow_unsupported)
     report = patches.inspect_target(target, the_series, args.python)
     print(json.dumps(report.manifest(), indent=2) if args.json else patches.table(report))
     return 0
 
 
 def _cmd_verify(args) -> int:
-    target, the_series = patches._load(args)
-    patches._check_supported(target, the_series, args.allow_unsupported)
+    target, the_series = patches.target_and_series(args)
+    patches.check_supported(target, the_series, args.allow_unsupported)
     report = patches.inspect_target(target, the_series, args.python)
     bad = [
         row
@@ -120,7 +120,7 @@ def _cmd_verify(args) -> int:
 
 
 def _cmd_plan(args) -> int:
-    the_series = patches._series(args)
+    the_series = patches.series_of(args)
     try:
         version = series.parse_version(args.vllm_version)
     except ArcvllmError as exc:

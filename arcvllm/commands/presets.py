@@ -39,8 +39,8 @@ def _cmd_presets(args: argparse.Namespace) -> int:
     doc["problems"] += [
         line for p in found.values() for line in presets.stack_problems(p, versions)
     ]
-    defects_status = presets._check_defects(found, args.defects_file, doc)
-    status = presets._check_arguments(found, doc)
+    defects_status = presets.check_defects(found, args.defects_file, doc)
+    status = presets.check_arguments(found, doc)
     if status is None:
         if not args.json:
             print("no vLLM in this Python: argument check left to the release's Python")

@@ -30,9 +30,7 @@ def _cmd(args) -> int:
             raise CheckFailed(f"two clean builds differ: {', '.join(differ)}")
         return 0
     if args.action == "assemble":
-        manifest = release.assemble(
-            args.parts, args.out, release._names(args.stacks), release._names(args.sides)
-        )
+        manifest = release.assemble(args.parts, args.out, _names(args.stacks), _names(args.sides))
         if args.json:
             print(json.dumps(manifest, indent=2))
         else:
@@ -58,7 +56,7 @@ def _cmd(args) -> int:
                 print(f"{'ok  ' if r['ok'] else 'FAIL'} {r['ref']}  {r['detail']}")
         return status(not all(r["ok"] for r in results))
     # build (argparse offers no other action)
-    stacks, sides = release._names(args.stacks), release._names(args.sides)
+    stacks, sides = _names(args.stacks), _names(args.sides)
     manifest = release.release(args.version, args.registry, args.key, args.out, stacks, sides)
     if args.json:
         print(json.dumps(manifest, indent=2))
@@ -135,3 +133,8 @@ def register(subparsers) -> None:
     e.add_argument("field", help="ref, digest, layout, repository, ...")
     for each in (b, v, c, r, a, e):
         options.add_json(each)
+
+
+def _names(raw: str | None) -> list[str] | None:
+    """A comma-separated option: None when absent (all), [] when empty (none)."""
+    return None if raw is None else [n for n in raw.split(",") if n]

@@ -179,7 +179,7 @@ def run_probes(target: Target, names: list[str], python: str) -> dict[str, dict[
 # --- the three commands ----------------------------------------------------------------
 
 
-def _check_supported(target: Target, the_series: series.Series, allow_unsupported: bool):
+def check_supported(target: Target, the_series: series.Series, allow_unsupported: bool):
     if not the_series.supports(target.version) and not allow_unsupported:
         raise Unavailable(
             f"vLLM {target.version} is outside the supported range {the_series.supported} "
@@ -232,7 +232,7 @@ def apply(
     expect: str | None = None,
 ) -> PatchReport:
     """Bring TARGET to the series, or leave it byte-identical and raise."""
-    _check_supported(target, the_series, allow_unsupported)
+    check_supported(target, the_series, allow_unsupported)
     report = inspect_target(target, the_series, python)
     version = target.version
     for row in report.rows:
@@ -337,14 +337,16 @@ def write_manifest(report: PatchReport, path: Path) -> None:
     path.write_text(json.dumps(report.manifest(), indent=2, sort_keys=True) + "\n")
 
 
-def _series(args) -> series.Series:
+def series_of(args) -> series.Series:
+    """The series ARGS name: --build's, --series-file, else the bundled one."""
     if args.build:
         return series.load(patches_dir() / "build" / "series.yaml")
     return series.load(args.series_file)
 
 
-def _load(args) -> tuple[Target, series.Series]:
-    return find(args.target), _series(args)
+def target_and_series(args) -> tuple[Target, series.Series]:
+    """The vLLM tree ARGS name (--target, else the installed one) and their series."""
+    return find(args.target), series_of(args)
 
 
 def plan_states(the_series, version) -> dict[str, str]:
