@@ -14,6 +14,7 @@ from arcvllm import cli, stack
 from arcvllm import defects as D
 from arcvllm import presets as P
 from arcvllm.errors import ArcvllmError
+from arcvllm.paths import configs_dir
 
 LEDGER = D.load()
 STACKS, DEFAULTS = stack.load()
@@ -197,7 +198,7 @@ def test_a_defect_the_image_patches_is_listed_as_patched_not_affected():
     found = D.verdict(LEDGER, DEFAULT.name, P.defect_settings(DEFAULT), "xpu-0.23", pins)
     assert "vllm#41817 (mamba-copy-uint64)" in found.patched
     assert all(not a.startswith("vllm#41817") for a in found.affected)
-    series = yaml.safe_load((P.configs_dir().parent / "patches/vllm/series.yaml").read_text())
+    series = yaml.safe_load((configs_dir().parent / "patches/vllm/series.yaml").read_text())
     names = json.dumps(series)
     for defect in LEDGER.defects:
         if defect.patched_by:

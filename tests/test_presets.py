@@ -271,8 +271,10 @@ def test_presets_check_fails_with_one_line_when_a_stacks_release_lacks_the_flag(
     def no_vllm() -> str:
         raise ImportError("vllm")
 
-    monkeypatch.setattr(P, "installed_vllm_version", no_vllm)
-    monkeypatch.setattr(P, "stack_vllm_versions", lambda: {"old": "0.17.1"})
+    # the command reads the stacks' versions, the check reads them and the installed vLLM
+    monkeypatch.setattr(P.check, "installed_vllm_version", no_vllm)
+    for module in (P, P.check):
+        monkeypatch.setattr(module, "stack_vllm_versions", lambda: {"old": "0.17.1"})
     argv = ["presets", "--check", "--no-kernels", "--presets-dir", str(tmp_path)]
     assert cli.main(argv) == 1
     err = capsys.readouterr().err
@@ -280,7 +282,8 @@ def test_presets_check_fails_with_one_line_when_a_stacks_release_lacks_the_flag(
         "arcvllm: preset x: shutdown_timeout needs vLLM >= 0.18.0 (--shutdown-timeout); "
         "vLLM 0.17.1 has no such flag (stack old)\n"
     )
-    monkeypatch.setattr(P, "stack_vllm_versions", lambda: {"old": "0.20.2"})
+    for module in (P, P.check):
+        monkeypatch.setattr(module, "stack_vllm_versions", lambda: {"old": "0.20.2"})
     assert cli.main(argv) == 0
 
 
@@ -467,7 +470,7 @@ def test_speculative_config_is_read_as_a_mapping_or_json():
     text = replace(preset, vllm_args={"speculative-config": '{"method": "ngram"}'})
     assert P.speculative_config(text) == {"method": "ngram"}
     assert P.speculative_config(P.get_preset("tiny-hybrid-cpu")) is None
-    with pytest.raises(P.ArcvllmError, match="not JSON"):
+    with pytest.raises(ArcvllmError, match="not JSON"):
         P.speculative_config(replace(preset, vllm_args={"speculative-config": "{"}))
 
 

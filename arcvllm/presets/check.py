@@ -1,0 +1,220 @@
+"""A preset checked: with the installed vLLM's own argument parser (where vLLM is), against
+the stacks' vLLM versions and against the defect ledger.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import io
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from arcvllm.errors import ArcvllmError, status
+from arcvllm.modelconfig import moe_shape, text_config
+from arcvllm.presets.load import DEFAULT_XPU_PRESET, SERVER_MODULE, Preset
+from arcvllm.presets.render import flag_values, server_command, speculative_config
+from arcvllm.text import columns
+
+if TYPE_CHECKING:
+    from arcvllm import defects
+
+
+# ---- stacks: which vLLM versions a preset is known to work with ----
+
+
+def stack_vllm_versions(path: Path | None = None) -> dict[str, str]:
+    """Stack name -> vLLM version, from the stacks file (configs/stacks.yaml)."""
+    from arcvllm import stack
+
+    return {name: s.vllm_version for name, s in stack.load(path)[0].items()}
+
+
+def covers(preset: Preset, version: str, stack_versions: Mapping[str, str]) -> bool:
+    """Whether VERSION lies between the oldest and newest vLLM of the preset's stacks.
+
+    A preset is parsed only by the vLLM releases its stacks span: an XPU preset named for
+    xpu-0.20 and xpu-0.33 must parse with every release from 0.20.2 to 0.33.0, while a
+    preset for a single stack may use a flag that other releases lack.
+    """
+    from packaging.version import Version
+
+    known = [Version(stack_versions[s]) for s in preset.stacks if s in stack_versions]
+    if not known:
+        return False
+    return min(known) <= Version(Version(version).base_version) <= max(known)
+
+
+# ---- checking with the installed vLLM's own parser (runs where vLLM is) ----
+
+
+def installed_vllm_version() -> str:
+    import vllm
+
+    return str(vllm.__version__).split("+")[0]
+
+
+def vllm_server_parser() -> tuple[argparse.ArgumentParser, Callable[[argparse.Namespace], Any]]:
+    """The OpenAI server's parser and its validation, exactly as the installed vLLM has them."""
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except ImportError:  # releases before the utils split
+        from vllm.utils import FlexibleArgumentParser  # type: ignore[attr-defined,no-redef]
+    for module in ("vllm.entrypoints.openai.cli_args", "vllm.entrypoints.launchers.cli_args"):
+        try:
+            cli_args = importlib.import_module(module)
+            break
+        except ModuleNotFoundError as exc:
+            if exc.name is None or not module.startswith(exc.name):
+                raise ArcvllmError(
+                    f"vLLM's server arguments ({module}) need the missing module {exc.name}"
+                ) from exc
+    else:
+        raise ArcvllmError("this vLLM has no OpenAI server argument parser arcvllm knows")
+    parser = cli_args.make_arg_parser(FlexibleArgumentParser(prog=SERVER_MODULE))
+    return parser, cli_args.validate_parsed_serve_args
+
+
+def parse_with_vllm(
+    args: Sequence[str],
+    parser: argparse.ArgumentParser,
+    validate: Callable[[argparse.Namespace], Any] = lambda _: None,
+) -> str | None:
+    """None when vLLM accepts ARGS, else vLLM's own error text."""
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr):
+            validate(parser.parse_args(list(args)))
+    except SystemExit:
+        lines = [line for line in stderr.getvalue().splitlines() if line.strip()]
+        return lines[-1] if lines else "rejected by vLLM's parser"
+    except Exception as exc:  # validate_parsed_serve_args raises TypeError/ValueError
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def check_all(
+    presets: Iterable[Preset], version: str, stack_versions: Mapping[str, str]
+) -> list[tuple[str, str]]:
+    """(preset, result) for every preset: 'ok', 'skipped: ...' or the parser's complaint."""
+    server = None
+    results = []
+    for preset in presets:
+        if not covers(preset, version, stack_versions):
+            spans = ", ".join(f"{s}={stack_versions.get(s, '?')}" for s in preset.stacks)
+            results.append((preset.name, f"skipped: stacks {spans} do not span vLLM {version}"))
+            continue
+        try:
+            args = server_command(preset, vllm_version=version).args
+        except ArcvllmError as exc:  # refused before vLLM's parser is needed
+            results.append((preset.name, f"FAIL: {exc}"))
+            continue
+        server = server or vllm_server_parser()
+        try:
+            error = parse_with_vllm(args, *server)
+        except ArcvllmError as exc:
+            error = str(exc)
+        results.append((preset.name, "ok" if error is None else f"FAIL: {error}"))
+    return results
+
+
+def check_arguments(presets: Mapping[str, Preset], doc: dict[str, Any]) -> int | None:
+    """The argument check with this Python's vLLM; None when this Python has no vLLM."""
+    try:
+        version = installed_vllm_version()
+    except ImportError:
+        return None
+    results = check_all(presets.values(), version, stack_vllm_versions())
+    doc["vllm"] = version
+    doc["arguments"] = [{"preset": name, "result": result} for name, result in results]
+    if not doc["json"]:
+        print(f"vLLM {version}: presets parsed with its own argument parser")
+        print(columns([("PRESET", "RESULT"), *results]))
+    if not any(r == "ok" for _, r in results):
+        doc["problems"].append("no preset covers this vLLM version")
+        return status(True)
+    return status(any(r.startswith("FAIL") for _, r in results))
+
+
+def defect_settings(preset: Preset) -> defects.Settings:
+    """What PRESET sets that a defect's trigger asks about (arcvllm.defects)."""
+    from arcvllm import defects
+
+    values = flag_values(server_command(preset).args)
+    text = text_config(preset.model_config)
+    kinds = set(text.get("layer_types") or [])
+    layers = set()
+    if "linear_attention" in kinds:
+        layers.add("gdn")
+    if "mamba" in kinds:
+        layers.add("mamba2")
+    tp = int(values.get("tensor-parallel-size", 1))
+    shape = moe_shape(text) if text else None
+    widths: tuple[int, ...] = ()
+    if shape is not None:
+        layers.add("moe")
+        shared = int(
+            text.get("shared_expert_intermediate_size") or text.get("shared_intermediate_size") or 0
+        )
+        widths = tuple(w // tp for w in (shape["intermediate_size"], shared) if w)
+    caching = None
+    if values.get("enable-prefix-caching") is True:
+        caching = str(values.get("mamba-cache-mode") or "align")
+    return defects.Settings(
+        layers=frozenset(layers),
+        max_model_len=int(values.get("max-model-len") or 0),
+        speculative=speculative_config(preset) is not None,
+        quantization=defects.quantization(preset.model_config),
+        compiled=values.get("enforce-eager") is not True,
+        xpu_graph=str(preset.env.get("VLLM_XPU_ENABLE_XPU_GRAPH", "0")) == "1",
+        prefix_caching=caching,
+        tensor_parallel=tp,
+        num_seqs=int(values.get("max-num-seqs") or 256),
+        moe_widths=widths,
+    )
+
+
+def check_defects(presets: Mapping[str, Preset], ledger_path: Path | None, doc: dict) -> int:
+    """Each XPU preset x XPU stack against the defect ledger, and the default XPU stack
+    against the one the ledger picks (exit 1 when they differ). Pure: no vLLM needed."""
+    from arcvllm import defects, stack
+
+    ledger = defects.load(ledger_path)
+    stacks, default_names = stack.load()
+    xpu = [p for p in presets.values() if p.flavor == "xpu" and p.model_config]
+    found = defects.verdicts(ledger, [(p.name, defect_settings(p), p.stacks) for p in xpu], stacks)
+    pins = {name: defects.pinned_versions(s) for name, s in stacks.items() if s.flavor == "xpu"}
+    doc["defects"] = [
+        {
+            "preset": v.preset,
+            "stack": v.stack,
+            "verdict": v.word.lower(),
+            "affected": list(v.affected),
+            "unknown": list(v.unknown),
+            "patched": list(v.patched),
+            "listed": v.listed,
+        }
+        for v in found
+    ]
+    problem = None
+    if DEFAULT_XPU_PRESET in presets and "xpu" in default_names:
+        default = presets[DEFAULT_XPU_PRESET]
+        problem = defects.default_problem(
+            ledger, default.name, defect_settings(default), stacks, default_names["xpu"]
+        )
+        doc["default_xpu_stack"] = default_names["xpu"]
+    if problem:
+        doc["problems"].append(problem)
+    if not doc["json"] and found:
+        print("Known defects (configs/defects.yaml) on each XPU stack's pins")
+        for name, pinned in pins.items():
+            print(f"  {defects.pins_line(name, pinned)}")
+        print(columns(defects.rows(found)))
+        if "default_xpu_stack" in doc and not problem:
+            print(
+                f"default XPU stack {default_names['xpu']}: the newest clean for "
+                f"{DEFAULT_XPU_PRESET}\n"
+            )
+    return status(problem is not None)
