@@ -10,60 +10,68 @@ from arcvllm.builder import release
 from arcvllm.errors import CheckFailed, UsageError, status
 
 
-def _cmd(args) -> int:
-    if args.action == "compare":
-        if args.json:
-            differ = release.compare(args.first, args.second)
-            digests = (release.layout_digest(args.first), release.layout_digest(args.second))
-            print(json.dumps({"digests": digests, "differ": differ}, indent=2))
-            return status(bool(differ))
-        differ = release.compared(args.first, args.second, args.limit)
-        if differ:
-            raise CheckFailed(f"the two builds differ in {len(differ)} files")
-        return 0
-    if args.action == "reproducible":
-        names = [n for raw in args.images for n in raw.split(",") if n]
-        differ = release.reproducible(names, args.builds.split(), args.out)
-        if args.json:
-            print(json.dumps({"images": names, "differ": differ}))
-        if differ:
-            raise CheckFailed(f"two clean builds differ: {', '.join(differ)}")
-        return 0
-    if args.action == "assemble":
-        manifest = release.assemble(args.parts, args.out, _names(args.stacks), _names(args.sides))
-        if args.json:
-            print(json.dumps(manifest, indent=2))
-        else:
-            for e in manifest["images"]:
-                print(f"{e['name']:14} {e['ref']}")
-            print(f"manifest: {args.out / 'manifest.json'}")
-        return 0
-    if args.action == "entry":
-        found = release.entry(args.manifest, args.name)
-        if args.field not in found:
-            raise UsageError(f"no field {args.field!r} (it has: {', '.join(found)})")
-        print(json.dumps(found[args.field]) if args.json else found[args.field])
-        return 0
-    if args.action == "verify":
-        signer = release.Signer.of(
-            args.key, args.certificate_identity_regexp, args.certificate_oidc_issuer
-        )
-        results = release.verify(args.manifest, signer)
-        if args.json:
-            print(json.dumps(results, indent=2))
-        else:
-            for r in results:
-                print(f"{'ok  ' if r['ok'] else 'FAIL'} {r['ref']}  {r['detail']}")
-        return status(not all(r["ok"] for r in results))
-    # build (argparse offers no other action)
-    stacks, sides = _names(args.stacks), _names(args.sides)
-    manifest = release.release(args.version, args.registry, args.key, args.out, stacks, sides)
+def _compare(args) -> int:
+    if args.json:
+        differ = release.compare(args.first, args.second)
+        digests = (release.layout_digest(args.first), release.layout_digest(args.second))
+        print(json.dumps({"digests": digests, "differ": differ}, indent=2))
+        return status(bool(differ))
+    differ = release.compared(args.first, args.second, args.limit)
+    if differ:
+        raise CheckFailed(f"the two builds differ in {len(differ)} files")
+    return 0
+
+
+def _reproducible(args) -> int:
+    names = [n for raw in args.images for n in raw.split(",") if n]
+    differ = release.reproducible(names, args.builds.split(), args.out)
+    if args.json:
+        print(json.dumps({"images": names, "differ": differ}))
+    if differ:
+        raise CheckFailed(f"two clean builds differ: {', '.join(differ)}")
+    return 0
+
+
+def _print_manifest(manifest: dict, args) -> None:
     if args.json:
         print(json.dumps(manifest, indent=2))
+        return
+    for e in manifest["images"]:
+        print(f"{e['name']:14} {e['ref']}")
+    print(f"manifest: {args.out / 'manifest.json'}")
+
+
+def _assemble(args) -> int:
+    manifest = release.assemble(args.parts, args.out, _names(args.stacks), _names(args.sides))
+    _print_manifest(manifest, args)
+    return 0
+
+
+def _entry(args) -> int:
+    found = release.entry(args.manifest, args.name)
+    if args.field not in found:
+        raise UsageError(f"no field {args.field!r} (it has: {', '.join(found)})")
+    print(json.dumps(found[args.field]) if args.json else found[args.field])
+    return 0
+
+
+def _verify(args) -> int:
+    signer = release.Signer.of(
+        args.key, args.certificate_identity_regexp, args.certificate_oidc_issuer
+    )
+    results = release.verify(args.manifest, signer)
+    if args.json:
+        print(json.dumps(results, indent=2))
     else:
-        for e in manifest["images"]:
-            print(f"{e['name']:14} {e['ref']}")
-        print(f"manifest: {args.out / 'manifest.json'}")
+        for r in results:
+            print(f"{'ok  ' if r['ok'] else 'FAIL'} {r['ref']}  {r['detail']}")
+    return status(not all(r["ok"] for r in results))
+
+
+def _build(args) -> int:
+    stacks, sides = _names(args.stacks), _names(args.sides)
+    manifest = release.release(args.version, args.registry, args.key, args.out, stacks, sides)
+    _print_manifest(manifest, args)
     return 0
 
 
@@ -75,7 +83,6 @@ def register(subparsers) -> None:
         "to REGISTRY, signed with a cosign key, its SBOM attested, and manifest.json "
         "written. `release verify`: cosign's verdict on every digest of a manifest.",
     )
-    parser.set_defaults(func=_cmd)
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     b = sub.add_parser("build", help="the release (make release VERSION=...)")
     b.add_argument("--version", required=True)
@@ -131,8 +138,10 @@ def register(subparsers) -> None:
     e.add_argument("manifest", type=options.existing_file)
     e.add_argument("name", help="a stack or side image (cpu, gateway, ...)")
     e.add_argument("field", help="ref, digest, layout, repository, ...")
-    for each in (b, v, c, r, a, e):
+    handlers = (_build, _verify, _compare, _reproducible, _assemble, _entry)
+    for each, handler in zip((b, v, c, r, a, e), handlers, strict=True):
         options.add_json(each)
+        each.set_defaults(func=handler)
 
 
 def _names(raw: str | None) -> list[str] | None:
