@@ -149,7 +149,7 @@ report_images() {
 
 step make venv
 step make lint
-# apt before anything runs in parallel (one dpkg lock)
+# the Debian tools the tests run, unpacked in build/tools (scripts/ci/tools.sh)
 step make tools
 # The venvs first: the images stream waits on them too.
 venvs &
