@@ -8,11 +8,11 @@ runs the scripts as that user (runuser, a clean environment), and deletes the us
 files afterwards; the socket itself is not changed. As any other user the tests run as that
 user. Either way the apt and dpkg files' mtimes are compared before and after.
 
-They fail on the scripts before this change: `make tools` as a user was
-"make tools: missing Debian packages: prometheus prometheus-alertmanager kubernetes-client
-(apt-get install them as root)", exit 3; release-check.sh as a user refused with "a Docker
-engine still answers on /run/arcvllm-docker: stop it first" (it would start a second,
-root-only dockerd), exit 3.
+Two of them failed on the scripts before this change (run here as root, with the user they
+make): `make tools` as a user stopped with "make tools: missing Debian packages: prometheus
+prometheus-alertmanager kubernetes-client (apt-get install them as root)" (exit 3, make's
+2), and release-check.sh as a user with "release-check: a Docker engine still answers on
+/run/arcvllm-docker: stop it first" (exit 3: it starts a second dockerd, which needs root).
 """
 
 from __future__ import annotations
@@ -128,7 +128,10 @@ def user(engine) -> Iterator[User]:
         (home / "tmp").mkdir(parents=True)
         for path in (home, home / "tmp"):
             os.chown(path, entry.pw_uid, entry.pw_gid)
-        yield User(name, home, as_root=True)
+        made = User(name, home, as_root=True)
+        if made.run("test", "-x", "scripts/ci/engine.sh", timeout=30).returncode != 0:
+            pytest.fail(f"{name}, not root, cannot read this checkout ({ROOT}): make it readable")
+        yield made
     finally:
         gone = subprocess.run(["userdel", name], capture_output=True, text=True)
         shutil.rmtree(home, ignore_errors=True)
