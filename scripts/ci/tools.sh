@@ -9,7 +9,11 @@
 # sha256 against the signed index) into a private apt state under TOOLS_DIR, unpacked there
 # with `dpkg-deb -x`, and linked into TOOLS_DIR/bin, which the Makefile puts on PATH (after
 # the system's). Nothing under /etc, /usr or /var is written, no dpkg lock is taken.
-# Settings (env): TOOLS_DIR (build/tools).
+# On Debian kubectl is trixie's package of it (1.32, the release deploy/kubernetes is
+# validated against): bookworm's kubernetes-client 1.20 carries kustomize v2, which builds
+# none of the overlays. A host whose apt has no trixie source gets one at pin priority 100,
+# for this download only (engine.sh adds the same to the system's when it installs).
+# Settings (env): TOOLS_DIR (build/tools), ARCVLLM_OS_RELEASE (/etc/os-release).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -17,9 +21,12 @@ dir=${TOOLS_DIR:-$PWD/build/tools}
 case $dir in /*) ;; *) dir=$PWD/$dir ;; esac
 export PATH=$PATH:$dir/bin
 
-# tool -> the Debian package that ships it as /usr/bin/TOOL
+debian=0
+[[ $(sed -n 's/^ID=//p' "${ARCVLLM_OS_RELEASE:-/etc/os-release}" | tr -d '"') != debian ]] || debian=1
+# tool -> the package that ships it as /usr/bin/TOOL
 declare -A package=([promtool]=prometheus [prometheus]=prometheus
 	[prometheus-alertmanager]=prometheus-alertmanager [kubectl]=kubernetes-client)
+((debian == 0)) || package[kubectl]=kubectl
 missing=()
 for tool in promtool prometheus prometheus-alertmanager kubectl; do
 	command -v "$tool" >/dev/null && continue
@@ -37,11 +44,31 @@ state=$dir/apt
 rm -rf "$state"
 mkdir -p "$state/lists/partial" "$state/cache/archives/partial" "$state/debs" "$dir/root" "$dir/bin"
 opts=("-oDir::State::Lists=$state/lists" "-oDir::Cache=$state/cache")
+want=("${missing[@]}")
+if ((debian)) && [[ " ${missing[*]} " == *" kubectl "* ]]; then
+	want=("${want[@]/#kubectl/kubectl/trixie}")
+	sources=$(cat /etc/apt/sources.list.d/*.sources /etc/apt/sources.list.d/*.list \
+		/etc/apt/sources.list 2>/dev/null || true)
+	if ! grep -Eq '(^|[[:space:]])trixie([[:space:]]|$)' <<<"$sources"; then
+		mirror=$(awk '/^URIs:/ {print $2; exit}' <<<"$sources")
+		[[ -n $mirror ]] || mirror=$(awk '$1 == "deb" {print $2; exit}' <<<"$sources")
+		[[ -n $mirror ]] || {
+			echo "make tools: no Debian mirror in apt's sources for trixie's kubectl" >&2
+			exit 3
+		}
+		{
+			cat /etc/apt/sources.list 2>/dev/null || true
+			echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror trixie main"
+		} >"$state/sources.list"
+		printf 'Package: *\nPin: release n=trixie\nPin-Priority: 100\n' >"$state/preferences"
+		opts+=("-oDir::Etc::SourceList=$state/sources.list" "-oDir::Etc::Preferences=$state/preferences")
+	fi
+fi
 # (as root apt would hand the download to its _apt user, which cannot write in a checkout)
 [[ $(id -u) != 0 ]] || opts+=(-oAPT::Sandbox::User=root)
 echo "make tools: fetching ${missing[*]} with this machine's apt sources into $dir"
 apt-get "${opts[@]}" -qq update
-(cd "$state/debs" && apt-get "${opts[@]}" -qq download "${missing[@]}")
+(cd "$state/debs" && apt-get "${opts[@]}" -qq download "${want[@]}")
 for deb in "$state/debs"/*.deb; do
 	dpkg-deb -x "$deb" "$dir/root"
 	echo "make tools: $(dpkg-deb -f "$deb" Package) $(dpkg-deb -f "$deb" Version) sha256:$(sha256sum "$deb" | cut -d' ' -f1)"
