@@ -147,6 +147,17 @@ report_images() {
 		"$TMPDIR/images.log" || true
 }
 
+# The release rehearsal's tools come with the engine engine.sh installs; an engine that was
+# already running (a user's own Docker) may have come without them: one line now, not a
+# failure half an hour in.
+lacking=()
+for tool in cosign skopeo docker-registry; do
+	command -v "$tool" >/dev/null || lacking+=("$tool")
+done
+if ((${#lacking[@]})); then
+	echo "pipeline: no ${lacking[*]} on PATH (the release rehearsal's): install Debian's packages of those names (scripts/ci/engine.sh installs them as root with the engine it installs)" >&2
+	exit 3
+fi
 step make venv
 step make lint
 # the Debian tools the tests run, unpacked in build/tools (scripts/ci/tools.sh)
