@@ -1,7 +1,8 @@
 """scripts/ci/tools.sh (`make tools`) on a fake machine: a PATH without the four tools whose
 apt-get is a stub (it records its calls, and `download` writes small .debs holding the
 tools), an os-release file, the tools folder under the test's own directory. The real
-download, as a user without root, is tests/ci/test_nonroot.py's."""
+download, as a user without root, is tests/ci/test_nonroot.py's. And pipeline.sh's first
+check, of the tools the release rehearsal needs beside the engine."""
 
 from __future__ import annotations
 
@@ -127,3 +128,26 @@ def test_tools_already_there_are_not_fetched_again(tmp_path):
     again = run(tmp_path, DEBIAN)
     assert again.returncode == 0, again.stderr
     assert calls(tmp_path) == [] and again.stdout == ""
+
+
+def test_the_pipeline_without_the_release_tools_stops_at_once_in_one_line(tmp_path):
+    """A user's own engine may come without cosign, skopeo and the registry (engine.sh
+    installs them only with Debian's engine): said before anything is built or removed."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("bash", "dirname"):
+        (bin_dir / name).symlink_to(subprocess.check_output(["which", name], text=True).strip())
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "ci" / "pipeline.sh")],
+        capture_output=True,
+        text=True,
+        env={"PATH": str(bin_dir), "DOCKER": "/nonexistent/docker", "HOME": str(tmp_path)},
+        timeout=60,
+    )
+    assert done.returncode == 3, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "pipeline: no cosign skopeo docker-registry on PATH (the release rehearsal's): install"
+        " Debian's packages of those names (scripts/ci/engine.sh installs them as root with the"
+        " engine it installs)"
+    ]
+    assert done.stdout == ""
