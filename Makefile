@@ -7,6 +7,12 @@ VENV          ?= .venv
 BUILD         ?= build
 ARCVLLM       := $(VENV)/bin/arcvllm
 TEST_VENVS    := $(BUILD)/venvs
+# `make tools` unpacks what the system lacks here (scripts/ci/tools.sh): on PATH after the
+# system's, for every recipe.
+TOOLS_DIR     := $(abspath $(BUILD))/tools
+ifeq ($(filter $(TOOLS_DIR)/bin,$(subst :, ,$(PATH))),)
+export PATH   := $(PATH):$(TOOLS_DIR)/bin
+endif
 # The settings file of `make up`, the smoke test and the build's tag (docs/deploy.md).
 ENV_FILE      ?= docker/arcvllm.env
 # Each passed on only when given, else the CLI's defaults (the host's flavour, its default
@@ -28,8 +34,8 @@ test-venvs: $(VENV)/.stamp ## create the venvs with real vLLM releases that the 
 	scripts/test-venvs.sh $(TEST_VENVS)
 lint: $(VENV)/.stamp ## ruff, shellcheck, hadolint, actionlint
 	VENV=$(VENV) scripts/lint.sh
-tools: ## install the Debian tools the tests need (prometheus, promtool, alertmanager, kubectl) when run as root
-	scripts/ci/tools.sh
+tools: ## the Debian tools the tests need (prometheus, promtool, alertmanager, kubectl), unpacked in build/tools by any user
+	TOOLS_DIR=$(TOOLS_DIR) scripts/ci/tools.sh
 test: ## everything, set-up included: lint, unit, real vLLM code, every image (XPU rehearsals too), compose, smoke, emulation, the release pulled on a clean engine
 	scripts/ci/test.sh
 
