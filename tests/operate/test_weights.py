@@ -239,6 +239,35 @@ def test_make_up_refuses_a_missing_model_before_anything_starts(tmp_path):
     assert deploy_up(tmp_path, models, "--flavor", "cpu").returncode == 0
 
 
+def test_make_up_checks_a_cpu_presets_model_in_models_dir_and_mounts_that_folder(tmp_path):
+    """tiny-hybrid-cpu-models: refused while MODELS_DIR lacks it, or holds another
+    checkpoint's fetch, or a folder the model check refuses; once there, compose is handed
+    MODELS_DIR as the CPU service's /models (CPU_MODELS_DIR)."""
+    models = tmp_path / "models"
+    models.mkdir()
+    preset = "tiny-hybrid-cpu-models"
+    done = deploy_up(tmp_path, models, "--preset", preset)
+    assert done.returncode == 3 and not (tmp_path / "calls").exists()
+    (line,) = done.stderr.splitlines()
+    assert f"the model of {preset} is not ready: no folder {models / 'tiny-hybrid'}" in line
+    folder = models / "tiny-hybrid"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"architectures": ["Qwen3NextForCausalLM"]}')
+    (folder / "model.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")
+    done = deploy_up(tmp_path, models, "--preset", preset)  # no tensors, no tokenizer
+    assert done.returncode == 1 and not (tmp_path / "calls").exists()
+    (line,) = done.stderr.splitlines()
+    assert f"model {folder} cannot serve {preset}: " in line and "tokenizer: none of" in line
+    weights.write_record(folder, {"repo": "someone/else", "commit": "a" * 40, "complete": True})
+    done = deploy_up(tmp_path, models, "--preset", preset)
+    assert done.returncode == 3 and f"holds someone/else@{'a' * 40}, not arcvllm/tiny-hybrid" in (
+        done.stderr
+    )
+    assert not (tmp_path / "calls").exists()
+    dry = deploy_up(tmp_path, models, "--preset", preset, "--dry-run")
+    assert dry.returncode == 0 and f"CPU_MODELS_DIR={models} " in dry.stdout, dry.stdout
+
+
 # ---- the whole way: weights out of the hub stand-in, served by the CPU image ----
 
 
