@@ -9,6 +9,11 @@ ARCVLLM       := $(VENV)/bin/arcvllm
 TEST_VENVS    := $(BUILD)/venvs
 # The settings file of `make up`, the smoke test and the build's tag (docs/deploy.md).
 ENV_FILE      ?= docker/arcvllm.env
+# MODELS_DIR, given: the models folder instead of the settings file's (`make model` fills
+# it, `make up` checks the preset's model there and mounts it at /models).
+ifdef MODELS_DIR
+export MODELS_DIR
+endif
 # Each passed on only when given, else the CLI's defaults (the host's flavour, its default
 # stack, the stack's preset, the settings file's IMAGE and PORT: `arcvllm deploy up --help`).
 NAMES          = --env-file $(ENV_FILE) $(if $(FLAVOR),--flavor $(FLAVOR)) $(if $(STACK),--stack $(STACK)) \
