@@ -323,3 +323,27 @@ def test_a_fetched_model_is_served_read_only_from_models_dir(cpu_image, tmp_path
         assert "/models/tiny-fetch" in log
     finally:
         docker("rm", "-f", cid, check=False)
+
+
+def test_the_folder_checked_is_the_folder_compose_mounts(tmp_path):
+    """The CPU service's /models: CPU_MODELS_DIR (shell, settings file), else MODELS_DIR,
+    absolute; none for a model inside the image. The XPU service's: MODELS_DIR."""
+    import argparse
+
+    from arcvllm.operate import deploy
+
+    mine = tmp_path / "mine.env"
+    mine.write_text("MODELS_DIR=/srv/models\n")
+    fields = dict(env_file=mine, flavor=None, stack=None, image=None, gateway_image=None)
+    fields |= dict(port=None, project="arcvllm", gpus_file=None)
+
+    def mount(preset: str, environ: dict[str, str]) -> Path | None:
+        args = argparse.Namespace(**fields, preset=preset)
+        return deploy.resolve(args, environ=environ, dri_dir=tmp_path).models_dir
+
+    cpu = "tiny-hybrid-cpu-models"
+    assert mount(cpu, {}) == Path("/srv/models")
+    assert mount(cpu, {"CPU_MODELS_DIR": "/elsewhere"}) == Path("/elsewhere")
+    assert mount(cpu, {"MODELS_DIR": "rel"}) == Path.cwd() / "rel"
+    assert mount("tiny-hybrid-cpu", {}) is None
+    assert mount("qwen3.6-35b-a3b-w4a16-1xb70", {"CPU_MODELS_DIR": "/x"}) == Path("/srv/models")
