@@ -93,7 +93,7 @@ def published(cpu_image, tmp_path_factory):
     try:
         docker("cp", f"{made}:/opt/arcvllm/models/tiny-hybrid", str(folder))
     finally:
-        docker("rm", made)
+        docker("rm", "-v", made)  # and its anonymous /var/cache/arcvllm volume
     with hub_standin() as hub:
         hub.add(checkpoint["repo"], folder, commit=checkpoint["revision"])
         yield hub

@@ -288,7 +288,7 @@ def test_a_fetched_model_is_served_read_only_from_models_dir(cpu_image, tmp_path
     try:
         docker("cp", f"{made}:/opt/arcvllm/models/tiny-hybrid", str(repo_dir / "tiny"))
     finally:
-        docker("rm", made)
+        docker("rm", "-v", made)  # and its anonymous /var/cache/arcvllm volume
     repo = hub.add(REPO, repo_dir / "tiny")
     presets = preset_dir(tmp_path, repo.commit)
     models = tmp_path / "models"
