@@ -322,7 +322,7 @@ def test_a_fetched_model_is_served_read_only_from_models_dir(cpu_image, tmp_path
         log = docker("logs", cid).stderr + docker("logs", cid).stdout
         assert "/models/tiny-fetch" in log
     finally:
-        docker("rm", "-f", cid, check=False)
+        docker("rm", "-f", "-v", cid, check=False)
 
 
 def test_the_folder_checked_is_the_folder_compose_mounts(tmp_path):
