@@ -15,6 +15,11 @@ export PATH   := $(PATH):$(TOOLS_DIR)/bin
 endif
 # The settings file of `make up`, the smoke test and the build's tag (docs/deploy.md).
 ENV_FILE      ?= docker/arcvllm.env
+# MODELS_DIR, given: the models folder instead of the settings file's (`make model` fills
+# it, `make up` checks the preset's model there and mounts it at /models).
+ifdef MODELS_DIR
+export MODELS_DIR
+endif
 # Each passed on only when given, else the CLI's defaults (the host's flavour, its default
 # stack, the stack's preset, the settings file's IMAGE and PORT: `arcvllm deploy up --help`).
 NAMES          = --env-file $(ENV_FILE) $(if $(FLAVOR),--flavor $(FLAVOR)) $(if $(STACK),--stack $(STACK)) \
@@ -129,11 +134,11 @@ release-rehearsal: $(VENV)/.stamp ## CI: make release of the CPU stack and side 
 .PHONY: gpus model key up down logs engine presets doctor field-report bench bench-image smoke-test smoke-check smoke-emulated verify verify-check
 gpus: $(VENV)/.stamp ## the XPU server's GPUs: every B70's render node, never an iGPU (build/gpus.yaml)
 	@$(ARCVLLM) gpus --compose $(GPUS_FILE) --env-file $(ENV_FILE)
-model: $(VENV)/.stamp ## fetch PRESET's weights (default: the settings file's ARCVLLM_PRESET) into MODELS_DIR; REVISION: the commit, for a preset that pins none
+model: $(VENV)/.stamp ## fetch PRESET's weights (default: the settings file's ARCVLLM_PRESET) into MODELS_DIR (given, else the settings file's); REVISION: the commit, for a preset that pins none
 	$(ARCVLLM) model fetch $(PRESET) --env-file $(ENV_FILE) $(if $(REVISION),--revision $(REVISION))
 key: $(VENV)/.stamp ## make the API key file of ENV_FILE (VLLM_API_KEY_FILE), readable by the containers' UID 1000 only
 	$(ARCVLLM) deploy key --env-file $(ENV_FILE)
-up: $(VENV)/.stamp ## start the server and its gateway with compose (XPU service; FLAVOR=cpu: the CPU service); settings: ENV_FILE
+up: $(VENV)/.stamp ## start the server and its gateway with compose (XPU service; FLAVOR=cpu: the CPU service); settings: ENV_FILE; a model under /models is checked in MODELS_DIR first
 	$(ARCVLLM) deploy up $(DEPLOYMENT)
 down: $(VENV)/.stamp ## stop and remove the compose service (cache volumes are kept; DOWN_FLAGS=-v drops them)
 	$(ARCVLLM) deploy down $(DEPLOYMENT) $(DOWN_FLAGS)
