@@ -26,7 +26,7 @@ $(VENV)/.stamp: pyproject.toml
 venv: $(VENV)/.stamp ## create the tooling venv (.venv) with arcvllm and the dev tools
 test-venvs: $(VENV)/.stamp ## create the venvs with real vLLM releases that the tests run against
 	scripts/test-venvs.sh $(TEST_VENVS)
-lint: $(VENV)/.stamp ## ruff, shellcheck, hadolint, actionlint
+lint: $(VENV)/.stamp ## ruff, mypy, shellcheck, hadolint, actionlint
 	VENV=$(VENV) scripts/lint.sh
 tools: ## install the Debian tools the tests need (prometheus, promtool, alertmanager, kubectl) when run as root
 	scripts/ci/tools.sh
