@@ -37,8 +37,9 @@ $(VENV)/.stamp: pyproject.toml
 venv: $(VENV)/.stamp ## create the tooling venv (.venv) with arcvllm and the dev tools
 test-venvs: $(VENV)/.stamp ## create the venvs with real vLLM releases that the tests run against
 	scripts/test-venvs.sh $(TEST_VENVS)
-lint: $(VENV)/.stamp ## ruff, shellcheck, hadolint, actionlint
-	VENV=$(VENV) scripts/lint.sh
+# pre-commit's hooks (.pre-commit-config.yaml) over every tracked file; its store under build/.
+lint: $(VENV)/.stamp ## pre-commit's hooks over every file: ruff, mypy, shellcheck, hadolint, actionlint
+	VENV=$(VENV) PRE_COMMIT_HOME=$(abspath $(BUILD))/pre-commit $(VENV)/bin/pre-commit run --all-files
 tools: ## the Debian tools the tests need (prometheus, promtool, alertmanager, kubectl), unpacked in build/tools by any user
 	TOOLS_DIR=$(TOOLS_DIR) scripts/ci/tools.sh
 test: ## everything, set-up included: lint, unit, real vLLM code, every image (XPU rehearsals too), compose, smoke, emulation, the release pulled on a clean engine

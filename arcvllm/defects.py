@@ -441,7 +441,7 @@ def _cmd_defects(args: argparse.Namespace) -> int:
         if args.stack not in stacks:
             raise UsageError(f"unknown stack {args.stack!r}; stacks: {', '.join(stacks)}")
         pins = pinned_versions(stacks[args.stack])
-    listed = []
+    listed: list[dict[str, Any]] = []
     for d in ledger.defects:
         entry = {
             "id": d.id,

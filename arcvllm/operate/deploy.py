@@ -26,6 +26,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from arcvllm import options
 from arcvllm.builder import stack
@@ -390,7 +391,8 @@ def verify(args: argparse.Namespace) -> int:
 
 def said(single: Single, project: compose.Project, args: tuple[str, ...], ran: bool) -> None:
     """--json: the deployment and the compose command (run, or not with --dry-run)."""
-    doc = {"project": single.project, "service": single.service, "image": single.image}
+    doc: dict[str, Any] = {"project": single.project, "service": single.service}
+    doc["image"] = single.image
     doc |= {"port": single.port, "command": project.argv(*args), "ran": ran}
     print(json.dumps(doc))
 
@@ -472,7 +474,7 @@ def bench(args: argparse.Namespace) -> int:
         argv += ["--tokenizer", args.tokenizer] if args.tokenizer else []
         return subprocess.run([*argv, *extra]).returncode
     project = single.compose()
-    inside = ("exec", "-T", single.service, "arcvllm", "bench", "--base-url")
+    inside: tuple[str, ...] = ("exec", "-T", single.service, "arcvllm", "bench", "--base-url")
     inside += ("http://127.0.0.1:8000", "--preset", single.preset, "--out", BENCH_SCRATCH)
     status = passed_through(project, *inside, *extra)
     if status != 0:

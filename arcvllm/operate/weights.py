@@ -221,7 +221,7 @@ def fetch(source: Source, folder: Path, endpoint: str, token: str | None = None)
 
     revision = source.revision or "main"
     api = HfApi(endpoint=endpoint, token=token)
-    record = {"repo": source.repo, "revision": revision, "commit": None}
+    record: dict[str, Any] = {"repo": source.repo, "revision": revision, "commit": None}
     record |= {"patterns": list(source.patterns), "complete": False, "files": {}}
     try:
         commit = revision
@@ -232,7 +232,9 @@ def fetch(source: Source, folder: Path, endpoint: str, token: str | None = None)
             for f in api.list_repo_tree(source.repo, revision=commit, recursive=True)
             if isinstance(f, RepoFile)
         }
-        wanted = {p: listed[p] for p in filter_repo_objects(listed, allow_patterns=source.patterns)}
+        wanted = {
+            p: listed[p] for p in filter_repo_objects(listed, allow_patterns=list(source.patterns))
+        }
         if not wanted:
             raise UsageError(f"{source.repo}@{commit} has no file matching {source.patterns}")
         record["commit"] = commit
@@ -297,7 +299,7 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
     token = read_token(args.token_file)
     record = complete(folder, source)
     fetched = record is None
-    if fetched:
+    if record is None:
         options.require("huggingface_hub", "weights", "arcvllm model fetch")
         record = fetch(source, folder, args.endpoint or default_endpoint(os.environ), token)
     size = sum(record["files"].values())
