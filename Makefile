@@ -7,8 +7,19 @@ VENV          ?= .venv
 BUILD         ?= build
 ARCVLLM       := $(VENV)/bin/arcvllm
 TEST_VENVS    := $(BUILD)/venvs
+# `make tools` unpacks what the system lacks here (scripts/ci/tools.sh): on PATH after the
+# system's, for every recipe.
+TOOLS_DIR     := $(abspath $(BUILD))/tools
+ifeq ($(filter $(TOOLS_DIR)/bin,$(subst :, ,$(PATH))),)
+export PATH   := $(PATH):$(TOOLS_DIR)/bin
+endif
 # The settings file of `make up`, the smoke test and the build's tag (docs/deploy.md).
 ENV_FILE      ?= docker/arcvllm.env
+# MODELS_DIR, given: the models folder instead of the settings file's (`make model` fills
+# it, `make up` checks the preset's model there and mounts it at /models).
+ifdef MODELS_DIR
+export MODELS_DIR
+endif
 # Each passed on only when given, else the CLI's defaults (the host's flavour, its default
 # stack, the stack's preset, the settings file's IMAGE and PORT: `arcvllm deploy up --help`).
 NAMES          = --env-file $(ENV_FILE) $(if $(FLAVOR),--flavor $(FLAVOR)) $(if $(STACK),--stack $(STACK)) \
@@ -26,10 +37,11 @@ $(VENV)/.stamp: pyproject.toml
 venv: $(VENV)/.stamp ## create the tooling venv (.venv) with arcvllm and the dev tools
 test-venvs: $(VENV)/.stamp ## create the venvs with real vLLM releases that the tests run against
 	scripts/test-venvs.sh $(TEST_VENVS)
-lint: $(VENV)/.stamp ## ruff, shellcheck, hadolint, actionlint
-	VENV=$(VENV) scripts/lint.sh
-tools: ## install the Debian tools the tests need (prometheus, promtool, alertmanager, kubectl) when run as root
-	scripts/ci/tools.sh
+# pre-commit's hooks (.pre-commit-config.yaml) over every tracked file; its store under build/.
+lint: $(VENV)/.stamp ## pre-commit's hooks over every file: ruff, mypy, shellcheck, hadolint, actionlint
+	VENV=$(VENV) PRE_COMMIT_HOME=$(abspath $(BUILD))/pre-commit $(VENV)/bin/pre-commit run --all-files
+tools: ## the Debian tools the tests need (prometheus, promtool, alertmanager, kubectl), unpacked in build/tools by any user
+	TOOLS_DIR=$(TOOLS_DIR) scripts/ci/tools.sh
 test: ## everything, set-up included: lint, unit, real vLLM code, every image (XPU rehearsals too), compose, smoke, emulation, the release pulled on a clean engine
 	scripts/ci/test.sh
 
@@ -123,11 +135,11 @@ release-rehearsal: $(VENV)/.stamp ## CI: make release of the CPU stack and side 
 .PHONY: gpus model key up down logs engine presets doctor field-report bench bench-image smoke-test smoke-check smoke-emulated verify verify-check
 gpus: $(VENV)/.stamp ## the XPU server's GPUs: every B70's render node, never an iGPU (build/gpus.yaml)
 	@$(ARCVLLM) gpus --compose $(GPUS_FILE) --env-file $(ENV_FILE)
-model: $(VENV)/.stamp ## fetch PRESET's weights (default: the settings file's ARCVLLM_PRESET) into MODELS_DIR; REVISION: the commit, for a preset that pins none
+model: $(VENV)/.stamp ## fetch PRESET's weights (default: the settings file's ARCVLLM_PRESET) into MODELS_DIR (given, else the settings file's); REVISION: the commit, for a preset that pins none
 	$(ARCVLLM) model fetch $(PRESET) --env-file $(ENV_FILE) $(if $(REVISION),--revision $(REVISION))
 key: $(VENV)/.stamp ## make the API key file of ENV_FILE (VLLM_API_KEY_FILE), readable by the containers' UID 1000 only
 	$(ARCVLLM) deploy key --env-file $(ENV_FILE)
-up: $(VENV)/.stamp ## start the server and its gateway with compose (XPU service; FLAVOR=cpu: the CPU service); settings: ENV_FILE
+up: $(VENV)/.stamp ## start the server and its gateway with compose (XPU service; FLAVOR=cpu: the CPU service); settings: ENV_FILE; a model under /models is checked in MODELS_DIR first
 	$(ARCVLLM) deploy up $(DEPLOYMENT)
 down: $(VENV)/.stamp ## stop and remove the compose service (cache volumes are kept; DOWN_FLAGS=-v drops them)
 	$(ARCVLLM) deploy down $(DEPLOYMENT) $(DOWN_FLAGS)

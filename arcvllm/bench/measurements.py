@@ -266,7 +266,7 @@ def compare_speculation(
         plain_streams.append(stream(plain, model, prompt, decode))
         spec_streams.append(stream(speculative, model, prompt, decode))
     after = m.spec_decode(speculative.metrics(), model)
-    out = {
+    out: dict[str, Any] = {
         "prompt_len": prompt_len,
         "decode_tokens": decode,
         "runs": runs,

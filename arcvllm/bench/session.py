@@ -204,6 +204,7 @@ def delivery(streams: list[Stream], compare: Mapping[str, Any] | None) -> dict[s
     comparison) arrived in bulk; `bulk` says whether any did."""
     total, bulk = len(streams), sum(in_bulk(s) for s in streams)
     for side in ("plain", "speculative") if compare else ():
+        assert compare is not None
         total += compare[side]["streams"]
         bulk += compare[side]["bulk_streams"]
     return {"bulk": bulk > 0, "bulk_streams": bulk, "streams": total}

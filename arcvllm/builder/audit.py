@@ -17,6 +17,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from arcvllm.builder import index, lock
 from arcvllm.builder.facts import Facts, our_facts, release_facts, requirement_facts
@@ -24,6 +25,9 @@ from arcvllm.builder.sdist import Release, default_cache, release_of
 from arcvllm.errors import ArcvllmError, Unavailable, UsageError
 from arcvllm.paths import data_root
 from arcvllm.text import columns
+
+if TYPE_CHECKING:  # (imported where used: the stacks module is loaded on demand)
+    from arcvllm.stack import Stack
 
 # ENV our side sets that the audit compares even where the release sets none: the device
 # runtime's own variables (oneCCL, MPI/libfabric, Level Zero, SYCL, the loader path).
@@ -133,7 +137,7 @@ class Audit:
         }
 
 
-def _stack_entry(name: str, file: Path | None) -> tuple[object, Mapping[str, str]]:
+def _stack_entry(name: str, file: Path | None) -> tuple[Stack, Mapping[str, str]]:
     """The XPU stack NAME and its `differences:` mapping (missing = empty)."""
     from arcvllm import stack as stacks
 

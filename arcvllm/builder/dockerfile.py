@@ -101,7 +101,9 @@ def by_name(stages: Sequence[Stage]) -> dict[str, Stage]:
 
 def chain(stages: Sequence[Stage], final: Stage) -> list[Stage]:
     """FINAL and the stages it is FROM, root first."""
-    names, out, stage = by_name(stages), [], final
+    names = by_name(stages)
+    out: list[Stage] = []
+    stage: Stage | None = final
     while stage is not None and stage not in out:
         out.insert(0, stage)
         stage = names.get(stage.parent.lower())

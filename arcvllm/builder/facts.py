@@ -125,9 +125,9 @@ def dockerfile_facts(
                         mounts = {**mounts, words[at + 1]: shell.mounted(words[at - 1], mounts)}
                     found = [words]
                     if (
-                        text := script_file(shell.mounted(words[0], mounts, program=True))
+                        run := script_file(shell.mounted(words[0], mounts, program=True))
                     ) is not None:
-                        found += list(shell.script_commands(text, words[1:], values))
+                        found += list(shell.script_commands(run, words[1:], values))
                     for command in found:
                         if stage.name in in_chain:
                             apt = _apt(command, apt)

@@ -19,6 +19,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from arcvllm import __version__
 from arcvllm.builder import index
@@ -285,7 +286,7 @@ def rehearse(args) -> int:
 
     name = args.stack or stack.load(args.stacks_file)[1]["xpu"]
     unknown_stack(name, args.stacks_file)
-    built = []
+    built: list[dict[str, Any]] = []
     for target, suffix in REHEARSAL:
         spec = spec_for(name, ci=True, flavor="xpu", stacks_file=args.stacks_file)
         spec.target = target

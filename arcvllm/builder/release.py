@@ -127,7 +127,8 @@ def layout_files(layout: Path) -> dict[str, str]:
     for number, layer in enumerate(manifest["layers"]):
         with _layer(_blob(layout, layer["digest"])) as inner:
             for m in inner:
-                body = inner.extractfile(m).read() if m.isfile() else m.linkname.encode()
+                # (a file member always has a reader)
+                body = inner.extractfile(m).read() if m.isfile() else m.linkname.encode()  # type: ignore[union-attr]
                 files[m.name] = (
                     f"layer {number} mode {m.mode:o} {m.uid}:{m.gid} mtime {m.mtime} "
                     f"size {m.size} sha256 {hashlib.sha256(body).hexdigest()[:16]}"
@@ -210,7 +211,7 @@ def layout_file(layout: Path, path: str) -> bytes:
         with _layer(_blob(layout, layer["digest"])) as inner:
             for member in inner:
                 if member.name == name and member.isfile():
-                    found = inner.extractfile(member).read()
+                    found = inner.extractfile(member).read()  # type: ignore[union-attr]  # a file: a reader
         if found is not None:
             return found
     raise ArcvllmError(f"{layout.name}: no {path} in its layers")

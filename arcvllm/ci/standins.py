@@ -14,6 +14,7 @@ import glob
 import hashlib
 import io
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -445,6 +446,11 @@ def make_base(config: Config, root: Path) -> str:
     fingerprint = base_fingerprint(config, python)
     if image_label(entry["image"], standin_base.LABEL) == fingerprint:
         return "current"
+    if os.geteuid() != 0:
+        raise Unavailable(
+            f"standins: {entry['image']} is not on this engine or is stale, and making it needs"
+            " root (mmdebstrap into a directory, chroot): run `make standins` once as root"
+        )
     docker = docker_binary()
     standin_base.build(entry, python, apt_mirror(), fingerprint, scratch_dir(root), docker)
     return "made"

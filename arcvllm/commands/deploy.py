@@ -51,7 +51,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=deploy.__doc__.split("\n\n")[1],
     )
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
-    start = sub.add_parser("up", help="check the settings and the key file, then compose up -d")
+    start = sub.add_parser(
+        "up", help="check the settings, the key file and the model, then compose up -d"
+    )
     stop = sub.add_parser("down", help="stop and remove the service (volumes kept unless -v)")
     stop.add_argument(
         "-v", "--volumes", action="store_true", help="the cache volumes too (compile caches)"

@@ -4,8 +4,9 @@ A deployment is named by the settings file (docker/arcvllm.env), the flavour (de
 xpu where this host has a render node, else cpu), the stack (default: the flavour's
 default stack), the preset (default: the stack's), the image, the gateway image and the
 port (each: the shell's, else the settings file's, else arcvllm:STACK, the side image of
-configs/stacks.yaml, 8443), and a compose project. `up` checks the settings file and the
-key file before compose starts anything; `smoke` starts a project of its own on its own
+configs/stacks.yaml, 8443), and a compose project. `up` checks the settings file, the
+key file and, for a preset whose model is under /models, the model in MODELS_DIR before
+compose starts anything; `smoke` starts a project of its own on its own
 port with a throwaway key and self-signed certificate (made here, the one place), runs
 the smoke test through the gateway, saves the server's log beside the report and removes
 the project with its volumes and the secrets, pass or fail. `bench`, `doctor` and
@@ -25,6 +26,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from arcvllm import stack
 from arcvllm.engine import docker_binary
@@ -71,6 +73,9 @@ class Single:
     project: str
     gpus_file: Path
     render_gid: str  # "" on a host without a render node
+    # The host folder mounted at /models that holds the preset's model (MODELS_DIR; the CPU
+    # service's CPU_MODELS_DIR, else MODELS_DIR); None for a model inside the image.
+    models_dir: Path | None = None
 
     @property
     def service(self) -> str:
@@ -80,6 +85,8 @@ class Single:
         """What compose interpolates for it beyond the settings file."""
         env = {"IMAGE": self.image, "PORT": self.port, "GATEWAY_IMAGE": self.gateway_image}
         env[PRESET_SETTING[self.flavor]] = self.preset  # the server's preset (compose.yaml)
+        if self.flavor == "cpu" and self.models_dir is not None:
+            env["CPU_MODELS_DIR"] = str(self.models_dir)  # its /models (compose.yaml)
         return env | ({"RENDER_GID": self.render_gid} if self.render_gid else {})
 
     def compose(self, env_file: Path | None = None, **extra: str) -> compose.Project:
@@ -156,21 +163,39 @@ def resolve(
         project=args.project,
         gpus_file=Path(args.gpus_file).resolve() if args.gpus_file else compose.gpus_file(),
         render_gid=environ.get("RENDER_GID") or render_gid(dri_dir),
+        models_dir=models_mount(preset, flavor, values, environ),
     )
 
 
-def check_model(single: Single, environ: Mapping[str, str] = os.environ) -> None:
-    """The preset's model folder under MODELS_DIR is there and finished (a model inside the
-    image, the CPU presets', is not checked): else the server would restart in a loop."""
-    preset = get_preset(single.preset)
+def models_mount(preset, flavor: str, values: Mapping[str, str], environ: Mapping[str, str]):
+    """The host folder compose mounts at /models for PRESET's server, when its model is
+    there (None: inside the image): MODELS_DIR as compose resolves it; the CPU service's
+    CPU_MODELS_DIR when set, else MODELS_DIR (absolute: what is checked is what is mounted)."""
     if weights.model_subdir(preset) is None:
+        return None
+    folder = weights.models_dir(values, environ)
+    if flavor == "cpu":
+        folder = Path(effective("CPU_MODELS_DIR", values, environ, str(folder))).absolute()
+    return folder
+
+
+def check_model(single: Single) -> None:
+    """The preset's model folder under MODELS_DIR is there, finished and the preset's
+    checkpoint, whatever the flavour (a model inside the image is not checked): else the
+    server would restart in a loop."""
+    if single.models_dir is None:
         return
-    folder = weights.host_dir(preset, weights.models_dir(single.settings, environ))
-    if why := weights.problem(folder):
+    preset = get_preset(single.preset)
+    folder = weights.host_dir(preset, single.models_dir)
+    if why := weights.problem(folder) or weights.mismatch(folder, preset):
         raise Unavailable(
             f"the model of {preset.name} is not ready: {why} (MODELS_DIR): "
             f"arcvllm model fetch {preset.name} (make model)"
         )
+    from arcvllm import model
+
+    if line := model.problem(preset, folder, model.check(preset, folder)):
+        raise CheckFailed(f"{line} (arcvllm model check {preset.name} {folder})")
 
 
 def check(single: Single, environ: Mapping[str, str] = os.environ, dri_dir: Path = DRI_DIR):
@@ -180,7 +205,7 @@ def check(single: Single, environ: Mapping[str, str] = os.environ, dri_dir: Path
     source = str(single.env_file)
     settings.check_render_gid(settings.read(single.env_file), render_node_gids(dri_dir), source)
     check_api_key_file(api_key_file(single.settings, compose.docker_dir(), environ))
-    check_model(single, environ)
+    check_model(single)
 
 
 def write_gpus(single: Single) -> None:
@@ -365,7 +390,8 @@ def verify(args: argparse.Namespace) -> int:
 
 def said(single: Single, project: compose.Project, args: tuple[str, ...], ran: bool) -> None:
     """--json: the deployment and the compose command (run, or not with --dry-run)."""
-    doc = {"project": single.project, "service": single.service, "image": single.image}
+    doc: dict[str, Any] = {"project": single.project, "service": single.service}
+    doc["image"] = single.image
     doc |= {"port": single.port, "command": project.argv(*args), "ran": ran}
     print(json.dumps(doc))
 
@@ -440,7 +466,7 @@ def bench(args: argparse.Namespace) -> int:
         argv += ["--tokenizer", args.tokenizer] if args.tokenizer else []
         return subprocess.run([*argv, *extra]).returncode
     project = single.compose()
-    inside = ("exec", "-T", single.service, "arcvllm", "bench", "--base-url")
+    inside: tuple[str, ...] = ("exec", "-T", single.service, "arcvllm", "bench", "--base-url")
     inside += ("http://127.0.0.1:8000", "--preset", single.preset, "--out", BENCH_SCRATCH)
     status = passed_through(project, *inside, *extra)
     if status != 0:

@@ -467,7 +467,11 @@ def check_model(host: Host, preset: Preset) -> Finding:
     inside = host.in_container()
     if sub is None and not inside:
         return Finding("model", OK, f"{preset.model} inside the image")
-    label = preset.model if inside else str(weights.models_dir(host.settings, host.environ) / sub)
+    label = (
+        preset.model
+        if inside or sub is None
+        else str(weights.models_dir(host.settings, host.environ) / sub)
+    )
     folder = host.path(label)
     why = weights.problem(folder)
     if why is None:

@@ -341,8 +341,8 @@ def summary(c: Collector, started: str) -> str:
     lines += ["", "step                          rc  seconds"]
     for s in c.steps:
         lines.append(f"{s.name:<28} {s.rc:>4} {s.seconds:>8.1f}")
-    failed = [s.name for s in c.steps if s.rc != 0]
-    lines += ["", f"failed steps: {', '.join(failed) or 'none'}"]
+    failed_steps = [s.name for s in c.steps if s.rc != 0]
+    lines += ["", f"failed steps: {', '.join(failed_steps) or 'none'}"]
     return "\n".join(lines) + "\n"
 
 

@@ -67,6 +67,8 @@ def layout(count: int, cpu: bool, monitoring: bool) -> Layout:
     if count < 1:
         raise UsageError(f"--replicas must be 1 or more, not {count}")
     workers = tuple(replicas.name(i) for i in range(count))
+    profiles: tuple[str, ...]
+    names: tuple[str, ...]
     if cpu:  # the CPU replicas answer as vllm-0 and vllm-1 too (network aliases)
         profiles, router, names = ("cpu-scale",), "router-cpu", ("vllm-cpu-0", "vllm-cpu-1")
     else:

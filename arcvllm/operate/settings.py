@@ -25,7 +25,7 @@ from arcvllm.presets import EXTRA_ARGS, extra_args, presets_dir
 # Read by compose for the ${...} in docker/compose.yaml and docker/compose.scale.yaml.
 HOST_KEYS = (
     *("RENDER_GID", "BIND_ADDRESS", "PORT", "MODELS_DIR", "SHM_SIZE", "IPC_MODE", "IMAGE"),
-    *("CPU_IMAGE", "CPU_PRESET", "CPUSET_0", "CPUSET_1", "SCALE_OUT_ARGS"),
+    *("CPU_IMAGE", "CPU_PRESET", "CPU_MODELS_DIR", "CPUSET_0", "CPUSET_1", "SCALE_OUT_ARGS"),
     "PROMETHEUS_IMAGE",
     *("ROUTER_IMAGE", "ROUTER_POLICY", "ROUTER_WORKER_URLS", "ROUTER_CACHE_THRESHOLD"),
     *("ROUTER_BALANCE_ABS_THRESHOLD", "ROUTER_BALANCE_REL_THRESHOLD"),

@@ -9,9 +9,9 @@ there are not fetched again), with its progress bar, from HF_ENDPOINT (a mirror)
 `--endpoint`, with a token from `--token-file` (else HF_TOKEN or the hub client's token
 file). A record beside the weights (.arcvllm-fetch.json) says what was fetched and
 whether it finished: a folder that holds every file of the pinned commit is complete and
-nothing is asked of the hub. `make up` refuses a model folder that is missing, unfinished
-or without config and weights before anything starts (`problem`). Runs on the operator's
-host (the `weights` extra).
+nothing is asked of the hub. `make up` refuses a model folder that is missing, unfinished,
+without config and weights (`problem`) or fetched from another checkpoint (`mismatch`)
+before anything starts, CPU or XPU. Runs on the operator's host (the `weights` extra).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def source_of(preset: Preset, revision: str | None = None) -> Source:
 
 def model_subdir(preset: Preset) -> PurePosixPath | None:
     """The model's folder under /models (the compose mount), None for a model that is not
-    there (the CPU presets' model is inside the image)."""
+    there (the model inside the CPU image, of every CPU preset but tiny-hybrid-cpu-models)."""
     model = PurePosixPath(preset.model)
     return model.relative_to(MOUNT) if model.is_relative_to(MOUNT) and model != MOUNT else None
 
@@ -114,6 +114,22 @@ def problem(folder: Path) -> str | None:
             return f"{folder} lacks {len(missing)} shard(s) its index names ({missing[0]}, ...)"
     elif not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
         return f"{folder} has no weights (*.safetensors)"
+    return None
+
+
+def mismatch(folder: Path, preset: Preset) -> str | None:
+    """Why FOLDER, fetched by `model fetch` (its record), is not PRESET's checkpoint: another
+    repository, or another commit than the one the preset pins (None: it is, or a folder
+    without a record, put there by hand, which the model check judges by its files)."""
+    record = read_record(folder)
+    repo, pin = preset.checkpoint.get("repo"), preset.checkpoint.get("revision")
+    if record is None or not repo:
+        return None
+    held = f"{record.get('repo')}@{record.get('commit')}"
+    if record.get("repo") != repo:
+        return f"{folder} holds {held}, not {repo}"
+    if pin and record.get("commit") != pin:
+        return f"{folder} holds {held}, not the pinned {repo}@{pin}"
     return None
 
 
@@ -201,7 +217,7 @@ def fetch(source: Source, folder: Path, endpoint: str, token: str | None = None)
 
     revision = source.revision or "main"
     api = HfApi(endpoint=endpoint, token=token)
-    record = {"repo": source.repo, "revision": revision, "commit": None}
+    record: dict[str, Any] = {"repo": source.repo, "revision": revision, "commit": None}
     record |= {"patterns": list(source.patterns), "complete": False, "files": {}}
     try:
         commit = revision
@@ -212,7 +228,9 @@ def fetch(source: Source, folder: Path, endpoint: str, token: str | None = None)
             for f in api.list_repo_tree(source.repo, revision=commit, recursive=True)
             if isinstance(f, RepoFile)
         }
-        wanted = {p: listed[p] for p in filter_repo_objects(listed, allow_patterns=source.patterns)}
+        wanted = {
+            p: listed[p] for p in filter_repo_objects(listed, allow_patterns=list(source.patterns))
+        }
         if not wanted:
             raise UsageError(f"{source.repo}@{commit} has no file matching {source.patterns}")
         record["commit"] = commit

@@ -93,6 +93,12 @@ def _upstream(patch: series.Patch) -> str | None:
 # --- GNU patch -------------------------------------------------------------------------
 
 
+def _file(row: PatchStatus) -> Path:
+    """The patch file of ROW's variant (a row that drifted or is pending has one)."""
+    assert row.entry.variant is not None
+    return row.entry.variant.file
+
+
 def _gnu_patch() -> str:
     exe = shutil.which("patch")
     if exe is None:
@@ -246,22 +252,22 @@ def apply(
             )
         if row.state == DRIFT:
             raise CheckFailed(
-                f"{patch.name} ({row.entry.variant.file.name}) does not apply to vLLM {version}: "
+                f"{patch.name} ({_file(row).name}) does not apply to vLLM {version}: "
                 f"{row.detail}; no file was changed"
             )
     pending = [row for row in report.rows if row.state == PENDING]
     backups = {
         rel: (target.root / rel).read_bytes()
         for row in pending
-        for rel in series.touched_files(row.entry.variant.file)
+        for rel in series.touched_files(_file(row))
     }
     try:
         for row in pending:
-            out = _patch(target, row.entry.variant.file, dry_run=False)
+            out = _patch(target, _file(row), dry_run=False)
             if out.returncode != 0:
                 raise CheckFailed(
                     f"{row.name}: applying failed on vLLM {version}: "
-                    f"{_failed_hunk(row.entry.variant.file, out.stdout + out.stderr)}"
+                    f"{_failed_hunk(_file(row), out.stdout + out.stderr)}"
                 )
             row.state, row.action = APPLIED, "patched"
         applied = [row for row in report.rows if row.state == APPLIED]

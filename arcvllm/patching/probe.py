@@ -269,7 +269,8 @@ def probe_mamba_block_size_align_warning() -> str | None:
         )
         records: list[str] = []
         handler = logging.Handler(logging.WARNING)
-        handler.emit = lambda record: records.append(record.getMessage())
+        # (a handler of one line; mypy holds methods read-only)
+        handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
         logger = logging.getLogger("vllm")
         logger.addHandler(handler)
         saved = ModelRegistry.resolve_model_cls

@@ -47,7 +47,7 @@ def _installed() -> Target:
             dist = metadata.distribution(name)
         except metadata.PackageNotFoundError:
             continue
-        root = Path(dist.locate_file("")).resolve()
+        root = Path(str(dist.locate_file(""))).resolve()
         if (root / "vllm" / "__init__.py").is_file():
             return Target(root, parse_version(dist.version), name)
     raise Unavailable(

@@ -62,6 +62,7 @@ def rate_limited(
     RATE_LIMIT_WAIT seconds have passed: then the last answer (or error) stands."""
     deadline = time.monotonic() + RATE_LIMIT_WAIT
     pause = 0.25
+    answer: T | BaseException
     while True:
         try:
             answer = send()

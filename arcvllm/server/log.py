@@ -91,4 +91,5 @@ def find_crash(lines: list[str]) -> str | None:
         if not any(echo in f.split(":")[0] for echo in _ECHOES)
         and not any(word in f.lower() for word in _ECHO_WORDS)
     ]
-    return (roots or found or [None])[-1]
+    picked = roots or found
+    return picked[-1] if picked else None

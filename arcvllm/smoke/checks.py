@@ -210,7 +210,7 @@ class Smoke:
             self.spec_before = None
         self.decoded: list[tuple[str, list[int], list[int]]] = []
 
-    def add(self, name: str, expected: str, seen: str, ok: bool) -> bool:
+    def add(self, name: str, expected: str, seen: str, ok: bool | None) -> bool | None:
         self.report.checks.append(Check(name, expected, seen, ok))
         return ok
 
@@ -249,7 +249,7 @@ class Smoke:
             boundary_gaps = [gaps[i - 1] for i in at_boundary if i - 1 < len(gaps)]
             self.report.measurements.update(
                 itl_median_ms=round(median * 1e3, 2),
-                itl_p99_ms=round(percentile(gaps, 99) * 1e3, 2),
+                itl_p99_ms=round(percentile(gaps, 99) * 1e3, 2),  # type: ignore[operator]  # gaps: not empty
                 itl_boundary_ms=[round(g * 1e3, 2) for g in boundary_gaps],
                 itl_boundary_max_over_median=(
                     round(max(boundary_gaps) / median, 2) if boundary_gaps and median else None

@@ -17,6 +17,18 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 : "${DOCKER:?the Docker client: run this with scripts/ci/engine.sh run}"
 
+# The release rehearsal's tools come with the engine engine.sh installs; an engine that was
+# already running (a user's own Docker) may have come without them: one line now, not a
+# failure half an hour in.
+lacking=()
+for tool in cosign skopeo docker-registry; do
+	command -v "$tool" >/dev/null || lacking+=("$tool")
+done
+if ((${#lacking[@]})); then
+	echo "pipeline: no ${lacking[*]} on PATH (the release rehearsal's): install Debian's packages of those names (scripts/ci/engine.sh installs them as root with the engine it installs)" >&2
+	exit 3
+fi
+
 # Every step's temporary files (pip, vLLM, torch's Inductor cache) under build/, not /tmp.
 export TMPDIR=$PWD/build/tmp
 mkdir -p "$TMPDIR"
@@ -149,7 +161,7 @@ report_images() {
 
 step make venv
 step make lint
-# apt before anything runs in parallel (one dpkg lock)
+# the Debian tools the tests run, unpacked in build/tools (scripts/ci/tools.sh)
 step make tools
 # The venvs first: the images stream waits on them too.
 venvs &

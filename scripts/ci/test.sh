@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make test`: the pipeline on the engine scripts/ci/engine.sh provides, then, if it passed,
 # the release it pushed checked on a clean engine (scripts/ci/release-check.sh, which stops
-# the registry). The registry the release rehearsal started is stopped whatever happens.
+# the registry; without root: on the same engine, the release's images removed first). The registry the release rehearsal started is stopped whatever happens.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 trap 'scripts/ci/registry.sh down' EXIT

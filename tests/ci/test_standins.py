@@ -352,6 +352,22 @@ def test_the_base_is_made_again_when_what_it_is_made_of_changes_not_its_prose(co
     assert fingerprint(runtime_debs="libssl3t64") != fingerprint()
 
 
+def test_a_stale_base_for_a_user_without_root_is_one_line_naming_root(config, monkeypatch):
+    """Only making the base needs root: a current one is taken by any user."""
+    monkeypatch.setattr(standins, "host_python", lambda pattern: Path("/opt/python3.12"))
+    monkeypatch.setattr(standins, "require_docker", lambda: None)
+    monkeypatch.setattr(standins, "image_label", lambda image, label: "stale")
+    monkeypatch.setattr(standins.os, "geteuid", lambda: 1000)
+    built = []
+    monkeypatch.setattr(standin_base, "build", lambda *args: built.append(args))
+    with pytest.raises(standins.Unavailable, match=r"needs root .*`make standins` once as root"):
+        standins.make_base(config, Path("/nonexistent"))
+    assert built == []
+    monkeypatch.setattr(standins, "image_label", lambda image, label: standins.base_fingerprint(
+        config, Path("/opt/python3.12")))  # fmt: skip
+    assert standins.make_base(config, Path("/nonexistent")) == "current"
+
+
 def test_the_shape_check_passes_the_shape_it_wants(config):
     assert standin_base.problems(GOOD, config.entry("base-image"), with_debs=True) == []
 

@@ -172,6 +172,28 @@ def test_cpu_profile_runs_the_tiny_model_without_a_gpu(rendered):
 
 
 @pytest.mark.compose
+def test_the_cpu_service_mounts_models_read_only_and_nothing_of_the_host_unless_told(tmp_path):
+    """tiny-hybrid-cpu-models serves /models/tiny-hybrid: CPU_MODELS_DIR (which `make up`
+    sets to MODELS_DIR for it) at /models, read-only; unset, an empty folder of the
+    checkout, so a CPU deployment of the model inside the image makes no /models on the host."""
+    volumes = {
+        _target(v): v
+        for v in yaml.safe_load(config(COMPOSE_FILE, "--profile", "cpu").stdout)["services"][
+            "vllm-cpu"
+        ]["volumes"]
+    }
+    assert _read_only(volumes["/models"])
+    empty = ROOT / "deploy" / "no-models"
+    assert _source(volumes["/models"]) == str(empty)
+    assert [p.name for p in empty.iterdir()] == ["README"]
+    result = config(COMPOSE_FILE, "--profile", "cpu", env={"CPU_MODELS_DIR": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    cpu = yaml.safe_load(result.stdout)["services"]["vllm-cpu"]
+    volumes = {_target(v): v for v in cpu["volumes"]}
+    assert _source(volumes["/models"]) == str(tmp_path) and _read_only(volumes["/models"])
+
+
+@pytest.mark.compose
 def test_cpu_service_is_behind_its_profile(rendered):
     assert rendered["services"]["vllm-cpu"]["profiles"] == ["cpu"]
     assert "profiles" not in rendered["services"]["vllm"]

@@ -27,7 +27,7 @@ KUBERNETES_VERSION = "1.32.0"  # the release the manifests are validated against
 def kubectl() -> str:
     path = shutil.which("kubectl")
     if path is None:
-        pytest.fail("no kubectl: `make tools` as root installs Debian's kubernetes-client")
+        pytest.fail("no kubectl: `make tools` fetches Debian trixie's kubectl (any user)")
     return path
 
 

@@ -1,5 +1,5 @@
 """deploy/prometheus: the scrape config, rules, alert unit tests and consoles, checked by
-Debian's promtool and served by a real Prometheus (`make tools` installs the package)."""
+Debian's promtool and served by a real Prometheus (`make tools` unpacks the package)."""
 
 from __future__ import annotations
 

@@ -239,6 +239,35 @@ def test_make_up_refuses_a_missing_model_before_anything_starts(tmp_path):
     assert deploy_up(tmp_path, models, "--flavor", "cpu").returncode == 0
 
 
+def test_make_up_checks_a_cpu_presets_model_in_models_dir_and_mounts_that_folder(tmp_path):
+    """tiny-hybrid-cpu-models: refused while MODELS_DIR lacks it, or holds another
+    checkpoint's fetch, or a folder the model check refuses; once there, compose is handed
+    MODELS_DIR as the CPU service's /models (CPU_MODELS_DIR)."""
+    models = tmp_path / "models"
+    models.mkdir()
+    preset = "tiny-hybrid-cpu-models"
+    done = deploy_up(tmp_path, models, "--preset", preset)
+    assert done.returncode == 3 and not (tmp_path / "calls").exists()
+    (line,) = done.stderr.splitlines()
+    assert f"the model of {preset} is not ready: no folder {models / 'tiny-hybrid'}" in line
+    folder = models / "tiny-hybrid"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"architectures": ["Qwen3NextForCausalLM"]}')
+    (folder / "model.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")
+    done = deploy_up(tmp_path, models, "--preset", preset)  # no tensors, no tokenizer
+    assert done.returncode == 1 and not (tmp_path / "calls").exists()
+    (line,) = done.stderr.splitlines()
+    assert f"model {folder} cannot serve {preset}: " in line and "tokenizer: none of" in line
+    weights.write_record(folder, {"repo": "someone/else", "commit": "a" * 40, "complete": True})
+    done = deploy_up(tmp_path, models, "--preset", preset)
+    assert done.returncode == 3 and f"holds someone/else@{'a' * 40}, not arcvllm/tiny-hybrid" in (
+        done.stderr
+    )
+    assert not (tmp_path / "calls").exists()
+    dry = deploy_up(tmp_path, models, "--preset", preset, "--dry-run")
+    assert dry.returncode == 0 and f"CPU_MODELS_DIR={models} " in dry.stdout, dry.stdout
+
+
 # ---- the whole way: weights out of the hub stand-in, served by the CPU image ----
 
 
@@ -259,7 +288,7 @@ def test_a_fetched_model_is_served_read_only_from_models_dir(cpu_image, tmp_path
     try:
         docker("cp", f"{made}:/opt/arcvllm/models/tiny-hybrid", str(repo_dir / "tiny"))
     finally:
-        docker("rm", made)
+        docker("rm", "-v", made)  # and its anonymous /var/cache/arcvllm volume
     repo = hub.add(REPO, repo_dir / "tiny")
     presets = preset_dir(tmp_path, repo.commit)
     models = tmp_path / "models"
@@ -293,4 +322,28 @@ def test_a_fetched_model_is_served_read_only_from_models_dir(cpu_image, tmp_path
         log = docker("logs", cid).stderr + docker("logs", cid).stdout
         assert "/models/tiny-fetch" in log
     finally:
-        docker("rm", "-f", cid, check=False)
+        docker("rm", "-f", "-v", cid, check=False)
+
+
+def test_the_folder_checked_is_the_folder_compose_mounts(tmp_path):
+    """The CPU service's /models: CPU_MODELS_DIR (shell, settings file), else MODELS_DIR,
+    absolute; none for a model inside the image. The XPU service's: MODELS_DIR."""
+    import argparse
+
+    from arcvllm.operate import deploy
+
+    mine = tmp_path / "mine.env"
+    mine.write_text("MODELS_DIR=/srv/models\n")
+    fields = dict(env_file=mine, flavor=None, stack=None, image=None, gateway_image=None)
+    fields |= dict(port=None, project="arcvllm", gpus_file=None)
+
+    def mount(preset: str, environ: dict[str, str]) -> Path | None:
+        args = argparse.Namespace(**fields, preset=preset)
+        return deploy.resolve(args, environ=environ, dri_dir=tmp_path).models_dir
+
+    cpu = "tiny-hybrid-cpu-models"
+    assert mount(cpu, {}) == Path("/srv/models")
+    assert mount(cpu, {"CPU_MODELS_DIR": "/elsewhere"}) == Path("/elsewhere")
+    assert mount(cpu, {"MODELS_DIR": "rel"}) == Path.cwd() / "rel"
+    assert mount("tiny-hybrid-cpu", {}) is None
+    assert mount("qwen3.6-35b-a3b-w4a16-1xb70", {"CPU_MODELS_DIR": "/x"}) == Path("/srv/models")

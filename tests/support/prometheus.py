@@ -21,7 +21,7 @@ DASHBOARD = ROOT / "docs" / "grafana-arcvllm.json"
 def tool(name: str) -> str:
     path = shutil.which(name)
     if path is None:
-        pytest.fail(f"no {name}: install Debian's prometheus package (`make tools` as root)")
+        pytest.fail(f"no {name}: `make tools` fetches Debian's prometheus package (any user)")
     return path
 
 
