@@ -458,13 +458,13 @@ def check_ram(host: Host, preset: Preset) -> Finding:
 
 
 def check_model(host: Host, preset: Preset) -> Finding:
-    """The preset's weights where the server reads them: in the container the folder under
-    /models (compose's mount of MODELS_DIR) or inside the image; on the host the folder under
+    """The preset's weights where the server reads them: in the image's container the folder
+    under /models (compose's mount of MODELS_DIR) or inside the image; on the host the folder under
     MODELS_DIR (environment, settings file, /models) that `arcvllm model fetch` fills, and
     room for the checkpoint (needs.disk_gib) while it is not there. Nothing is downloaded
     at start: the server reads a folder."""
     sub = weights.model_subdir(preset)
-    inside = host.in_container()
+    inside = host.in_image()
     if sub is None and not inside:
         return Finding("model", OK, f"{preset.model} inside the image")
     label = (

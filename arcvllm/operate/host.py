@@ -34,6 +34,9 @@ BMG_G31 = frozenset({0xE220, 0xE221, 0xE222, 0xE223})
 BATTLEMAGE = BMG_G21 | BMG_G31
 B70 = 0xE223  # Arc Pro B70 (BMG-G31), the GPU the presets are sized for
 
+# Every arcvllm image carries its patch manifest here (docker/Dockerfile).
+IMAGE_MARKER = "/opt/arcvllm/patches.json"
+
 
 # Where the GPU's device nodes are: the render nodes' group is what RENDER_GID must name.
 DRI_DIR = Path("/dev/dri")
@@ -78,6 +81,11 @@ class Host:
 
     def in_container(self) -> bool:
         return self.path("/.dockerenv").exists() or self.path("/run/.containerenv").exists()
+
+    def in_image(self) -> bool:
+        """Inside an arcvllm image (its patch manifest is there), not merely in a container:
+        a CI runner or a development container is a host to the model it would mount."""
+        return self.in_container() and self.path(IMAGE_MARKER).is_file()
 
     def which(self, tool: str) -> str | None:
         """TOOL on $PATH, each entry read under the root (a tool outside it is not seen)."""

@@ -152,10 +152,10 @@ venvs() {
 	echo "$rc" >"$venvs_status"
 }
 
-# What the images stream did: its steps, pytest's verdicts and the digests of the two clean
-# CPU builds (all of it if it failed).
+# What the images stream did: its steps, pytest's verdicts, the tests that failed and their
+# assertion lines, and the digests of the two clean CPU builds (the tail of it if it failed).
 report_images() {
-	grep -E '^(==>|<==)|^=+ .*(passed|failed|error).* in [0-9.]+s|^reproducible |^[a-z]+-[12]: sha256:|^the same image|^arcvllm: .*building once more' \
+	grep -E '^(==>|<==)|^=+ .*(passed|failed|error).* in [0-9.]+s|^(FAILED|ERROR) |^E  |^reproducible |^[a-z]+-[12]: sha256:|^the same image|^arcvllm: .*building once more' \
 		"$TMPDIR/images.log" || true
 }
 

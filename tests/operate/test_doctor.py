@@ -104,6 +104,8 @@ def build(
     )
     if container:
         (root / ".dockerenv").write_text("")
+        (root / "opt/arcvllm").mkdir(parents=True)
+        (root / "opt/arcvllm/patches.json").write_text("{}")
     (root / "proc/sys/kernel").mkdir(parents=True)
     (root / "proc/sys/kernel/osrelease").write_text(kernel + "\n")
     if xe_ids is not None:
@@ -498,6 +500,18 @@ def test_in_the_container_a_missing_model_fails_and_the_image_model_is_there(tmp
     assert finding(host, D.check_model, CPU).status == D.OK
     outside = build(tmp_path / "h", container=False)
     assert finding(outside, D.check_model, CPU).seen == f"{CPU.model} inside the image"
+
+
+def test_a_container_that_is_not_the_image_judges_the_model_as_a_host(tmp_path):
+    """A CI runner or a development container has /.dockerenv but not the image's files:
+    the CPU preset's model is the image's, the XPU preset's is MODELS_DIR's (it failed as
+    "this image should carry /opt/arcvllm/models/tiny-hybrid" on such a runner)."""
+    host = build(tmp_path, model=False)
+    (host.root / "opt/arcvllm/patches.json").unlink()
+    assert host.in_container() and not host.in_image()
+    assert finding(host, D.check_model, CPU).status == D.OK
+    row = finding(host, D.check_model)
+    assert row.status == D.WARN and row.fix.endswith("puts it in MODELS_DIR")
 
 
 # ---- the command ----
