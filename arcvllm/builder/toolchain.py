@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import shutil
 import subprocess
 import sysconfig
@@ -97,6 +98,16 @@ def find() -> Toolchain:
     return Toolchain(_compiler(), _python_include(), sycl_include, sycl_lib, _level_zero())
 
 
+def first_error(stderr: str) -> str:
+    """The compiler's first diagnostic of severity error (`error:`, `fatal error:`), not a
+    warning that happens to say "errorenous"; else its last line."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if re.search(r"\berror:", ln)]
+    if errors:
+        return errors[0]
+    return lines[-1] if lines else ""
+
+
 def check(workdir: Path) -> Toolchain:
     """Compile, link and load the launcher-shaped module in WORKDIR."""
     tc = find()
@@ -109,8 +120,7 @@ def check(workdir: Path) -> Toolchain:
     ]  # fmt: skip
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
-        lines = [ln for ln in result.stderr.splitlines() if "error" in ln] or [""]
-        raise Unavailable(f"the launcher does not build: {lines[0].strip()}")
+        raise Unavailable(f"the launcher does not build: {first_error(result.stderr)}")
     try:
         ctypes.CDLL(str(out))
     except OSError as exc:

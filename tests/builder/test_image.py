@@ -439,15 +439,38 @@ def test_the_xpu_runtime_user_is_vllm_with_uid_1000_on_the_ubuntu_shaped_base(en
 def test_xpu_ci_runtime_builds_and_loads_the_triton_launcher(engine):
     """As the image's user, in the XPU build's venv: compiler, Python.h, sycl.hpp + libsycl
     (the lock's intel-sycl-rt), Level Zero headers + libze_loader link (Debian's libze-dev,
-    the stand-in's GPU user space), loaded at run time."""
+    the stand-in's GPU user space), loaded at run time. On the default XPU stack's
+    rehearsal: CI runs this test in that stack's turn (its id names no stack)."""
+    from arcvllm.builder import image
+
     result = docker(
         "run", "--rm", "--user", "1000", "-v", f"{ROOT}:/src:ro", "-e", "PYTHONPATH=/src",
-        "--entrypoint", "python3", xpu_ci_image("xpu-0.23"), "-m", "arcvllm", "toolchain",
+        "--entrypoint", "python3", xpu_ci_image(image.default_stack("xpu")), "-m", "arcvllm",
+        "toolchain",
         "--json", check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["sycl_include"].startswith("/opt/venv")
+
+
+def test_a_launcher_that_does_not_build_is_named_by_its_first_error():
+    """sycl.hpp without -fsycl warns that it is "errorenous": the line named must be the
+    error that stopped the compiler (CL/cl.h missing, as on the xpu-0.33 rehearsal)."""
+    from arcvllm.builder.toolchain import first_error
+
+    stderr = (
+        "In file included from l.cpp:4:\n"
+        "/opt/venv/include/sycl/sycl.hpp:33:29: warning: You are including <sycl/sycl.hpp> "
+        "without -fsycl flag, which is errorenous for device code compilation.\n"
+        "/opt/venv/include/sycl/detail/cl.h:22:10: fatal error: CL/cl.h: No such file or "
+        "directory\ncompilation terminated.\n"
+    )
+    assert first_error(stderr).endswith("fatal error: CL/cl.h: No such file or directory")
+    assert first_error("ld: cannot find -lze_loader\ncollect2: ld returned 1\n") == (
+        "collect2: ld returned 1"
+    )
+    assert first_error("") == ""
 
 
 @pytest.mark.docker
