@@ -83,7 +83,7 @@ export DOCKER_HOST := unix://$(ENGINE_SOCKET)
 endif
 endif
 # DOCKER (the client), CA_BUNDLE (a CA bundle for TLS-inspecting proxies, a build secret)
-# and COMPOSE reach every command; unset, the CLI chooses (arcvllm/engine.py).
+# and COMPOSE reach every command; unset, the CLI chooses (arcvllm/docker.py).
 export DOCKER_BUILDKIT := 1
 export CA_BUNDLE DOCKER
 # ALLOW_UNVERIFIED=1 takes downloads with no pinned sha256; BUILD_FLAGS: more build flags.

@@ -30,9 +30,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from arcvllm.engine import docker_binary
+from arcvllm.client.api import Client
+from arcvllm.docker import docker_binary
 from arcvllm.paths import checkout_root
-from arcvllm.server.client import Client
 
 ROOT = checkout_root()
 DOCKER = docker_binary()

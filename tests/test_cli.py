@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from support import ROOT
 
 from arcvllm import cli, options
 from arcvllm.errors import ArcvllmError
@@ -288,7 +288,7 @@ BAD_KEY_FILES = {
 def key_readers(key: Path, tmp_path: Path) -> dict[str, subprocess.CompletedProcess]:
     """Each reader of a key file on KEY: arcvllm (named on the command line and from the
     environment), the server's entrypoint and the gateway's."""
-    from conftest import ROOT
+    from support import ROOT
 
     home = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "TMPDIR": str(tmp_path)}
     smoke = [sys.executable, "-m", "arcvllm", "smoke", "--base-url", "https://127.0.0.1:1"]
@@ -340,7 +340,7 @@ def test_every_key_reader_takes_the_same_key_from_a_good_file(tmp_path, content)
     key.write_bytes(content)
     want = content.removesuffix(b"\n").decode()
     assert options.read_key(key) == want
-    from conftest import ROOT
+    from support import ROOT
 
     server = subprocess.run(
         ["bash", str(ROOT / "docker" / "entrypoint.sh"), "printenv", "VLLM_API_KEY"],
@@ -358,7 +358,7 @@ def test_every_key_reader_takes_the_same_key_from_a_good_file(tmp_path, content)
 def test_the_key_rule_is_written_out_in_each_shell_reader():
     """The entrypoints say KEY_RULE's words and check its characters spelled out (a range
     such as A-Z depends on the shell's locale)."""
-    from conftest import ROOT
+    from support import ROOT
 
     chars = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._~+/=-"
     for script in ("entrypoint.sh", "gateway-entrypoint.sh"):

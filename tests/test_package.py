@@ -14,7 +14,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from support import ROOT
 
 from arcvllm import cli
 
@@ -83,19 +83,19 @@ def test_a_circle_is_found_and_named():
 # import its own modules and those of the parts this table allows it, nothing else: no
 # import runs up (docs/architecture.md). Imports inside functions count as much as those at
 # the top: a lazy import still ties the lower part to the higher one.
-CORE = {"arcvllm", "errors", "paths", "text", "options", "engine", "stack", "modelconfig"}
+CORE = {"arcvllm", "errors", "paths", "text", "options", "docker", "stack", "modelconfig"}
 PRESET_MODEL = {"presets", "defects", "model"}
-BELOW_OPERATE = CORE | PRESET_MODEL | {"server", "serving", "smoke", "bench", "verify"}
+BELOW_OPERATE = CORE | PRESET_MODEL | {"client", "serving", "smoke", "bench", "verify"}
 ALLOWED = {
     **dict.fromkeys(CORE, CORE),
     "ci": CORE,  # CI's stand-ins: data and their reader (left out of the wheel)
     **dict.fromkeys(PRESET_MODEL, CORE | PRESET_MODEL),
-    "server": CORE | PRESET_MODEL,
+    "client": CORE | PRESET_MODEL,
     "patching": CORE | PRESET_MODEL,
     "serving": CORE | PRESET_MODEL,
-    "smoke": CORE | PRESET_MODEL | {"server"},
-    "bench": CORE | PRESET_MODEL | {"server"},
-    "verify": CORE | PRESET_MODEL | {"server"},
+    "smoke": CORE | PRESET_MODEL | {"client"},
+    "bench": CORE | PRESET_MODEL | {"client"},
+    "verify": CORE | PRESET_MODEL | {"client"},
     "builder": CORE | PRESET_MODEL | {"patching", "ci"},
     "operate": BELOW_OPERATE,
     "commands": BELOW_OPERATE | {"patching", "builder", "ci", "operate"},
@@ -206,18 +206,22 @@ def test_no_test_module_imports_another():
     assert found == []
 
 
-# Folders of tests/ that hold no tests: what they share, patches and requirements they read.
-NOT_MIRRORS = {"support", "patches", "requirements"}
+# Folders of tests/ that hold no tests: what they share, and requirements they read.
+NOT_MIRRORS = {"support", "requirements"}
+# Folders of the repository whose files are tested as such (compose files, deploy/'s
+# configurations), each under a tests/ folder of its own name.
+FILES_TESTED = {"deploy", "docker"}
 
 
 def test_the_tests_mirror_the_package():
-    """Each folder of tests/ is a subpackage of arcvllm and holds its tests; the commands
-    every life shares (cli, errors, presets, the layout itself) and the documents' commands
-    are tested at the top."""
+    """Each folder of tests/ is a subpackage of arcvllm, or a folder of the repository whose
+    files it tests, and holds its tests; the commands every life shares (cli, errors,
+    presets, the layout itself) and the documents' commands are tested at the top."""
     subpackages = {p.parent.name for p in (ROOT / "arcvllm").glob("*/__init__.py")}
+    assert all((ROOT / name).is_dir() for name in FILES_TESTED)
     folders = {p.name for p in (ROOT / "tests").iterdir() if p.is_dir()} - NOT_MIRRORS
     folders.discard("__pycache__")
-    assert folders <= subpackages, folders - subpackages
+    assert folders <= subpackages | FILES_TESTED, folders - subpackages - FILES_TESTED
     for folder in folders:
         assert list((ROOT / "tests" / folder).glob("test_*.py")), folder
     top = sorted(p.name for p in (ROOT / "tests").glob("test_*.py"))
@@ -261,12 +265,12 @@ def test_without_the_ci_package_every_command_but_the_stand_ins_still_runs():
 
 
 # The one place each side names the Docker client: the engine's provisioning (which installs
-# Debian's and exports it as DOCKER to what it runs) and arcvllm.engine (which takes DOCKER).
-DOCKER_CHOICES = {"scripts/ci/engine.sh", "arcvllm/engine.py"}
+# Debian's and exports it as DOCKER to what it runs) and arcvllm.docker (which takes DOCKER).
+DOCKER_CHOICES = {"scripts/ci/engine.sh", "arcvllm/docker.py"}
 
 
 def test_one_finder_of_the_checkout_root():
-    """arcvllm.paths.checkout_root() for the product and its scripts, conftest's ROOT for
+    """arcvllm.paths.checkout_root() for the product and its scripts, tests/support's ROOT for
     the tests (the shell scripts' `cd "$(dirname "$0")/../.."` is the shell's one idiom):
     no other Python file walks up from its own path to the checkout."""
     tracked = subprocess.run(
@@ -274,7 +278,7 @@ def test_one_finder_of_the_checkout_root():
     ).stdout.split()
     walk = re.compile(r"Path\(__file__\)[\w().]*?\.parent\.parent|__file__\)[\w().]*parents\[")
     found = {rel for rel in tracked if walk.search((ROOT / rel).read_text(errors="replace"))}
-    assert found == {"tests/conftest.py"}
+    assert found == {"tests/support/__init__.py"}
 
 
 def test_one_choice_of_the_docker_client():

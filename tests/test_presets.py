@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, release_root, vllm_env
+from support import ROOT
+from support.venvs import release_root, vllm_env
 
 from arcvllm import cli
 from arcvllm import presets as P

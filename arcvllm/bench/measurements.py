@@ -5,7 +5,7 @@
   prompts and the block size the server reports on /metrics;
 - the prefix cache on a long shared prefix: TTFT cold vs warm and the hit rate, from the
   server's own counters.
-The position arithmetic and the statistics are pure; the server is arcvllm.server.client's.
+The position arithmetic and the statistics are pure; the server is arcvllm.client.api's.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from arcvllm.client import metrics as m
+from arcvllm.client.api import Client, Stream
+from arcvllm.client.stats import percentile
 from arcvllm.errors import ArcvllmError
-from arcvllm.server import metrics as m
-from arcvllm.server.client import Client, Stream
-from arcvllm.server.stats import percentile
 
 
 @dataclass(frozen=True)

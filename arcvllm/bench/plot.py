@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from arcvllm.bench.measurements import TokenStep
+from arcvllm.client.stats import percentile
 from arcvllm.options import require
-from arcvllm.server.stats import percentile
 
 
 def plot(runs: Sequence[Sequence[TokenStep]], block: int, title: str, path: Path) -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from arcvllm.client.stats import percentile
 from arcvllm.paths import configs_dir
-from arcvllm.server.stats import percentile
 
 
 def summary_metrics(report: Mapping[str, Any]) -> dict[str, float | None]:

@@ -27,10 +27,10 @@ from arcvllm.bench.measurements import (
 from arcvllm.bench.plot import plot_report
 from arcvllm.bench.reference import load_reference, ratio_rows, summary_metrics
 from arcvllm.bench.runner import VLLM_BENCH_KEYS, run_vllm_bench, vllm_bench_args
+from arcvllm.client.api import Client, Stream
+from arcvllm.client.discovery import Served, discover, served_model
+from arcvllm.client.log import LogSource
 from arcvllm.errors import ArcvllmError, Unavailable, UsageError
-from arcvllm.server.client import Client, Stream
-from arcvllm.server.discovery import Served, discover, served_model
-from arcvllm.server.log import LogSource
 
 REPORT_JSON = "bench.json"
 REPORT_PNG = "bench.png"
@@ -155,7 +155,7 @@ def measure(
     """Every measurement of one run, in bench.json's order: vLLM's bench, the block
     crossings, the prefix cache, the server's speculation counters, the PLAIN server's
     decode of the same prompts."""
-    from arcvllm.server import metrics as m
+    from arcvllm.client import metrics as m
 
     root, model = client.root, served.model
     opts.say(
@@ -237,7 +237,7 @@ def run_vllm_bench_of(
 
 def plain_server(opts: BenchOptions, client: Client, model: str) -> Client:
     """--plain-url's server: it serves MODEL and does not speculate, and CLIENT's does."""
-    from arcvllm.server import metrics as m
+    from arcvllm.client import metrics as m
 
     plain = opts.client(str(opts.plain_url))
     served_model(plain, model)

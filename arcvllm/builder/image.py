@@ -23,7 +23,7 @@ from typing import Any
 
 from arcvllm import __version__
 from arcvllm.builder import index
-from arcvllm.engine import docker_binary
+from arcvllm.docker import docker_binary
 from arcvllm.errors import ArcvllmError, Unavailable, UsageError
 from arcvllm.paths import checkout_root
 from arcvllm.stack import Stack

@@ -256,7 +256,7 @@ def sign(by_digest: str, key: Path, sbom_file: Path, provenance_file: Path) -> N
 def engine_root(fallback: Path) -> Path:
     """The engine's data root (where a build's layers and cache go), if this machine holds
     it; else FALLBACK (the release's folder)."""
-    from arcvllm.engine import docker_binary
+    from arcvllm.docker import docker_binary
 
     done = subprocess.run(
         [docker_binary(), "info", "--format", "{{.DockerRootDir}}"],

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from arcvllm.engine import docker_binary
+from arcvllm.docker import docker_binary
 from arcvllm.errors import ArcvllmError, Unavailable, UsageError
 from arcvllm.paths import configs_dir
 

@@ -7,8 +7,8 @@ import json
 import time
 
 from arcvllm import options
+from arcvllm.client.report import table
 from arcvllm.operate import canary
-from arcvllm.server.report import table
 
 
 def _cmd(args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-"""`arcvllm deploy`: compose.yaml's server and gateway (arcvllm.operate.deploy)."""
+"""`arcvllm deploy`: compose.yaml's server and gateway (arcvllm.operate.single)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 from arcvllm import options, stack
 from arcvllm.commands import doctor, fieldreport, smoke, verify
-from arcvllm.operate import compose, deploy
+from arcvllm.operate import compose, single
 from arcvllm.operate.host import DEFAULT_PORT
 from arcvllm.paths import checkout_root
 from arcvllm.serving.emulation import ENV
@@ -48,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "deploy",
         help="compose.yaml's server and gateway: up, down, logs, key, smoke, bench, doctor, report",
-        description=deploy.__doc__.split("\n\n")[1],
+        description=single.__doc__.split("\n\n")[1],
     )
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     start = sub.add_parser(
@@ -61,13 +61,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     follow = sub.add_parser("logs", help="follow the server's log")
     follow.add_argument("--tail", type=int, default=200, help="lines of the past first (200)")
     for each in (start, stop, follow):
-        add_names(each, deploy.PROJECT, None)
+        add_names(each, single.PROJECT, None)
         each.add_argument("--dry-run", action="store_true", help="print the compose command")
         options.add_json(each, help="the deployment and the compose command as JSON (logs: "
                          "instead of following them)")  # fmt: skip
-    start.set_defaults(func=deploy.up)
-    stop.set_defaults(func=deploy.down)
-    follow.set_defaults(func=deploy.logs)
+    start.set_defaults(func=single.up)
+    stop.set_defaults(func=single.down)
+    follow.set_defaults(func=single.logs)
 
     test = sub.add_parser(
         "smoke",
@@ -77,7 +77,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "routes on), run the smoke test through the gateway, save the server's log beside "
         "the report (.log), and remove the project, its volumes and the secrets, pass or fail.",
     )
-    add_names(test, deploy.SMOKE_PROJECT, deploy.SMOKE_PORT, preset=False)
+    add_names(test, single.SMOKE_PROJECT, single.SMOKE_PORT, preset=False)
     smoke.add_checks(test, health_timeout=None)
     test.add_argument(
         "--secrets",
@@ -91,7 +91,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "with the emulation's banner in the log (report: reports/smoke-STACK-emulated.json)",
     )
     test.add_argument("--dry-run", action="store_true", help="print the compose commands")
-    test.set_defaults(func=deploy.smoke)
+    test.set_defaults(func=single.smoke)
 
     accept = sub.add_parser(
         "verify",
@@ -102,7 +102,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "server's log beside the report (.log), and remove the project, its volumes and the "
         "secrets, pass or fail. The acceptance test of a host before it takes traffic.",
     )
-    add_names(accept, deploy.VERIFY_PROJECT, deploy.VERIFY_PORT, preset=False)
+    add_names(accept, single.VERIFY_PROJECT, single.VERIFY_PORT, preset=False)
     verify.add_rows(accept)
     accept.add_argument(
         "--health-timeout", type=float, help="seconds to wait for the server (600 CPU, 900 XPU)"
@@ -113,12 +113,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="where the throwaway key and certificate are made (removed at the end)",
     )
     accept.add_argument("--dry-run", action="store_true", help="print the compose commands")
-    accept.set_defaults(func=deploy.verify)
+    accept.set_defaults(func=single.verify)
 
     make_key = sub.add_parser(
         "key",
         help="make the API key file, readable by the containers' user (UID 1000) only",
-        description=deploy.key.__doc__,
+        description=single.key.__doc__,
     )
     make_key.add_argument(
         "--env-file",
@@ -129,26 +129,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     make_key.add_argument("--out", help="this file instead of VLLM_API_KEY_FILE")
     make_key.add_argument("--force", action="store_true", help="replace an existing key file")
     options.add_json(make_key, help="the file made, as JSON (never the key)")
-    make_key.set_defaults(func=deploy.key)
+    make_key.set_defaults(func=single.key)
 
     check_host = sub.add_parser("doctor", help="host preflight for the deployment's preset")
-    add_names(check_host, deploy.PROJECT, None)
+    add_names(check_host, single.PROJECT, None)
     options.add_json(check_host)
     check_host.set_defaults(func=_doctor)
 
     measure = sub.add_parser("bench", help="benchmark the running server: JSON + PNG in --out")
-    add_names(measure, deploy.PROJECT, None)
+    add_names(measure, single.PROJECT, None)
     measure.add_argument("--out", default="reports/bench", help="results folder (reports/bench)")
     measure.add_argument("--vllm-python", help="a Python with vLLM: run from this host instead")
     measure.add_argument("--tokenizer", help="with --vllm-python: the model's tokenizer")
     measure.add_argument("--bench-args", default="", help="more `arcvllm bench` options")
     options.add_json(measure, help="what `arcvllm bench` prints with --json")
-    measure.set_defaults(func=deploy.bench)
+    measure.set_defaults(func=single.bench)
 
     report = sub.add_parser(
         "field-report", help="the running service in one tarball (arcvllm field-report)"
     )
-    add_names(report, deploy.PROJECT, None)
+    add_names(report, single.PROJECT, None)
     report.add_argument("--out", help="the tarball (reports/field-report-STACK.tar.gz)")
     fieldreport.add_options(report)
     report.set_defaults(func=_field_report)
@@ -156,17 +156,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _doctor(args: argparse.Namespace) -> int:
     """`deploy doctor`: `arcvllm doctor` for the deployment's preset and settings file."""
-    single = deploy.resolve(args)
-    args.preset, args.env_file, args.root = single.preset, single.env_file, Path("/")
+    named = single.resolve(args)
+    args.preset, args.env_file, args.root = named.preset, named.env_file, Path("/")
     return doctor.run(args)
 
 
 def _field_report(args: argparse.Namespace) -> int:
     """`deploy field-report`: `arcvllm field-report` of the deployment's service."""
-    single = deploy.resolve(args)
-    args.compose = single.compose().shell()
-    args.service = single.service
-    args.image = single.image
-    args.env_file = single.env_file
-    args.out = args.out or f"reports/field-report-{single.stack}.tar.gz"
+    named = single.resolve(args)
+    args.compose = named.compose().shell()
+    args.service = named.service
+    args.image = named.image
+    args.env_file = named.env_file
+    args.out = args.out or f"reports/field-report-{named.stack}.tar.gz"
     return fieldreport.run(args)

@@ -15,8 +15,8 @@ from __future__ import annotations
 import sys
 import time
 
+from arcvllm.client.report import Report
 from arcvllm.errors import ArcvllmError
-from arcvllm.server.report import Report
 from arcvllm.text import error_line
 from arcvllm.verify import plan as P
 

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from arcvllm.engine import docker_binary
+from arcvllm.docker import docker_binary
 from arcvllm.errors import Unavailable
 from arcvllm.paths import checkout_root
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from arcvllm import options
-from arcvllm.engine import docker_binary
+from arcvllm.docker import docker_binary
 from arcvllm.errors import UsageError
 from arcvllm.operate.host import api_key_file
 from arcvllm.paths import checkout_root

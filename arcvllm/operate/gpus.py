@@ -14,7 +14,7 @@ from pathlib import Path
 
 from arcvllm.errors import Unavailable
 from arcvllm.operate import replicas
-from arcvllm.operate.host import Card, Host, b70s, level_zero_devices
+from arcvllm.operate.host import Host, RenderNode, b70s, level_zero_devices
 from arcvllm.presets import default_preset, get_preset
 
 
@@ -40,7 +40,7 @@ def table(host: Host) -> list[dict]:
     return rows
 
 
-def compose(host: Host, gpus: int, out: Path) -> list[Card]:
+def compose(host: Host, gpus: int, out: Path) -> list[RenderNode]:
     """Write OUT for the host's B70s (at least GPUS of them); the cards it names."""
     cards = b70s(host)
     if len(cards) < max(gpus, 1):
@@ -52,7 +52,7 @@ def compose(host: Host, gpus: int, out: Path) -> list[Card]:
     return cards
 
 
-def write_for(host: Host, out: Path, preset: str | None = None) -> list[Card]:
+def write_for(host: Host, out: Path, preset: str | None = None) -> list[RenderNode]:
     """OUT for the server of PRESET (default: the settings' ARCVLLM_PRESET, else the host's
     default preset): `make up` and the smoke test write it before compose starts `vllm`."""
     name = preset or host.settings.get("ARCVLLM_PRESET") or default_preset(host.environ)

@@ -4,7 +4,7 @@ file's, else the compose file's default).
 
 One home each: doctor, `arcvllm gpus`, the replicas of a scale-out and the compose
 deployments read the GPUs from here (sysfs and /dev/dri under a root, so the tests build a
-fake machine); the Docker client is arcvllm.engine's one choice, the checkout (compose
+fake machine); the Docker client is arcvllm.docker's one choice, the checkout (compose
 files, build/) arcvllm.paths.checkout_root. Runs where `docker compose` runs.
 """
 
@@ -196,16 +196,17 @@ def bar_sizes(dev: Path) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
-class Card:
-    """One B70 as a replica gets it: PCI slot, render node, its GID, its by-path names."""
+class RenderNode:
+    """One B70's render node as a replica gets it: the GPU's PCI slot, the node's path, its
+    GID, its by-path names."""
 
     slot: str
-    render_node: str  # /dev/dri/renderD129
+    path: str  # /dev/dri/renderD129
     gid: int
     by_path: tuple[str, ...]  # e.g. ("pci-0000:04:00.0-render",)
 
 
-def b70s(host: Host) -> list[Card]:
+def b70s(host: Host) -> list[RenderNode]:
     """The B70s in sysfs with the render node each one has, in PCI slot order."""
     cards = []
     by_path_dir = host.path("/dev/dri/by-path")
@@ -222,7 +223,7 @@ def b70s(host: Host) -> list[Card]:
             if link.is_symlink() and Path(os.readlink(link)).name == name
         )
         gid = host.stat(host.path(f"/dev/dri/{name}")).st_gid
-        cards.append(Card(gpu.slot, f"/dev/dri/{name}", gid, names))
+        cards.append(RenderNode(gpu.slot, f"/dev/dri/{name}", gid, names))
     return cards
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from arcvllm.errors import Unavailable, UsageError
-from arcvllm.operate.host import Card, Host, b70s
+from arcvllm.operate.host import Host, RenderNode, b70s
 
 TEMPLATE_KEY = "x-xpu-replica"
 # The variable vLLM's XPU platform reads to pick its GPUs (vllm/platforms/xpu.py,
@@ -31,13 +31,13 @@ CANARY_KEY = "x-canary-command"
 METRICS_URL = "--metrics-url="
 
 
-def pick(host: Host, replicas: int) -> list[Card]:
+def pick(host: Host, replicas: int) -> list[RenderNode]:
     """The first REPLICAS B70s, or one line saying how many this host has."""
     if replicas < 1:
         raise UsageError(f"--replicas must be 1 or more, not {replicas}")
     cards = b70s(host)
     if replicas > len(cards):
-        seen = ", ".join(f"{c.slot} {c.render_node}" for c in cards) or "none"
+        seen = ", ".join(f"{c.slot} {c.path}" for c in cards) or "none"
         raise Unavailable(
             f"{replicas} replicas need {replicas} Arc Pro B70s; this host has {len(cards)} "
             f"with a render node ({seen}; `arcvllm doctor` says more)"
@@ -66,14 +66,14 @@ def targets(count: int) -> list[dict]:
     return [{"targets": [f"{name(i)}:8000"], "labels": {"replica": name(i)}} for i in range(count)]
 
 
-def by_path_folder(cards: list[Card], folder: Path) -> Path:
+def by_path_folder(cards: list[RenderNode], folder: Path) -> Path:
     """FOLDER holding the by-path links of CARDS only (made again each time)."""
     folder.mkdir(parents=True, exist_ok=True)
     for link in folder.iterdir():
         link.unlink()
     for card in cards:
         for entry in card.by_path:
-            (folder / entry).symlink_to(f"../{Path(card.render_node).name}")
+            (folder / entry).symlink_to(f"../{Path(card.path).name}")
     return folder
 
 
@@ -85,23 +85,23 @@ SERVER = "vllm"
 PLACEHOLDER = "/dev/dri/run-arcvllm-gpus-compose"
 
 
-def server(cards: list[Card], state: Path) -> str:
+def server(cards: list[RenderNode], state: Path) -> str:
     """The compose file that gives compose.yaml's XPU server every B70 of CARDS and nothing
     else (no iGPU: Level Zero's device 0 is then the first B70), as YAML text."""
     folder = by_path_folder(cards, state / "by-path" / SERVER)
     service = {
-        "devices": [f"{c.render_node}:{c.render_node}" for c in cards],
+        "devices": [f"{c.path}:{c.path}" for c in cards],
         "volumes": [f"{folder}:/dev/dri/by-path:ro"],
         "labels": {
             "org.arcvllm.gpu.slots": " ".join(c.slot for c in cards),
-            "org.arcvllm.gpu.render": " ".join(c.render_node for c in cards),
+            "org.arcvllm.gpu.render": " ".join(c.path for c in cards),
         },
     }
     text = yaml.safe_dump({"services": {SERVER: service}}, sort_keys=False)
     return text.replace("    devices:\n", "    devices: !override\n", 1)
 
 
-def write_server(cards: list[Card], out: Path) -> Path:
+def write_server(cards: list[RenderNode], out: Path) -> Path:
     """OUT for CARDS, the by-path folder beside it; OUT."""
     out.parent.mkdir(parents=True, exist_ok=True)
     head = (
@@ -113,7 +113,7 @@ def write_server(cards: list[Card], out: Path) -> Path:
     return out
 
 
-def compose_services(cards: list[Card], base: dict, state: Path) -> dict:
+def compose_services(cards: list[RenderNode], base: dict, state: Path) -> dict:
     """The compose file of the replicas (absolute paths only: compose reads relative ones
     from the first file's folder). Writes each replica's by-path folder under STATE."""
     services: dict[str, dict] = {}
@@ -122,14 +122,14 @@ def compose_services(cards: list[Card], base: dict, state: Path) -> dict:
     for i, card in enumerate(cards):
         by_path = by_path_folder([card], state / "by-path" / name(i))
         service = copy.deepcopy(base)
-        service["devices"] = [f"{card.render_node}:{card.render_node}"]
+        service["devices"] = [f"{card.path}:{card.path}"]
         service["group_add"] = [str(card.gid)]
         service["volumes"] = [*service.get("volumes", []), f"{by_path}:/dev/dri/by-path:ro"]
         # The one GPU the container sees is device 0 (over the settings file's value).
         service["environment"] = {**service.get("environment", {}), AFFINITY_ENV: "0"}
         service["labels"] = {
             "org.arcvllm.gpu.slot": card.slot,
-            "org.arcvllm.gpu.render": card.render_node,
+            "org.arcvllm.gpu.render": card.path,
         }
         services[name(i)] = service
     workers = " ".join(f"http://{name(i)}:8000" for i in range(len(cards)))
@@ -150,7 +150,7 @@ def canary_command(command: list[str], count: int) -> list[str]:
     return rest[:at] + urls + rest[at:]
 
 
-def write(cards: list[Card], scale_file: Path, state: Path) -> Path:
+def write(cards: list[RenderNode], scale_file: Path, state: Path) -> Path:
     """STATE/replicas.yaml for CARDS; its path."""
     state.mkdir(parents=True, exist_ok=True)
     doc = compose_services(cards, template(scale_file), state)

@@ -24,12 +24,12 @@ from pathlib import Path
 
 import yaml
 
-from arcvllm.engine import docker_binary
+from arcvllm.client.api import Client, WaitTimeout, wait_until
+from arcvllm.docker import docker_binary
 from arcvllm.errors import Degraded, Unavailable, UsageError
 from arcvllm.operate import compose, replicas
 from arcvllm.operate.host import DEFAULT_PORT, Host, api_key_file, check_api_key_file, effective
 from arcvllm.operate.settings import load as load_settings
-from arcvllm.server.client import Client, WaitTimeout, wait_until
 
 PROJECT = "arcvllm-scale"
 DEGRADED = Degraded.exit_code  # exit status: serving, with fewer replicas than asked
@@ -314,13 +314,13 @@ def write_replicas_file(args: argparse.Namespace) -> int:
         made.replace(out)
     if args.json:
         rows = [
-            {"replica": replicas.name(i), "slot": c.slot, "render": c.render_node, "gid": c.gid}
+            {"replica": replicas.name(i), "slot": c.slot, "render": c.path, "gid": c.gid}
             for i, c in enumerate(cards)
         ]
         print(json.dumps({"file": str(out), "replicas": rows}, indent=2))
         return 0
     for i, card in enumerate(cards):
-        print(f"{replicas.name(i)}: {card.slot} {card.render_node} (GID {card.gid})")
+        print(f"{replicas.name(i)}: {card.slot} {card.path} (GID {card.gid})")
     print(f"wrote {out}")
     return 0
 

@@ -13,5 +13,5 @@ and stops the server itself (`--start-cmd` / `--stop-cmd`), e.g. a container.
 checks: the plan of token positions and the checks; report: the Check rows, the screen
 and the JSON; session: a run from the options of `arcvllm smoke`, its report written and
 printed (the command is arcvllm.commands.smoke). Talking to the server, and what its log
-says, is arcvllm.server's.
+says, is arcvllm.client's.
 """

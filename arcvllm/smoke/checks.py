@@ -1,6 +1,6 @@
 """The smoke test's checks, and the plan of token positions they are made of.
 
-Planning and judging are pure functions; the server is reached through arcvllm.server.client,
+Planning and judging are pure functions; the server is reached through arcvllm.client.api,
 subprocesses and the log stay at the edges.
 """
 
@@ -15,14 +15,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
+from arcvllm.client import metrics as m
+from arcvllm.client.api import Client, Stream, WaitTimeout
+from arcvllm.client.discovery import discover, requested_model
+from arcvllm.client.log import LOG_TAIL_LINES, LogSource, find_crash
+from arcvllm.client.oracle import PROMPT_TEXT, TIE_NATS, check_against_plain, tokens_of
+from arcvllm.client.report import Check, Report
+from arcvllm.client.stats import percentile
 from arcvllm.errors import ArcvllmError, Unavailable
-from arcvllm.server import metrics as m
-from arcvllm.server.client import Client, Stream, WaitTimeout
-from arcvllm.server.discovery import discover, requested_model
-from arcvllm.server.log import LOG_TAIL_LINES, LogSource, find_crash
-from arcvllm.server.oracle import PROMPT_TEXT, TIE_NATS, check_against_plain, tokens_of
-from arcvllm.server.report import Check, Report
-from arcvllm.server.stats import percentile
 from arcvllm.text import error_line
 
 CONCURRENT_STREAMS = 8

@@ -10,5 +10,5 @@ prompts of every length mod 64, and sampled answers to open prompts (degeneratio
 
 plan: what each row sends, from the server's geometry, and the pure judgements; suite: the
 rows against one server; session: a run from the options of `arcvllm verify` (the command
-is arcvllm.commands.verify). The oracle and the report are arcvllm.server's.
+is arcvllm.commands.verify). The oracle and the report are arcvllm.client's.
 """

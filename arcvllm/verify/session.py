@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from arcvllm.server.log import LogSource
-from arcvllm.server.report import Report, table
+from arcvllm.client.log import LogSource
+from arcvllm.client.report import Report, table
 from arcvllm.verify.suite import VerifyOptions, run
 
 

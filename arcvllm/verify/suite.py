@@ -3,7 +3,7 @@ each judged by the model itself.
 
 The oracle is the plain model: one cold prefill (prompt_logprobs, a fresh cache_salt) of
 what a path produced, whose top token at every position must be the token the path chose
-(arcvllm.server.oracle). A path that spoils the recurrent state (a lost copy at a block
+(arcvllm.client.oracle). A path that spoils the recurrent state (a lost copy at a block
 boundary, a corrupted resume, NaN) produces tokens the plain model would not choose, with
 HTTP 200 and finite logprobs: only this comparison shows it. Where no plain prefill can
 stand as the reference (a prompt longer than the prefill chunk), a row is judged against
@@ -19,12 +19,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-from arcvllm.errors import Unavailable
-from arcvllm.server import metrics as m
-from arcvllm.server.client import Client, Stream, WaitTimeout, wait_until
-from arcvllm.server.discovery import chunk_tokens, discover, requested_model
-from arcvllm.server.log import LOG_TAIL_LINES, LogSource, find_crash
-from arcvllm.server.oracle import (
+from arcvllm.client import metrics as m
+from arcvllm.client.api import Client, Stream, WaitTimeout, wait_until
+from arcvllm.client.discovery import chunk_tokens, discover, requested_model
+from arcvllm.client.log import LOG_TAIL_LINES, LogSource, find_crash
+from arcvllm.client.oracle import (
     PROMPT_TEXT,
     GreedyCheck,
     check_against_plain,
@@ -33,7 +32,8 @@ from arcvllm.server.oracle import (
     token_id,
     tokens_of,
 )
-from arcvllm.server.report import Check, Report
+from arcvllm.client.report import Check, Report
+from arcvllm.errors import Unavailable
 from arcvllm.text import error_line
 from arcvllm.verify import plan as P
 

@@ -40,7 +40,7 @@ socket=$run_dir/docker.sock
 pidfile=$run_dir/dockerd.pid
 owner=$run_dir/started-by-engine-sh
 # Debian's client (BuildKit capable: secrets, mounts), the one the scripts it runs use: `run`
-# exports it as DOCKER, which arcvllm's commands take too (arcvllm/engine.py).
+# exports it as DOCKER, which arcvllm's commands take too (arcvllm/docker.py).
 docker=${DOCKER:-/usr/bin/docker}
 [[ -x $docker ]] || docker=$(command -v docker || echo /usr/bin/docker)
 os_release=${ARCVLLM_OS_RELEASE:-/etc/os-release}

@@ -10,12 +10,13 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, vllm_env
+from support import ROOT
+from support.venvs import vllm_env
 
 from arcvllm.bench import measurements, plot, reference, runner, session
 from arcvllm.bench.measurements import TokenStep, token_steps
+from arcvllm.client.api import Chunk, Stream
 from arcvllm.errors import ArcvllmError
-from arcvllm.server.client import Chunk, Stream
 
 
 def stream(prompt_len: int, sizes: list[int], gap: float = 0.01) -> Stream:
@@ -186,7 +187,7 @@ def test_measurements_against_a_fake_server_find_the_boundaries_and_the_hits(htt
 
     from support.fakeserver import BLOCK, MAX_LEN, Fake, handler
 
-    from arcvllm.server.client import Client
+    from arcvllm.client.api import Client
 
     client = Client(http_server(handler(Fake())))
     rng = random.Random(0)
@@ -208,7 +209,7 @@ def test_a_server_that_counts_no_hits_shows_a_zero_hit_rate(http_server):
 
     from support.fakeserver import BLOCK, MAX_LEN, Fake, handler
 
-    from arcvllm.server.client import Client
+    from arcvllm.client.api import Client
 
     client = Client(http_server(handler(Fake({"no_hits"}))))
     prefix = measurements.measure_prefix(client, "tiny-hybrid", BLOCK, MAX_LEN, 1, random.Random(0))
@@ -311,7 +312,7 @@ def test_bench_json_flags_the_streams_it_timed_that_arrived_in_bulk():
 
 
 def test_speculation_summary_is_the_servers_counters_or_nothing():
-    from arcvllm.server.metrics import SpecDecode
+    from arcvllm.client.metrics import SpecDecode
 
     run = measurements.speculation_summary(SpecDecode(100, 200, 50))
     assert run == {
@@ -432,7 +433,7 @@ def test_bench_checks_the_model_against_the_preset_as_smoke_does(bench_cli, tmp_
 
 
 def test_bench_without_a_server_is_exit_3(bench_cli, tmp_path, capsys):
-    from conftest import free_port
+    from support.processes import free_port
 
     from arcvllm import cli
 

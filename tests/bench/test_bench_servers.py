@@ -11,9 +11,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import stop_server, vllm_env, wait_healthy
 from support.measured import measured
+from support.processes import stop_server, wait_healthy
 from support.servers import arcvllm, start_preset_server
+from support.venvs import vllm_env
 
 pytestmark = [pytest.mark.server, pytest.mark.vllm]
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from conftest import ROOT, free_port
+from support import ROOT
+from support.processes import free_port
 
 from arcvllm import stack
 from arcvllm.builder import audit, facts, lock, sdist, shell

@@ -6,7 +6,7 @@ import hashlib
 import subprocess
 from pathlib import Path
 
-from conftest import ROOT
+from support import ROOT
 
 SCRIPT = ROOT / "docker" / "fetch-verified.sh"
 

@@ -17,12 +17,13 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, free_port
-from support.engine import docker, docker_client, xpu_ci_image
+from support import ROOT
+from support.docker import docker, docker_client, xpu_ci_image
 from support.entrypoint import ENTRYPOINT
+from support.processes import free_port
 
 from arcvllm import stack as stack_module
-from arcvllm.server.client import WaitTimeout, wait_until
+from arcvllm.client.api import WaitTimeout, wait_until
 
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
 VENV_BIN = ROOT / ".venv" / "bin"

@@ -74,7 +74,7 @@ def test_a_download_cut_short_every_time_fails_after_three_tries_and_leaves_noth
 
 
 def test_nothing_listening_is_said_once(tmp_path, capsys):
-    from conftest import free_port
+    from support.processes import free_port
 
     with pytest.raises(Unavailable):
         index.fetch(f"http://127.0.0.1:{free_port()}/a.whl", SHA256, tmp_path)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, vllm_env
+from support import ROOT
+from support.venvs import vllm_env
 
 from arcvllm import presets as P
 from arcvllm.builder import kernels as K

@@ -23,11 +23,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, QuietHandler, free_port
+from support import ROOT
+from support.httpd import QuietHandler
+from support.processes import free_port
 
 from arcvllm import __version__, stack
 from arcvllm.builder import image, release, sbom
-from arcvllm.engine import docker_binary
+from arcvllm.docker import docker_binary
 from arcvllm.errors import ArcvllmError, Unavailable, UsageError
 
 RELEASE_DIR = Path(os.environ.get("ARCVLLM_RELEASE_DIR", ROOT / "build" / "release" / "ci"))

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 import yaml
-from conftest import ROOT
+from support import ROOT
 
 from arcvllm import stack
 from arcvllm.builder import dockerfile, image, index

@@ -6,7 +6,7 @@ import hashlib
 import json
 
 import pytest
-from conftest import vllm_env
+from support.venvs import vllm_env
 
 from arcvllm import cli
 from arcvllm.builder import tinymodel as T

@@ -5,8 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from conftest import ROOT
-from support import wheels
+from support import ROOT, wheels
 
 from arcvllm import stack
 

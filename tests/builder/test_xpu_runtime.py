@@ -19,8 +19,8 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 import yaml
-from conftest import ROOT
-from support.engine import docker, xpu_ci_image
+from support import ROOT
+from support.docker import docker, xpu_ci_image
 
 from arcvllm import stack
 from arcvllm.builder import facts, index, shell

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from support import ROOT
 
 SCRIPT = ROOT / "scripts" / "ci" / "engine.sh"
 

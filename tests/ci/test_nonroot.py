@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
-from support.engine import docker
+from support import ROOT
+from support.docker import docker
 
 pytestmark = pytest.mark.docker
 

@@ -12,13 +12,13 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from support import ROOT
 
 from arcvllm import stack
 from arcvllm.builder import image, index
 from arcvllm.ci import standin_base, standins
 from arcvllm.cli import main
-from arcvllm.engine import docker_binary
+from arcvllm.docker import docker_binary
 from arcvllm.errors import ArcvllmError
 
 # The docker tests here read what `make build-xpu-ci` makes (scripts/ci/standins.sh).

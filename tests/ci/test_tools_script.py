@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from support import ROOT
 
 SCRIPT = ROOT / "scripts" / "ci" / "tools.sh"
 TOOLS = ("promtool", "prometheus", "prometheus-alertmanager", "kubectl")

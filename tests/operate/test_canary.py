@@ -12,14 +12,16 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, free_port, stop_server, vllm_env, wait_healthy
 from prometheus_client.parser import text_string_to_metric_families
+from support import ROOT
 from support.alerting import AlertPath, shipped_config, started
+from support.processes import free_port, stop_server, wait_healthy
 from support.prometheus import PROM, tool
 from support.servers import start_preset_server
+from support.venvs import vllm_env
 
+from arcvllm.client.report import Check, Report
 from arcvllm.operate import canary
-from arcvllm.server.report import Check, Report
 
 CANARY_RULES = PROM / "rules" / "canary.yml"
 CANARY_TESTS = PROM / "tests" / "canary.test.yml"

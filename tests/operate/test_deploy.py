@@ -4,7 +4,7 @@ file of their own (ENV_FILE) under its own compose project and port, then torn d
 Proves the settings file reaches the deployment: the key file it names (VLLM_API_KEY_FILE)
 makes the API answer 401 without the key and 200 with it, through the gateway; and the
 container's environment, which is that file, leaves the TP=2 preset both GPUs
-(ZE_AFFINITY_MASK empty). tests/operate/test_gateway.py looks at the gateway itself.
+(ZE_AFFINITY_MASK empty). tests/deploy/test_gateway.py looks at the gateway itself.
 """
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-from conftest import ROOT, free_port
-from support.engine import docker
+from support import ROOT
+from support.docker import docker
+from support.processes import free_port
 from support.scale import build_target, side_image
 
-from arcvllm.server.client import wait_until
+from arcvllm.client.api import wait_until
 
 TEMPLATE = ROOT / "docker" / "arcvllm.env"
 KEY = "k-7f3e9a1c2b"
@@ -98,7 +99,7 @@ def keyed_service(cpu_image, tmp_path_factory):
 
 
 def wait_healthy(url: str, cid: str, ca_cert: Path, timeout: float = 600) -> None:
-    from arcvllm.server.client import Client, WaitTimeout
+    from arcvllm.client.api import Client, WaitTimeout
 
     def running() -> None:
         if not json.loads(docker("inspect", cid).stdout)[0]["State"]["Running"]:
@@ -209,7 +210,7 @@ def test_field_report_tarball_has_every_part_and_never_the_key(keyed_service, tm
     assert b"Application startup complete" in blobs["server.log"]
 
 
-# ---- the deployment as named (arcvllm/operate/deploy.py), no engine ----
+# ---- the deployment as named (arcvllm/operate/single.py), no engine ----
 
 
 def names(**given) -> argparse.Namespace:
@@ -219,51 +220,51 @@ def names(**given) -> argparse.Namespace:
 
 
 def test_a_deployment_named_by_flavour_alone_is_its_default_stack_and_the_stacks_preset(tmp_path):
-    from arcvllm.operate import deploy
+    from arcvllm.operate import single
     from arcvllm.stack import load, side_images
 
     defaults = load()[1]
-    cpu = deploy.resolve(names(flavor="cpu"), environ={}, dri_dir=tmp_path)
+    cpu = single.resolve(names(flavor="cpu"), environ={}, dri_dir=tmp_path)
     assert (cpu.stack, cpu.preset, cpu.service) == (defaults["cpu"], "tiny-hybrid-cpu", "vllm-cpu")
     assert cpu.image == f"arcvllm:{defaults['cpu']}" and cpu.port == "8443"
     assert cpu.gateway_image == side_images()["gateway"].ref
     assert cpu.render_gid == ""  # no render node under tmp_path
-    xpu = deploy.resolve(names(flavor="xpu"), environ={}, dri_dir=tmp_path)
+    xpu = single.resolve(names(flavor="xpu"), environ={}, dri_dir=tmp_path)
     assert (xpu.stack, xpu.service) == (defaults["xpu"], "vllm")
-    assert deploy.resolve(names(stack="cpu"), environ={}, dri_dir=tmp_path).flavor == "cpu"
+    assert single.resolve(names(stack="cpu"), environ={}, dri_dir=tmp_path).flavor == "cpu"
 
 
 def test_the_image_and_port_are_the_shells_then_the_settings_files_then_the_flag_wins(tmp_path):
-    from arcvllm.operate import deploy
+    from arcvllm.operate import single
 
     mine = tmp_path / "mine.env"
     mine.write_text("IMAGE=foo:bar\nPORT=8123\n")
-    single = deploy.resolve(names(env_file=mine, flavor="cpu"), environ={}, dri_dir=tmp_path)
-    assert (single.image, single.port) == ("foo:bar", "8123")
+    named = single.resolve(names(env_file=mine, flavor="cpu"), environ={}, dri_dir=tmp_path)
+    assert (named.image, named.port) == ("foo:bar", "8123")
     shell = {"IMAGE": "baz:qux", "PORT": "7443", "RENDER_GID": "993"}
-    single = deploy.resolve(names(env_file=mine, flavor="cpu"), environ=shell, dri_dir=tmp_path)
-    assert (single.image, single.port, single.render_gid) == ("baz:qux", "7443", "993")
+    named = single.resolve(names(env_file=mine, flavor="cpu"), environ=shell, dri_dir=tmp_path)
+    assert (named.image, named.port, named.render_gid) == ("baz:qux", "7443", "993")
     given = names(env_file=mine, flavor="cpu", image="a:b", port="1")
-    assert deploy.resolve(given, environ=shell, dri_dir=tmp_path).image == "a:b"
-    assert single.variables()["RENDER_GID"] == "993"
+    assert single.resolve(given, environ=shell, dri_dir=tmp_path).image == "a:b"
+    assert named.variables()["RENDER_GID"] == "993"
 
 
 def test_a_stack_of_another_flavour_or_none_is_a_usage_error(tmp_path):
     from arcvllm.errors import UsageError
-    from arcvllm.operate import deploy
+    from arcvllm.operate import single
 
     with pytest.raises(UsageError, match="stack cpu is cpu, not xpu"):
-        deploy.resolve(names(flavor="xpu", stack="cpu"), environ={}, dri_dir=tmp_path)
+        single.resolve(names(flavor="xpu", stack="cpu"), environ={}, dri_dir=tmp_path)
     with pytest.raises(UsageError, match="unknown stack 'nope'; stacks: "):
-        deploy.resolve(names(stack="nope"), environ={}, dri_dir=tmp_path)
+        single.resolve(names(stack="nope"), environ={}, dri_dir=tmp_path)
 
 
 def test_the_throwaway_secrets_are_a_key_by_the_key_rule_and_a_certificate_for_localhost(tmp_path):
     from arcvllm import options
-    from arcvllm.operate import deploy
+    from arcvllm.operate import single
 
     folder = tmp_path / "smoke-gateway"
-    key = deploy.make_secrets(folder)
+    key = single.make_secrets(folder)
     assert options.read_key(folder / "api-key") == key and len(key) == 48
     assert folder.stat().st_mode & 0o777 == 0o700
     assert all((folder / n).stat().st_mode & 0o777 == 0o644 for n in ("api-key", "key.pem"))
@@ -272,15 +273,15 @@ def test_the_throwaway_secrets_are_a_key_by_the_key_rule_and_a_certificate_for_l
          "subjectAltName"], capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     assert "CN = localhost" in text and "IP Address:127.0.0.1" in text
-    assert deploy.make_secrets(folder) != key  # made anew each time
+    assert single.make_secrets(folder) != key  # made anew each time
 
 
 def test_the_emulated_settings_have_the_emulation_on_once(tmp_path):
-    from arcvllm.operate import deploy
+    from arcvllm.operate import single
 
     mine = tmp_path / "mine.env"
     mine.write_text("PORT=8123\nARCVLLM_EMULATE_HIGH_ADDRESSES=0\n")
-    out = deploy.emulated(mine, tmp_path / "build" / "emulated.env")
+    out = single.emulated(mine, tmp_path / "build" / "emulated.env")
     assert out.read_text() == "PORT=8123\nARCVLLM_EMULATE_HIGH_ADDRESSES=1\n"
 
 
@@ -357,33 +358,33 @@ def test_the_preset_named_is_the_one_compose_gives_the_server(tmp_path):
 
 
 def test_the_settings_files_preset_is_served_when_none_is_named(tmp_path):
-    from arcvllm.operate import deploy
+    from arcvllm.operate import single
 
     mine = tmp_path / "mine.env"
     mine.write_text("ARCVLLM_PRESET=qwen3.6-35b-a3b-w4a16-2xb70\n")
-    single = deploy.resolve(names(env_file=mine, flavor="xpu"), environ={}, dri_dir=tmp_path)
-    assert single.preset == "qwen3.6-35b-a3b-w4a16-2xb70"
-    assert single.variables()["ARCVLLM_PRESET"] == "qwen3.6-35b-a3b-w4a16-2xb70"
+    named = single.resolve(names(env_file=mine, flavor="xpu"), environ={}, dri_dir=tmp_path)
+    assert named.preset == "qwen3.6-35b-a3b-w4a16-2xb70"
+    assert named.variables()["ARCVLLM_PRESET"] == "qwen3.6-35b-a3b-w4a16-2xb70"
     shell = {"ARCVLLM_PRESET": "qwen3.6-35b-a3b-w4a16-1xb70"}
     given = names(env_file=mine, flavor="xpu")
-    assert deploy.resolve(given, environ=shell, dri_dir=tmp_path).preset == (
+    assert single.resolve(given, environ=shell, dri_dir=tmp_path).preset == (
         "qwen3.6-35b-a3b-w4a16-1xb70"
     )  # the shell's wins, as in compose
     # the CPU server's is CPU_PRESET: the settings file's ARCVLLM_PRESET is the XPU server's
-    cpu = deploy.resolve(names(env_file=mine, flavor="cpu"), environ={}, dri_dir=tmp_path)
+    cpu = single.resolve(names(env_file=mine, flavor="cpu"), environ={}, dri_dir=tmp_path)
     assert cpu.preset == "tiny-hybrid-cpu"
     given = names(env_file=mine, preset="granite-4.0-h-tiny-1xb70")
-    assert deploy.resolve(given, environ=shell, dri_dir=tmp_path).preset == (
+    assert single.resolve(given, environ=shell, dri_dir=tmp_path).preset == (
         "granite-4.0-h-tiny-1xb70"
     )
 
 
 def test_a_preset_named_alone_chooses_its_flavour_and_a_stack_it_runs_on(tmp_path):
-    from arcvllm.operate import deploy
+    from arcvllm.operate import single
 
-    cpu = deploy.resolve(names(preset="tiny-hybrid-cpu-mtp"), environ={}, dri_dir=tmp_path)
+    cpu = single.resolve(names(preset="tiny-hybrid-cpu-mtp"), environ={}, dri_dir=tmp_path)
     assert (cpu.flavor, cpu.stack, cpu.service) == ("cpu", "cpu", "vllm-cpu")
-    xpu = deploy.resolve(names(preset="qwen3.6-35b-a3b-w4a16-2xb70"), environ={}, dri_dir=tmp_path)
+    xpu = single.resolve(names(preset="qwen3.6-35b-a3b-w4a16-2xb70"), environ={}, dri_dir=tmp_path)
     assert xpu.flavor == "xpu" and xpu.stack in ("xpu-0.23", "xpu-0.33")
 
 

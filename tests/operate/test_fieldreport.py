@@ -12,7 +12,7 @@ import subprocess
 import tarfile
 
 import pytest
-from conftest import ROOT
+from support import ROOT
 
 from arcvllm.commands import fieldreport as field_report_command
 from arcvllm.operate import canary

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 import yaml
-from conftest import ROOT
+from support import ROOT
 from support.compose import compose_binary
 from support.hosts import B70, IGPU, fake_host
 
@@ -70,7 +70,7 @@ def test_the_gpu_file_gives_the_server_every_b70_and_not_the_igpu(tmp_path):
     host = fake_host(tmp_path, IGPU_FIRST)
     out = tmp_path / "state" / "gpus.yaml"
     cards = gpus.compose(host, 1, out)
-    assert [c.render_node for c in cards] == ["/dev/dri/renderD129", "/dev/dri/renderD130"]
+    assert [c.path for c in cards] == ["/dev/dri/renderD129", "/dev/dri/renderD130"]
     service = server_config(out)
     assert devices(service) == [f"/dev/dri/renderD{n}:/dev/dri/renderD{n}" for n in (129, 130)]
     folder = mounts(service)["/dev/dri/by-path"]

@@ -20,9 +20,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, free_port
-from support.engine import IMAGE, docker
+from support import ROOT
+from support.docker import IMAGE, docker
 from support.hub import HubStandIn, hub_standin
+from support.processes import free_port
 from support.scale import build_target, side_image
 
 from arcvllm.presets import get_preset
@@ -113,7 +114,7 @@ def fetch(hub: HubStandIn, models: Path, home: Path) -> subprocess.CompletedProc
 def test_a_model_fetched_into_models_dir_is_served_by_make_up_through_the_gateway(
     cpu_image, published, tmp_path
 ):
-    from arcvllm.server.client import Client, WaitTimeout, wait_until
+    from arcvllm.client.api import Client, WaitTimeout, wait_until
 
     if not os.environ.get("ARCVLLM_TEST_GATEWAY_IMAGE"):
         build_target("gateway", GATEWAY_IMAGE)
@@ -177,7 +178,7 @@ def test_make_up_refuses_an_empty_models_dir_before_it_creates_anything(engine, 
     project: no container, network or volume.
 
     Shown failing without the check: with `return` as the first line of
-    arcvllm.operate.deploy.check_model, `make up` exits 0 and the project has its two
+    arcvllm.operate.single.check_model, `make up` exits 0 and the project has its two
     containers (a server with no model, restarting), one network and three volumes; this
     test then fails at its first assertion (tried once, 2026-12-06)."""
     models = tmp_path / "models"

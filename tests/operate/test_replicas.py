@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, release_root
+from support import ROOT
 from support.compose import compose_binary
 from support.hosts import B70, B580, FOUR, IGPU, fake_host
+from support.venvs import release_root
 
 from arcvllm import stack
 from arcvllm.errors import Unavailable
@@ -27,8 +28,8 @@ SCALE = ROOT / "docker" / "compose.scale.yaml"
 
 def test_every_b70_is_a_card_with_its_own_node_gid_and_by_path_entry(tmp_path):
     cards = hosts.b70s(fake_host(tmp_path, FOUR))
-    assert [c.render_node for c in cards] == [f"/dev/dri/renderD{128 + i}" for i in range(4)]
-    assert cards[1] == hosts.Card(
+    assert [c.path for c in cards] == [f"/dev/dri/renderD{128 + i}" for i in range(4)]
+    assert cards[1] == hosts.RenderNode(
         "0000:04:00.0", "/dev/dri/renderD129", 992, ("pci-0000:04:00.0-render",)
     )
 

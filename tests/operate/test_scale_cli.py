@@ -14,9 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from conftest import ROOT, free_port
-from support.engine import docker
+from support import ROOT
+from support.docker import docker
 from support.hosts import B70, FOUR, IGPU, fake_host
+from support.processes import free_port
 from support.scale import ROUTER_IMAGE, SCALE, build_target, side_image
 
 from arcvllm import options
@@ -474,7 +475,7 @@ def test_a_replica_that_dies_at_start_is_stopped_alone_the_other_serves_volumes_
             f"https://127.0.0.1:{port}/v1/completions",
             json={"model": "tiny-hybrid", "prompt": "one left", "max_tokens": 4},
             headers={"Authorization": f"Bearer {key_file.read_text().strip()}"},
-            # the gateway's self-signed certificate (TLS: tests/operate/test_gateway.py)
+            # the gateway's self-signed certificate (TLS: tests/deploy/test_gateway.py)
             verify=False,
             timeout=120,
         )

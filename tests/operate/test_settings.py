@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from support import ROOT
 
 from arcvllm import cli
 from arcvllm.errors import ArcvllmError

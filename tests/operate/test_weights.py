@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from support import ROOT
 from support.hub import HubStandIn, hub_standin
 
 from arcvllm.operate import weights
@@ -277,10 +277,10 @@ def test_a_fetched_model_is_served_read_only_from_models_dir(cpu_image, tmp_path
     `arcvllm model fetch` into a MODELS_DIR, mounted read-only at /models and served by the
     image as its user (UID 1000): the fetched files are a model vLLM loads."""
     import httpx
-    from conftest import free_port
-    from support.engine import docker
+    from support.docker import docker
+    from support.processes import free_port
 
-    from arcvllm.server.client import wait_until
+    from arcvllm.client.api import wait_until
 
     repo_dir = tmp_path / "hub"
     repo_dir.mkdir()
@@ -330,7 +330,7 @@ def test_the_folder_checked_is_the_folder_compose_mounts(tmp_path):
     absolute; none for a model inside the image. The XPU service's: MODELS_DIR."""
     import argparse
 
-    from arcvllm.operate import deploy
+    from arcvllm.operate import single
 
     mine = tmp_path / "mine.env"
     mine.write_text("MODELS_DIR=/srv/models\n")
@@ -339,7 +339,7 @@ def test_the_folder_checked_is_the_folder_compose_mounts(tmp_path):
 
     def mount(preset: str, environ: dict[str, str]) -> Path | None:
         args = argparse.Namespace(**fields, preset=preset)
-        return deploy.resolve(args, environ=environ, dri_dir=tmp_path).models_dir
+        return single.resolve(args, environ=environ, dri_dir=tmp_path).models_dir
 
     cpu = "tiny-hybrid-cpu-models"
     assert mount(cpu, {}) == Path("/srv/models")

@@ -15,16 +15,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import (
-    ROOT,
-    VENVS,
-    VllmEnv,
-    copy_site,
-    release_root,
-    upstream_test,
-    vllm_env,
-)
 from packaging.version import Version
+from support import ROOT
+from support.venvs import VENVS, VllmEnv, copy_site, release_root, upstream_test, vllm_env
 
 from arcvllm import cli
 from arcvllm.patching import patches as patches_module

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import ROOT, site_packages, vllm_env
+from support import ROOT
+from support.venvs import site_packages, vllm_env
 
 from arcvllm.serving import cpukernels as K
 

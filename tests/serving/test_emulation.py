@@ -13,11 +13,12 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT, vllm_env
+from support import ROOT
+from support.venvs import vllm_env
 
 from arcvllm.serving import emulation as E
 
-REVERT = ROOT / "tests" / "patches" / "vllm-0.32.0-revert-mamba-copy-uint64.patch"
+REVERT = ROOT / "tests" / "support" / "patches" / "vllm-0.32.0-revert-mamba-copy-uint64.patch"
 
 
 def test_off_unless_the_variable_is_exactly_one():

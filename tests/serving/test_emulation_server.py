@@ -5,7 +5,7 @@ catch it: each server is `arcvllm serve --preset tiny-hybrid-cpu`, with pointers
 emulated in all but the first,
 - (stock) no emulation: the smoke test passes; its outputs are the reference. The same
   server answers with the preset's flags, and `arcvllm bench` runs against it;
-- (reverted) emulation + vLLM's own fix reverted (tests/patches): the engine dies with the
+- (reverted) emulation + vLLM's own fix reverted (tests/support/patches): the engine dies with the
   original OverflowError and the smoke test fails, naming it;
 - (patched) emulation + the revert + our series patch: passes, outputs equal.
 Emulation with vLLM's own fix (the CPU image's vLLM) is the CPU image's emulated smoke test
@@ -28,15 +28,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, stop_server, vllm_env, wait_healthy
+from support import ROOT
 from support.overlay import make_overlay
+from support.processes import stop_server, wait_healthy
 from support.servers import smoke, start_preset_server
+from support.venvs import vllm_env
 
 from arcvllm.bench import session
 
 pytestmark = [pytest.mark.server, pytest.mark.vllm]
 
-REVERT = ROOT / "tests" / "patches" / "vllm-0.32.0-revert-mamba-copy-uint64.patch"
+REVERT = ROOT / "tests" / "support" / "patches" / "vllm-0.32.0-revert-mamba-copy-uint64.patch"
 SERIES_PATCH = ROOT / "patches" / "vllm" / "mamba-copy-uint64.patch"
 OVERFLOW = "OverflowError: Python int too large to convert to C long"
 PRESET = "tiny-hybrid-cpu"

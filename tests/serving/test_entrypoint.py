@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from support import ROOT
 
 ENTRYPOINT = ROOT / "docker" / "entrypoint.sh"
 UID = 1000  # the image's user (docker/Dockerfile, runtime stage)

@@ -14,7 +14,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import yaml
-from conftest import ROOT, free_port
+from support import ROOT
+from support.processes import free_port
 
 from arcvllm.builder import dockerfile
 
@@ -71,7 +72,7 @@ def test_the_port_comes_from_the_environment_as_a_healthcheck_gives_none(server)
 
 
 def test_the_tls_mode_passes_on_a_handshake_and_fails_without_one(tmp_path, server):
-    from arcvllm.operate.deploy import make_secrets
+    from arcvllm.operate.single import make_secrets
 
     make_secrets(tmp_path / "tls")
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)

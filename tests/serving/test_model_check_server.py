@@ -8,8 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import stop_server, vllm_env, wait_healthy
+from support.processes import stop_server, wait_healthy
 from support.servers import start_preset_server
+from support.venvs import vllm_env
 
 PRESET = "tiny-hybrid-cpu-mtp"
 

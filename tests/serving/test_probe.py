@@ -11,7 +11,8 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-from conftest import ROOT, vllm_env
+from support import ROOT
+from support.venvs import vllm_env
 
 from arcvllm.serving import probe as P
 
@@ -151,7 +152,7 @@ def test_the_troubleshooting_and_upgrade_pages_cover_what_operators_meet():
 def test_the_xpu_rehearsal_image_carries_the_probe(stack):
     """The probe ships in the package, so CI's rehearsal of the XPU image has it; with no
     device there (and PyTorch's XPU build a stand-in) it reports one JSON line and exit 3."""
-    from support.engine import docker, xpu_ci_image
+    from support.docker import docker, xpu_ci_image
 
     image = xpu_ci_image(stack, "-user")
     done = docker("run", "--rm", image, "arcvllm", "gpus", "--probe", "--json", check=False)
@@ -164,7 +165,7 @@ def test_the_xpu_rehearsal_image_carries_the_probe(stack):
 def test_doctor_in_the_image_runs_the_probe_on_the_images_torch(cpu_image):
     """In an image (here the CPU one, whose PyTorch has torch.xpu and no device) the probe
     runs as `arcvllm gpus --probe`, and doctor's XPU probe row reports what it said."""
-    from support.engine import docker
+    from support.docker import docker
 
     done = docker("run", "--rm", cpu_image, "arcvllm", "gpus", "--probe", "--json", check=False)
     assert done.returncode == 3, done.stdout + done.stderr

@@ -10,7 +10,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, vllm_env
+from support import ROOT
+from support.venvs import vllm_env
 
 from arcvllm import cli
 from arcvllm.commands import serve as serve_command

@@ -7,7 +7,7 @@
   from the server's own counters, and the fused metadata really held high pointers (the
   preset without the emulation is the CPU image's smoke test in CI);
 - (corrupt) the same without the emulation, with a vLLM that restarts each step from the
-  wrong recurrent state (tests/patches/vllm-0.32.0-corrupt-spec-accepted-count.patch): the
+  wrong recurrent state (tests/support/patches/vllm-0.32.0-corrupt-spec-accepted-count.patch): the
   server stays healthy, and the smoke test fails on the token checks alone ("boundary
   decode", "speculative == plain");
 - (reverted) emulation with the fix reverted (the code of 0.22.0-0.28.0): the engine dies
@@ -25,14 +25,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, stop_server, vllm_env, wait_healthy
+from support import ROOT
 from support.overlay import make_overlay
+from support.processes import stop_server, wait_healthy
 from support.servers import arcvllm, smoke, start_preset_server
+from support.venvs import vllm_env
 
 pytestmark = [pytest.mark.server, pytest.mark.vllm]
 
 PRESET = "tiny-hybrid-cpu-mtp"
-PATCHES = ROOT / "tests" / "patches"
+PATCHES = ROOT / "tests" / "support" / "patches"
 CORRUPT = PATCHES / "vllm-0.32.0-corrupt-spec-accepted-count.patch"
 REVERT = PATCHES / "vllm-0.32.0-revert-mamba-fused-u64.patch"
 OVERFLOW = "ValueError: Overflow when unpacking long long"

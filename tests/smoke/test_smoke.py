@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import free_port
 from support.fakeserver import BLOCK, Fake, handler
+from support.processes import free_port
 
 from arcvllm import cli
+from arcvllm.client import log as serverlog
+from arcvllm.client.report import Check, render_checks
 from arcvllm.errors import ArcvllmError
-from arcvllm.server import log as serverlog
-from arcvllm.server.report import Check, render_checks
 from arcvllm.smoke import checks as S
 
 

@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, QuietHandler, free_port, stop_server
 
-from arcvllm.server.client import WaitTimeout, wait_until
+from arcvllm.client.api import WaitTimeout, wait_until
+from support import ROOT
+from support.httpd import QuietHandler
+from support.processes import free_port, stop_server
 from support.prometheus import PROM, tool
 
 ALERTMANAGER = ROOT / "deploy" / "alertmanager"

@@ -6,7 +6,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+
+from support import ROOT
 
 COMPOSE_FILE = ROOT / "docker" / "compose.yaml"
 

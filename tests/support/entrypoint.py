@@ -5,7 +5,8 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from conftest import ROOT
+
+from support import ROOT
 
 ENTRYPOINT = ROOT / "docker" / "entrypoint.sh"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import threading
 
-from conftest import QuietHandler
+from support.httpd import QuietHandler
 
 BLOCK = 64
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from conftest import ROOT
+from support import ROOT
 
 LOG = Path(os.environ.get("ARCVLLM_MEASURED", ROOT / "reports" / "measured.txt"))
 

@@ -8,7 +8,8 @@ import shutil
 
 import pytest
 import yaml
-from conftest import ROOT
+
+from support import ROOT
 
 PROM = ROOT / "deploy" / "prometheus"
 

@@ -6,8 +6,8 @@ import subprocess
 from pathlib import Path
 
 import yaml
-from conftest import ROOT
 
+from support import ROOT
 from support.compose import compose_binary
 
 BASE = ROOT / "docker" / "compose.yaml"

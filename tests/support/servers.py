@@ -8,7 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import ROOT, free_port
+from support import ROOT
+from support.processes import free_port
 
 
 def start_preset_server(

@@ -15,8 +15,10 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, stop_server, vllm_env, wait_healthy
+from support import ROOT
+from support.processes import stop_server, wait_healthy
 from support.servers import arcvllm, smoke, start_preset_server
+from support.venvs import vllm_env
 
 from arcvllm.verify import plan as P
 

@@ -19,10 +19,12 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from conftest import ROOT, assert_drained, drain_stream, free_port
+from support import ROOT
 from support.compose import compose_binary
-from support.engine import docker
+from support.docker import docker
+from support.drain import assert_drained, drain_stream
 from support.measured import measured
+from support.processes import free_port
 from support.scale import (
     BASE,
     ENV_FILE,
@@ -35,8 +37,8 @@ from support.scale import (
     side_image,
 )
 
-from arcvllm.server.client import WaitTimeout, wait_until
-from arcvllm.server.metrics import Metrics, PrefixCache, block_size, prefix_cache
+from arcvllm.client.api import WaitTimeout, wait_until
+from arcvllm.client.metrics import Metrics, PrefixCache, block_size, prefix_cache
 
 
 def bind_mounts(service: dict) -> dict[str, str]:
@@ -129,7 +131,7 @@ def test_cpu_replicas_answer_as_vllm_0_and_1_with_scale_out_and_a_cpu_set_each()
 
 
 def test_prometheus_publishes_no_port():
-    """It has no authentication (tests/operate/test_gateway.py: only the gateway is published)."""
+    """It has no authentication (tests/deploy/test_gateway.py: only the gateway is published)."""
     svc = services("monitoring", env={"BIND_ADDRESS": "0.0.0.0"})
     assert ports(svc["prometheus"]) == []
     assert [str(p) for p in svc["prometheus"]["expose"]] == ["9090"]
@@ -250,7 +252,7 @@ def deployment(request, tmp_path_factory):
         "ROUTER_HEALTH_FAILURE_THRESHOLD": str(FAILURE_THRESHOLD),
     }
     # The router and Prometheus publish no port (the gateway is the way in:
-    # tests/operate/test_gateway.py); this test measures routing and reads Prometheus, so it
+    # tests/deploy/test_gateway.py); this test measures routing and reads Prometheus, so it
     # publishes both on loopback for itself.
     published = tmp_path_factory.mktemp("scale") / "router-published.yaml"
     published.write_text(

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, TypeVar
 
+from arcvllm.client import metrics as m
 from arcvllm.errors import Unavailable
-from arcvllm.server import metrics as m
 
 T = TypeVar("T")
 
@@ -237,7 +237,7 @@ class Client:
 
     def models(self) -> list[dict[str, Any]]:
         """The entries of /v1/models (id, max_model_len, ...); which one is served and its
-        context length, with the errors an operator gets, are arcvllm.server.discovery's."""
+        context length, with the errors an operator gets, are arcvllm.client.discovery's."""
         return list(self.get_json("/v1/models")["data"])
 
     def tokenize(self, model: str, text: str) -> list[int]:

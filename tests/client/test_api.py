@@ -1,4 +1,4 @@
-"""arcvllm.server.client against a real HTTP server in this process, speaking vLLM's shapes.
+"""arcvllm.client.api against a real HTTP server in this process, speaking vLLM's shapes.
 
 The server answers what vLLM 0.32 answers (health, models with max_model_len, tokenize,
 metrics, streamed completions with continuous usage and token ids) and refuses a request
@@ -13,11 +13,12 @@ import time
 
 import httpx
 import pytest
-from conftest import QuietHandler, free_port
+from support.httpd import QuietHandler
+from support.processes import free_port
 
+from arcvllm.client import metrics as m
+from arcvllm.client.api import Chunk, Client, Stream, WaitTimeout, root_url, wait_until
 from arcvllm.errors import ArcvllmError
-from arcvllm.server import metrics as m
-from arcvllm.server.client import Chunk, Client, Stream, WaitTimeout, root_url, wait_until
 
 KEY = "s3cret"
 METRICS = """\
@@ -264,7 +265,7 @@ def test_a_gateways_rate_limit_is_waited_out_for_tokenize_and_streams(serve):
 
 
 def test_a_rate_limit_that_outlasts_the_wait_stands(serve, monkeypatch):
-    from arcvllm.server import client as C
+    from arcvllm.client import api as C
 
     monkeypatch.setattr(C, "RATE_LIMIT_WAIT", 0.3)
     fake = Server()

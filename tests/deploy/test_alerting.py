@@ -1,6 +1,6 @@
 """deploy/alertmanager and the path of an alert: arcvllm's rules in Debian's Prometheus, sent
 to Debian's Alertmanager (started by the image's entrypoint script), delivered to a webhook.
-Like tests/operate/test_prometheus.py these run the host's binaries (`make tools`), no engine."""
+Like tests/deploy/test_prometheus.py these run the host's binaries (`make tools`), no engine."""
 
 from __future__ import annotations
 
@@ -13,12 +13,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, QuietHandler, free_port, stop_server
+from support import ROOT
 from support.alerting import TEMPLATE, AlertPath, entrypoint, shipped_config, started
+from support.httpd import QuietHandler
+from support.processes import free_port, stop_server
 from support.prometheus import PROM, RULES, tool
 
 from arcvllm.builder import dockerfile
-from arcvllm.server.client import WaitTimeout, wait_until
+from arcvllm.client.api import WaitTimeout, wait_until
 
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
 
@@ -103,7 +105,7 @@ def test_the_alertmanager_stage_follows_prometheus_and_runs_the_entrypoint():
 
 @pytest.mark.compose
 def test_compose_runs_alertmanager_with_monitoring_and_publishes_no_port():
-    """Its API adds silences without authentication: no host port (tests/operate/test_gateway.py:
+    """Its API adds silences without authentication: no host port (tests/deploy/test_gateway.py:
     only the gateway is published)."""
     from support.scale import ports, services
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT
+from support import ROOT
 
 from arcvllm import presets
 

@@ -8,9 +8,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
 
-from arcvllm.engine import docker_binary
+from arcvllm.docker import docker_binary
+from support import ROOT
 
 IMAGE = os.environ.get("ARCVLLM_TEST_IMAGE", "arcvllm:cpu")
 

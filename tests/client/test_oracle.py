@@ -1,9 +1,9 @@
-"""The model as its own oracle (arcvllm.server.oracle): its pure parts. Against real servers
+"""The model as its own oracle (arcvllm.client.oracle): its pure parts. Against real servers
 it runs in the smoke and verify tests."""
 
 from __future__ import annotations
 
-from arcvllm.server import oracle as O
+from arcvllm.client import oracle as O
 
 
 def test_tokens_of_tiles_to_the_exact_length():

@@ -24,14 +24,16 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import DRAINING, ROOT, assert_drained, delivery, drain_stream, free_port
+from support import ROOT
 from support.compose import compose_binary
-from support.engine import docker, docker_client
+from support.docker import docker, docker_client
+from support.drain import DRAINING, assert_drained, delivery, drain_stream
 from support.measured import measured
+from support.processes import free_port
 from support.scale import build_target, side_image
 
 from arcvllm import options
-from arcvllm.server.client import Client, WaitTimeout, wait_until
+from arcvllm.client.api import Client, WaitTimeout, wait_until
 
 ENTRYPOINT = ROOT / "docker" / "gateway-entrypoint.sh"
 TEMPLATE = ROOT / "deploy" / "gateway" / "nginx.conf.template"
@@ -907,7 +909,7 @@ def held_back(arrived: list[float], which: str) -> bool:
     """The events arrived in bulk (bench's own measure: most of them less than 1 ms after
     the one before), or the first came after half of the stand-in's pacing had passed."""
     from arcvllm.bench.measurements import BULK_SHARE, bulk_share
-    from arcvllm.server.client import Chunk, Stream
+    from arcvllm.client.api import Chunk, Stream
 
     paced = (STREAM_EVENTS - 1) * STREAM_EVERY
     late = arrived[0] > arrived[-1] - paced / 2

@@ -13,8 +13,8 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from arcvllm.client.api import Client
 from arcvllm.errors import ArcvllmError
-from arcvllm.server.client import Client
 
 # A token is the plain model's greedy choice when it is the top token of the plain model's
 # prediction at its position, or within this many nats of it. Another path computes the

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT
+from support import ROOT
 from support.compose import COMPOSE_FILE, ENV_FILE, compose_binary, config
 
 SCALE_FILE = ROOT / "docker" / "compose.scale.yaml"
@@ -615,7 +615,7 @@ def test_the_preset_deploy_up_names_is_the_servers_environment(tmp_path):
     project it runs gives each flavour's server ARCVLLM_PRESET=X over the settings file's."""
     import argparse
 
-    from arcvllm.operate import deploy
+    from arcvllm.operate import single
 
     compose_binary()
     gpus = tmp_path / "gpus.yaml"  # what `arcvllm gpus --compose` writes, for one node
@@ -628,7 +628,7 @@ def test_the_preset_deploy_up_names_is_the_servers_environment(tmp_path):
             env_file=ENV_FILE, flavor=flavor, stack=None, preset=preset, image=None,
             gateway_image=None, port=None, project="opr-preset", gpus_file=str(gpus),
         )  # fmt: skip
-        project = deploy.resolve(names, environ={}, dri_dir=tmp_path).compose()
+        project = single.resolve(names, environ={}, dri_dir=tmp_path).compose()
         done = subprocess.run(
             project.argv("config"), capture_output=True, text=True, timeout=60,
             env=project.environ({"PATH": os.environ["PATH"], "RENDER_GID": "4242"}),

@@ -3,7 +3,7 @@
 The Prometheus text format is parsed with prometheus_client's own parser, never with
 regular expressions. The parse is pure (text in, values out) so the smoke test and the
 bench share it and unit tests feed it recorded text; the scrape itself is
-arcvllm.server.client.Client.metrics.
+arcvllm.client.api.Client.metrics.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from arcvllm.server.stats import percentile
+from arcvllm.client.stats import percentile
 
 
 def test_percentile_of_no_data_is_none_and_of_one_value_is_it():

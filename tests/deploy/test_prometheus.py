@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import free_port, stop_server
+from support.processes import free_port, stop_server
 from support.prometheus import DASHBOARD, PROM, RULES, console_exprs, dashboard_exprs, rules, tool
 
-from arcvllm.server.client import WaitTimeout, wait_until
+from arcvllm.client.api import WaitTimeout, wait_until
 
 ALERTS = {
     "ArcvllmReplicaDown",

@@ -1,4 +1,4 @@
-"""arcvllm.server.discovery against the fake vLLM server (tests/support/fakeserver.py): the
+"""arcvllm.client.discovery against the fake vLLM server (tests/support/fakeserver.py): the
 one discovery of smoke and bench, its fallbacks and its exit statuses."""
 
 from __future__ import annotations
@@ -6,13 +6,13 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from conftest import free_port
 from support.fakeserver import BLOCK, MAX_LEN, Fake, handler
+from support.processes import free_port
 
+from arcvllm.client import discovery as d
+from arcvllm.client.api import Client
+from arcvllm.client.log import LogSource
 from arcvllm.errors import ArcvllmError
-from arcvllm.server import discovery as d
-from arcvllm.server.client import Client
-from arcvllm.server.log import LogSource
 
 KEY = "s3cret"
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from arcvllm.client import metrics as m
+from arcvllm.client.api import Client
+from arcvllm.client.log import LogSource, block_size_from_log, chunk_tokens_from_log
 from arcvllm.errors import Unavailable, UsageError
-from arcvllm.server import metrics as m
-from arcvllm.server.client import Client
-from arcvllm.server.log import LogSource, block_size_from_log, chunk_tokens_from_log
 from arcvllm.text import error_line
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from arcvllm import stack
-from arcvllm.engine import docker_binary
+from arcvllm.docker import docker_binary
 from arcvllm.errors import ArcvllmError, CheckFailed, Unavailable, UsageError
 from arcvllm.operate import compose, gpus, settings, weights
 from arcvllm.operate.host import (
@@ -302,7 +302,7 @@ def smoke_project(single: Single, folder: Path, env_file: Path) -> compose.Proje
 
 
 def smoke(args: argparse.Namespace) -> int:
-    from arcvllm.server.log import LogSource
+    from arcvllm.client.log import LogSource
     from arcvllm.smoke.session import finish, options_from
 
     single = resolve(args)
@@ -347,8 +347,8 @@ def smoke(args: argparse.Namespace) -> int:
 def verify(args: argparse.Namespace) -> int:
     """`arcvllm verify` through the gateway of a project of its own, stopped after: the
     deployment's acceptance test before it takes traffic (docs/verify.md)."""
-    from arcvllm.server.client import Client, WaitTimeout
-    from arcvllm.server.log import LogSource
+    from arcvllm.client.api import Client, WaitTimeout
+    from arcvllm.client.log import LogSource
     from arcvllm.verify.session import finish, options_from
 
     single = resolve(args)

