@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # `make tools`: the Debian tools the tests run, when missing from PATH: promtool and
-# prometheus (deploy/prometheus), alertmanager (deploy/alertmanager), kubectl for
+# prometheus (deploy/prometheus), alertmanager and amtool (deploy/alertmanager), kubectl for
 # `kubectl kustomize` (deploy/kubernetes). The engine, compose v2, buildx, cosign and the
 # registry come with scripts/ci/engine.sh.
 #
-# One road for any user, root or not: the packages apt would install are downloaded with
-# this machine's apt sources, pins and keyring (`apt-get download`: apt checks each .deb's
-# sha256 against the signed index) into a private apt state under TOOLS_DIR, unpacked there
-# with `dpkg-deb -x`, and linked into TOOLS_DIR/bin, which the Makefile puts on PATH (after
-# the system's). Nothing under /etc, /usr or /var is written, no dpkg lock is taken.
+# Debian's prometheus and alertmanager read their web assets and default template at fixed
+# paths under /usr/share (and /usr/share/javascript, from their libjs-* dependencies), so as
+# root they are installed as apt installs them. Anything else (kubectl always; everything
+# for a user without root) takes the road that writes no apt or dpkg file: the packages are
+# downloaded with this machine's apt sources, pins and keyring (`apt-get download`: apt
+# checks each .deb's sha256 against the signed index) into a private apt state under
+# TOOLS_DIR, unpacked there with `dpkg-deb -x`, and their programs linked into
+# TOOLS_DIR/bin, which the Makefile puts on PATH (after the system's). A user's unpacked
+# prometheus and alertmanager run, without those assets: one line says which tests need
+# the installed packages.
 # On Debian kubectl is trixie's package of it (1.32, the release deploy/kubernetes is
 # validated against): bookworm's kubernetes-client 1.20 carries kustomize v2, which builds
 # none of the overlays. A host whose apt has no trixie source gets one at pin priority 100,
@@ -24,15 +29,32 @@ export PATH=$PATH:$dir/bin
 debian=0
 [[ $(sed -n 's/^ID=//p' "${ARCVLLM_OS_RELEASE:-/etc/os-release}" | tr -d '"') != debian ]] || debian=1
 # tool -> the package that ships it as /usr/bin/TOOL
-declare -A package=([promtool]=prometheus [prometheus]=prometheus
+declare -A package=([promtool]=prometheus [prometheus]=prometheus [amtool]=prometheus-alertmanager
 	[prometheus-alertmanager]=prometheus-alertmanager [kubectl]=kubernetes-client)
 ((debian == 0)) || package[kubectl]=kubectl
 missing=()
-for tool in promtool prometheus prometheus-alertmanager kubectl; do
+for tool in promtool prometheus prometheus-alertmanager amtool kubectl; do
 	command -v "$tool" >/dev/null && continue
 	[[ " ${missing[*]} " == *" ${package[$tool]} "* ]] || missing+=("${package[$tool]}")
 done
 ((${#missing[@]})) || exit 0
+# As root, what reads files at fixed paths is installed; the rest is unpacked.
+if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+	system=()
+	for pkg in "${missing[@]}"; do
+		if [[ $pkg == prometheus* ]]; then system+=("$pkg"); fi
+	done
+	if ((${#system[@]})); then
+		echo "make tools: installing ${system[*]} with apt (their assets live under /usr/share)"
+		apt-get update -qq
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${system[@]}" >/dev/null
+		missing=("${missing[@]/prometheus*/}")
+		read -ra missing <<<"${missing[*]}"
+		((${#missing[@]})) || exit 0
+	fi
+elif [[ " ${missing[*]} " == *" prometheus"* ]]; then
+	echo "make tools: unpacked, Debian's prometheus and alertmanager lack their assets under /usr/share/prometheus: the console and Alertmanager delivery tests need the packages installed (as root: make tools)" >&2
+fi
 for need in apt-get dpkg-deb; do
 	command -v "$need" >/dev/null || {
 		echo "make tools: missing Debian packages ${missing[*]}, and no $need to fetch them: install them with your system's package manager" >&2
@@ -73,8 +95,8 @@ for deb in "$state/debs"/*.deb; do
 	dpkg-deb -x "$deb" "$dir/root"
 	echo "make tools: $(dpkg-deb -f "$deb" Package) $(dpkg-deb -f "$deb" Version) sha256:$(sha256sum "$deb" | cut -d' ' -f1)"
 done
-for tool in "${!package[@]}"; do
-	if [[ -x $dir/root/usr/bin/$tool ]]; then ln -sfn "../root/usr/bin/$tool" "$dir/bin/$tool"; fi
+for tool in "$dir"/root/usr/bin/*; do
+	if [[ -x $tool ]]; then ln -sfn "../root/usr/bin/${tool##*/}" "$dir/bin/${tool##*/}"; fi
 done
 rm -rf "$state"
 for tool in "${!package[@]}"; do

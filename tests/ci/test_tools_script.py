@@ -13,10 +13,10 @@ import pytest
 from support import ROOT
 
 SCRIPT = ROOT / "scripts" / "ci" / "tools.sh"
-TOOLS = ("promtool", "prometheus", "prometheus-alertmanager", "kubectl")
+TOOLS = ("promtool", "prometheus", "prometheus-alertmanager", "amtool", "kubectl")
 FILES = {
     "prometheus": ("promtool", "prometheus"),
-    "prometheus-alertmanager": ("prometheus-alertmanager",),
+    "prometheus-alertmanager": ("prometheus-alertmanager", "amtool"),
     "kubectl": ("kubectl",),
     "kubernetes-client": ("kubectl",),
 }
@@ -24,15 +24,20 @@ DEBIAN = 'PRETTY_NAME="Debian GNU/Linux 13 (trixie)"\nID=debian\nVERSION_CODENAM
 UBUNTU = 'PRETTY_NAME="Ubuntu 24.04.3 LTS"\nID=ubuntu\nID_LIKE=debian\nVERSION_CODENAME=noble\n'
 
 # `download PKG[/SUITE]...`: one .deb per package in the current folder, built from a tree
-# under $FAKE_DEBS/PKG (the test makes them); every call is recorded.
+# under $FAKE_DEBS/PKG (the test makes them); `install PKG...`: the package's programs in
+# $FAKE_SYSTEM, the system's folder on PATH; every call is recorded.
 APT_GET = r"""#!/bin/bash
 echo "apt-get $*" >>"$FAKE_LOG"
-download=0
+verb=
 for arg; do
-	[[ $arg == download ]] && { download=1; continue; }
-	[[ $download == 1 && $arg != -* ]] || continue
+	[[ $arg == download || $arg == install ]] && { verb=$arg; continue; }
+	[[ -n $verb && $arg != -* ]] || continue
 	name=${arg%%/*}
-	dpkg-deb --build --root-owner-group "$FAKE_DEBS/$name" "${name}_1.0_amd64.deb" >/dev/null
+	if [[ $verb == install ]]; then
+		cp -a "$FAKE_DEBS/$name/usr/bin/." "$FAKE_SYSTEM/"
+	else
+		dpkg-deb --build --root-owner-group "$FAKE_DEBS/$name" "${name}_1.0_amd64.deb" >/dev/null
+	fi
 done
 """
 ID = '#!/bin/bash\n[[ $1 == -u ]] && echo "$FAKE_UID" || exec /usr/bin/id "$@"\n'
@@ -68,16 +73,18 @@ def run(root: Path, os_release: str, uid: int = 1000) -> subprocess.CompletedPro
         for name, body in (("apt-get", APT_GET), ("id", ID)):
             (bin_dir / name).write_text(body)
             (bin_dir / name).chmod(0o755)
+    (root / "system").mkdir(exist_ok=True)
     (root / "os-release").write_text(os_release)
     debs = root / "debs" if (root / "debs").exists() else fake_debs(root)
     env = {
-        "PATH": str(bin_dir),
+        "PATH": f"{bin_dir}:{root / 'system'}",
         "HOME": str(root),
         "TOOLS_DIR": str(root / "tools"),
         "ARCVLLM_OS_RELEASE": str(root / "os-release"),
         "FAKE_LOG": str(root / "calls.log"),
         "FAKE_DEBS": str(debs),
         "FAKE_UID": str(uid),
+        "FAKE_SYSTEM": str(root / "system"),
     }
     return subprocess.run(
         ["bash", str(SCRIPT)], capture_output=True, text=True, env=env, timeout=120
@@ -115,11 +122,29 @@ def test_a_user_gets_the_tools_unpacked_in_the_checkout_by_apts_download(
     assert not (tmp_path / "tools" / "apt").exists()  # the private apt state goes
 
 
-def test_root_takes_the_same_road_without_apts_sandbox_user(tmp_path):
+def test_a_user_is_told_which_tests_the_unpacked_servers_cannot_serve(tmp_path):
+    done = run(tmp_path, DEBIAN)
+    assert done.returncode == 0, done.stderr
+    assert "lack their assets under /usr/share/prometheus" in done.stderr
+
+
+def test_root_installs_prometheus_and_alertmanager_and_unpacks_kubectl(tmp_path):
+    """Debian's prometheus and alertmanager read assets at fixed paths under /usr/share:
+    installed by apt as root; kubectl, one static program, still unpacked in the checkout
+    (apt's download as root without its sandbox user, which cannot write there)."""
     done = run(tmp_path, DEBIAN, uid=0)
     assert done.returncode == 0, done.stderr
-    assert all("-oAPT::Sandbox::User=root" in c for c in calls(tmp_path))
-    assert not any(" install" in c for c in calls(tmp_path))
+    installs = [c.split()[-2:] for c in calls(tmp_path) if " install " in c]
+    assert installs == [["prometheus", "prometheus-alertmanager"]], calls(tmp_path)
+    downloads = [c for c in calls(tmp_path) if " download " in c]
+    assert [c.split()[-2:] for c in downloads] == [["download", "kubectl/trixie"]]
+    assert all("-oAPT::Sandbox::User=root" in c for c in downloads)
+    for tool in ("promtool", "prometheus", "prometheus-alertmanager", "amtool"):
+        assert (tmp_path / "system" / tool).exists() and not (
+            tmp_path / "tools" / "bin" / tool
+        ).exists()
+    assert (tmp_path / "tools" / "bin" / "kubectl").resolve().is_relative_to(tmp_path / "tools")
+    assert "lack their assets" not in done.stderr
 
 
 def test_tools_already_there_are_not_fetched_again(tmp_path):
