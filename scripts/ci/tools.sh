@@ -48,6 +48,10 @@ if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
 		echo "make tools: installing ${system[*]} with apt (their assets live under /usr/share)"
 		apt-get update -qq
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${system[@]}" >/dev/null
+		# the tests start their own: not the daemons the packages enable under systemd
+		if [[ -d /run/systemd/system ]]; then
+			systemctl disable --now "${system[@]/%/.service}" >/dev/null 2>&1 || true
+		fi
 		missing=("${missing[@]/prometheus*/}")
 		read -ra missing <<<"${missing[*]}"
 		((${#missing[@]})) || exit 0
