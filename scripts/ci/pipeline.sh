@@ -172,7 +172,7 @@ trap 'kill "$images_pid" "$venvs_pid" 2>/dev/null || true' EXIT
 # The document commands: each shell block's commands, options, paths and variables exist;
 # the cheap ones run as written (tests/support/documents.py).
 test_step make test-docs
-test_step make test-unit
+test_step make test-fast
 # Two clean builds of the router (apt, a venv, pip, a user): one digest. (Here, while the
 # test venvs are still made: the unit tests end ~100 s before them.)
 test_step make reproducible REPRO_IMAGES=router
