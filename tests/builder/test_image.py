@@ -442,11 +442,9 @@ def test_xpu_ci_runtime_builds_and_loads_the_triton_launcher(engine):
     (the lock's intel-sycl-rt), Level Zero headers + libze_loader link (Debian's libze-dev,
     the stand-in's GPU user space), loaded at run time. On the default XPU stack's
     rehearsal: CI runs this test in that stack's turn (its id names no stack)."""
-    from arcvllm.builder import image
-
     result = docker(
         "run", "--rm", "--user", "1000", "-v", f"{ROOT}:/src:ro", "-e", "PYTHONPATH=/src",
-        "--entrypoint", "python3", xpu_ci_image(image.default_stack("xpu")), "-m", "arcvllm",
+        "--entrypoint", "python3", xpu_ci_image(stack_module.load()[1]["xpu"]), "-m", "arcvllm",
         "toolchain",
         "--json", check=False,
     )  # fmt: skip
