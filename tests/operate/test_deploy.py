@@ -21,7 +21,7 @@ from typing import NamedTuple
 import pytest
 from support import ROOT
 from support.docker import docker
-from support.processes import free_port
+from support.processes import free_port, make
 from support.scale import build_target, side_image
 
 from arcvllm.client.api import wait_until
@@ -30,16 +30,6 @@ TEMPLATE = ROOT / "docker" / "arcvllm.env"
 KEY = "k-7f3e9a1c2b"
 MODEL = "tiny-hybrid"
 GATEWAY_IMAGE = os.environ.get("ARCVLLM_TEST_GATEWAY_IMAGE") or side_image("gateway")
-
-
-def make(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        # -o: the tests run from this venv; never reinstall it under them
-        ["make", "--no-print-directory", "-C", str(ROOT), "-o", ".venv/.stamp", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 class Service(NamedTuple):

@@ -23,7 +23,7 @@ import pytest
 from support import ROOT
 from support.docker import IMAGE, docker
 from support.hub import HubStandIn, hub_standin
-from support.processes import free_port
+from support.processes import free_port, make
 from support.scale import build_target, side_image
 
 from arcvllm.presets import get_preset
@@ -32,16 +32,6 @@ PRESET = "tiny-hybrid-cpu-models"
 TEMPLATE = ROOT / "docker" / "arcvllm.env"
 KEY = "k-5d1c0b7e93"
 GATEWAY_IMAGE = os.environ.get("ARCVLLM_TEST_GATEWAY_IMAGE") or side_image("gateway")
-
-
-def make(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        # -o: the tests run from this venv; never reinstall it under them
-        ["make", "--no-print-directory", "-C", str(ROOT), "-o", ".venv/.stamp", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def deployment(folder: Path, image: str, models: Path) -> list[str]:

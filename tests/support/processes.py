@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from support import ROOT
+
 # Bounded, and generous: a vLLM start-up on a busy 2-core machine can take minutes.
 SERVER_START_TIMEOUT = 600
 
@@ -51,3 +53,14 @@ def stop_server(proc: subprocess.Popen) -> None:
     # Children that outlived the leader are still in its group.
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
+
+
+def make(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`make ARGS` in the checkout, as an operator runs it, output captured."""
+    return subprocess.run(
+        # -o: the tests run from this venv; never reinstall it under them
+        ["make", "--no-print-directory", "-C", str(ROOT), "-o", ".venv/.stamp", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
