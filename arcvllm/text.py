@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 
 def _cut(text: str, width: int) -> str:
@@ -36,3 +39,18 @@ def error_line(exc: BaseException) -> str:
     """An exception as one short line: its type and the first line of its message."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {text}"[:300]
+
+
+@dataclass(frozen=True)
+class Shown:
+    """What a command prints on stdout: one JSON document, or its text; and the problems it
+    names on stderr (`arcvllm: PROBLEM`, one a line)."""
+
+    doc: Any
+    text: str
+    indent: int | None = 2  # None: the document on one line
+    problems: tuple[str, ...] = ()
+
+    def render(self, as_json: bool) -> str:
+        """The document as JSON (AS_JSON), else the text."""
+        return json.dumps(self.doc, indent=self.indent) if as_json else self.text

@@ -24,7 +24,7 @@ from arcvllm.builder.facts import Facts, our_facts, release_facts, requirement_f
 from arcvllm.builder.sdist import Release, default_cache, release_of
 from arcvllm.errors import ArcvllmError, Unavailable, UsageError
 from arcvllm.paths import data_root
-from arcvllm.text import columns
+from arcvllm.text import Shown, columns
 
 if TYPE_CHECKING:  # (imported where used: the stacks module is loaded on demand)
     from arcvllm.stack import Stack
@@ -207,6 +207,23 @@ def write_lock(
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(text)
     return target
+
+
+def shown(
+    action: str,
+    name: str,
+    file: Path | None = None,
+    cache: Path | None = None,
+    sdist: Path | None = None,
+    dockerfile: Path | None = None,
+) -> Shown:
+    """What `arcvllm stack lock|audit NAME` prints: the lock written, or the audit's table
+    (its document as JSON) and its problems."""
+    if action == "lock":
+        written = write_lock(name, file, cache, sdist)
+        return Shown({"stack": name, "lock": str(written)}, str(written), indent=None)
+    result = audit(name, file, cache, sdist, dockerfile)
+    return Shown(result.as_json(), table(result.rows), problems=tuple(result.problems()))
 
 
 def published_hashes(text: str, python: str) -> dict[str, list[str]]:

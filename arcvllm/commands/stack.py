@@ -3,64 +3,25 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from arcvllm import options, stack
-from arcvllm.builder import audit, image, index
-from arcvllm.errors import ArcvllmError, UsageError, status
+from arcvllm.builder import audit, stackview
+from arcvllm.errors import status
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    as_json = getattr(args, "json", False)
-    if args.action in (None, "list"):
-        stacks, defaults = stack.load(args.stacks_file)
-        if as_json:
-            listed = [
-                {
-                    "name": s.name,
-                    "flavor": s.flavor,
-                    "vllm": s.vllm_version,
-                    "description": s.description,
-                    "default": defaults.get(s.flavor) == s.name,
-                }
-                for s in stacks.values()
-            ]
-            print(json.dumps(listed, indent=2))
-        else:
-            print(stack.render_table(stacks, defaults))
-        return 0
-    if args.action == "default":
-        _, defaults = stack.load(args.stacks_file)
-        if args.name not in defaults:
-            raise UsageError(f"no default stack for flavour {args.name!r}")
-        doc = {"flavor": args.name, "stack": defaults[args.name]}
-        print(json.dumps(doc) if as_json else defaults[args.name])
-        return 0
-    try:
-        chosen = stack.get(args.name, args.stacks_file, getattr(args, "flavor", None))
-    except ArcvllmError as exc:  # a stack named on the command line
-        raise UsageError(str(exc)) from None
-    if args.action == "show":
-        print(
-            json.dumps(stack.stack_json(chosen), indent=2)
-            if as_json
-            else stack.render_stack(chosen)
-        )
-        return 0
-    if args.action == "build-args":
-        values = (
-            image.ci_build_args(chosen, args.standins_dir) if args.ci else index.build_args(chosen)
-        )
-        print(json.dumps(values, indent=2) if as_json else stack.render_build_args(values))
-    elif args.action == "get":
-        try:
-            value = stack.lookup(chosen, args.key)
-        except ArcvllmError as exc:  # a key named on the command line
-            raise UsageError(str(exc)) from None
-        doc = {"stack": chosen.name, "key": args.key, "value": value}
-        print(json.dumps(doc) if as_json else value)
+    shown = stackview.answer(
+        args.action,
+        getattr(args, "name", None),
+        args.stacks_file,
+        getattr(args, "flavor", None),
+        getattr(args, "key", None),
+        getattr(args, "ci", False),
+        getattr(args, "standins_dir", None),
+    )
+    print(shown.render(getattr(args, "json", False)))
     return 0
 
 
@@ -109,19 +70,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
-    options = {"file": args.stacks_file, "cache": args.cache_dir, "sdist": args.sdist}
-    if args.action == "lock":
-        written = audit.write_lock(args.name, **options)
-        print(json.dumps({"stack": args.name, "lock": str(written)}) if args.json else written)
-        return 0
-    result = audit.audit(args.name, dockerfile=args.dockerfile, **options)
-    if args.json:
-        print(json.dumps(result.as_json(), indent=2))
-    else:
-        print(audit.table(result.rows))
-    for line in result.problems():
+    files = (args.stacks_file, args.cache_dir, args.sdist, getattr(args, "dockerfile", None))
+    shown = audit.shown(args.action, args.name, *files)
+    print(shown.render(args.json))
+    for line in shown.problems:
         print(f"arcvllm: {line}", file=sys.stderr)
-    return status(bool(result.problems()))
+    return status(bool(shown.problems))
 
 
 def register_audit(sub: argparse._SubParsersAction) -> None:
