@@ -5,60 +5,33 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from arcvllm import options, presets
-from arcvllm.text import columns
 
 
 def _cmd_presets(args: argparse.Namespace) -> int:
     """List the presets, or check them against the vLLM releases of their stacks."""
     found = presets.load_all(args.presets_dir)
     if not args.check:
-        if args.json:
-            listed = [
-                {
-                    "name": p.name,
-                    "model": p.model,
-                    "flavor": p.flavor,
-                    "gpus": p.gpus,
-                    "stacks": list(p.stacks),
-                }
-                for p in found.values()
-            ]
-            print(json.dumps(listed, indent=2))
-            return 0
-        rows = [("NAME", "MODEL", "GPUS", "STACKS")]
-        for p in found.values():
-            gpus = f"{p.gpus}x B70" if p.flavor == "xpu" else "cpu"
-            rows.append((p.name, p.model, gpus, ",".join(p.stacks)))
-        print(columns(rows))
+        print(presets.listing(found).render(args.json))
         return 0
-    doc: dict[str, Any] = {"json": args.json, "vllm": None, "problems": []}
-    versions = presets.stack_vllm_versions()
-    doc["problems"] += [
-        line for p in found.values() for line in presets.stack_problems(p, versions)
-    ]
-    defects_status = presets.check_defects(found, args.defects_file, doc)
-    status = presets.check_arguments(found, doc)
-    if status is None:
-        if not args.json:
-            print("no vLLM in this Python: argument check left to the release's Python")
-        status = 0
-    status = max(status, defects_status)
-    if doc["problems"]:
-        status = max(status, 1)
-    if args.kernels:
-        from arcvllm.builder import kernels
-
-        status = max(status, kernels.check_presets(found, args.release, doc))
-    del doc["json"]
-    doc["ok"] = status == 0
+    status, doc = presets.run_checks(found, args.defects_file, args.json, _kernels(args, found))
     if args.json:
         print(json.dumps(doc, indent=2))
     for problem in doc["problems"]:
         print(f"arcvllm: {problem}", file=sys.stderr)
     return status
+
+
+def _kernels(args: argparse.Namespace, found: dict) -> Callable[[dict[str, Any]], int] | None:
+    """--kernels: the kernel table and memory fit of arcvllm.builder.kernels, else None."""
+    if not args.kernels:
+        return None
+    from arcvllm.builder import kernels
+
+    return lambda doc: kernels.check_presets(found, args.release, doc)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -15,7 +15,12 @@ from typing import TYPE_CHECKING, Any
 from arcvllm.errors import ArcvllmError, status
 from arcvllm.modelconfig import moe_shape, text_config
 from arcvllm.presets.load import DEFAULT_XPU_PRESET, SERVER_MODULE, Preset
-from arcvllm.presets.render import flag_values, server_command, speculative_config
+from arcvllm.presets.render import (
+    flag_values,
+    server_command,
+    speculative_config,
+    stack_problems,
+)
 from arcvllm.text import columns
 
 if TYPE_CHECKING:
@@ -218,3 +223,32 @@ def check_defects(presets: Mapping[str, Preset], ledger_path: Path | None, doc: 
                 f"{DEFAULT_XPU_PRESET}\n"
             )
     return status(problem is not None)
+
+
+def run_checks(
+    presets: Mapping[str, Preset],
+    ledger_path: Path | None,
+    as_json: bool,
+    kernels: Callable[[dict[str, Any]], int] | None = None,
+) -> tuple[int, dict[str, Any]]:
+    """`arcvllm presets --check`: the stacks, the defect ledger, the arguments (with this
+    Python's vLLM, if any) and KERNELS (the kernel table and memory fit, where the build
+    side runs it); each prints its table unless AS_JSON. The exit status and the document
+    (its problems for stderr)."""
+    doc: dict[str, Any] = {"json": as_json, "vllm": None, "problems": []}
+    versions = stack_vllm_versions()
+    doc["problems"] += [line for p in presets.values() for line in stack_problems(p, versions)]
+    defects_status = check_defects(presets, ledger_path, doc)
+    code = check_arguments(presets, doc)
+    if code is None:
+        if not as_json:
+            print("no vLLM in this Python: argument check left to the release's Python")
+        code = 0
+    code = max(code, defects_status)
+    if doc["problems"]:
+        code = max(code, 1)
+    if kernels is not None:
+        code = max(code, kernels(doc))
+    del doc["json"]
+    doc["ok"] = code == 0
+    return code, doc

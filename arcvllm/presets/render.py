@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from arcvllm.errors import ArcvllmError
 from arcvllm.presets.load import SHUTDOWN_TIMEOUT_SINCE, Command, Preset
+from arcvllm.text import Shown, columns
 
 if TYPE_CHECKING:
     pass
@@ -273,3 +274,17 @@ def parser_problems(
                 f"({', '.join(sorted(parsers[flag]))})"
             )
     return problems
+
+
+def listing(found: Mapping[str, Preset]) -> Shown:
+    """The presets as `arcvllm presets` lists them: one a line (name, model, GPUs, stacks)."""
+    doc = [
+        {"name": p.name, "model": p.model, "flavor": p.flavor, "gpus": p.gpus,
+         "stacks": list(p.stacks)}
+        for p in found.values()
+    ]  # fmt: skip
+    rows = [("NAME", "MODEL", "GPUS", "STACKS")]
+    for p in found.values():
+        gpus = f"{p.gpus}x B70" if p.flavor == "xpu" else "cpu"
+        rows.append((p.name, p.model, gpus, ",".join(p.stacks)))
+    return Shown(doc, columns(rows))
