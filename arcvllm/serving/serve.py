@@ -6,11 +6,16 @@ behaviour in the container are vLLM's own.
 
 from __future__ import annotations
 
+import os
 import shlex
+import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NoReturn
 
-from arcvllm.errors import ArcvllmError, UsageError
+from arcvllm.errors import ArcvllmError, Unavailable, UsageError
+from arcvllm.model import model_dir, refuse
 from arcvllm.presets import (
     EXTRA_ARGS,
     Command,
@@ -18,6 +23,11 @@ from arcvllm.presets import (
     covers,
     extra_args,
     flag_values,
+    get_preset,
+    merge_args,
+    server_command,
+    shutdown_timeout_problem,
+    stack_vllm_versions,
 )
 
 # The distributions vLLM comes as, and the flavour each serves.
@@ -125,3 +135,63 @@ def vllm_refusal(command: Command, version: str) -> str | None:
 
     error = parse_with_vllm(command.args, *vllm_server_parser())
     return None if error is None else f"vLLM {version} refuses the server's arguments: {error}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What `arcvllm serve` would run, and why it must not run here (None: it may)."""
+
+    preset: Preset
+    command: Command
+    extra: list[str]  # the command line's vLLM arguments, `--` dropped
+    problem: str | None  # a local model folder that is not there
+    mismatch: str | None  # no vLLM, or one the preset's stacks do not span
+    installed: bool  # this Python has a vLLM
+
+    def warnings(self) -> list[str]:
+        """What --dry-run warns of: the model path, and a vLLM that cannot run the preset."""
+        return [w for w in (self.problem, self.mismatch if self.installed else None) if w]
+
+    def as_json(self, environ: Mapping[str, str]) -> dict[str, Any]:
+        """--dry-run --json: the server's environment (the operator's values win) and argv."""
+        env = {k: operator_value(environ, k) or v for k, v in self.command.env.items()}
+        return {"env": env, "argv": self.command.argv}
+
+
+def plan(
+    name: str, presets_dir: Path | None, extra: Sequence[str], environ: Mapping[str, str]
+) -> Plan:
+    """The server of preset NAME with the settings' and EXTRA vLLM arguments; UsageError
+    when the installed vLLM's parser refuses what the settings file adds."""
+    preset = get_preset(name, presets_dir)
+    from_settings = setting_args(environ)
+    # the preset's, then the settings file's, then the command line's: the later ones win
+    command = server_command(preset, merge_args(from_settings, split_extra(extra)))
+    installed = installed_vllm()
+    mismatch = stack_problem(preset, installed, stack_vllm_versions())
+    if installed and not mismatch:
+        # The server would reject the flag, or (dropped) abort every request on stop.
+        mismatch = shutdown_timeout_problem(preset, installed[1])
+    if from_settings and installed and not mismatch:
+        refused = vllm_refusal(command, installed[1])
+        if refused:
+            raise UsageError(f"{EXTRA_ARGS}={environ[EXTRA_ARGS]}: {refused}")
+    problem = model_path_problem(command)
+    return Plan(preset, command, split_extra(extra), problem, mismatch, installed is not None)
+
+
+def run(planned: Plan, environ: Mapping[str, str]) -> NoReturn:
+    """Replace this process with the planned server; Unavailable when it cannot run here,
+    CheckFailed when its model folder cannot serve the preset (before vLLM takes memory)."""
+    if planned.problem:
+        raise Unavailable(planned.problem)
+    if planned.mismatch:
+        raise Unavailable(planned.mismatch)  # no vLLM, or one the preset's stacks do not span
+    served = model_dir(planned.preset, planned.extra)
+    if served is not None:
+        refuse(planned.preset, served)  # the files (arcvllm.model)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    command = planned.command
+    os.execve(command.python, command.argv, effective_env(command, environ))
+    raise AssertionError("not reached: os.execve replaced this process")

