@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from arcvllm.errors import ArcvllmError
+from arcvllm.errors import ArcvllmError, UsageError
 from arcvllm.modelconfig import text_config
 from arcvllm.paths import configs_dir
+from arcvllm.text import Shown, columns
 
 COMPONENTS = ("vllm", "vllm-xpu-kernels", "compute-runtime")
 EFFECTS = ("wrong-output", "engine-dies")
@@ -423,3 +424,40 @@ def rows(found: Sequence[Verdict]) -> list[tuple[str, ...]]:
 
 
 # ---- `arcvllm defects` ----
+
+
+def listing(ledger_path: Path | None = None, stack_name: str | None = None) -> Shown:
+    """The ledger as `arcvllm defects` prints it; with STACK_NAME, each defect's standing
+    on that stack's pins (UsageError: no such stack)."""
+    from arcvllm import stack as stacks_mod
+
+    ledger = load(ledger_path)
+    pins: dict[str, str | None] = {}
+    if stack_name:
+        stacks, _ = stacks_mod.load()
+        if stack_name not in stacks:
+            raise UsageError(f"unknown stack {stack_name!r}; stacks: {', '.join(stacks)}")
+        pins = pinned_versions(stacks[stack_name])
+    listed: list[dict[str, Any]] = []
+    for d in ledger.defects:
+        entry = {
+            "id": d.id,
+            "component": d.component,
+            "affected": d.affected,
+            "fixed": d.fixed,
+            "effect": d.effect,
+            "trigger": dict(d.trigger),
+            "patched_by": d.patched_by,
+            "url": d.url,
+            "title": d.title,
+        }
+        if stack_name:
+            entry["standing"] = d.standing(pins.get(d.component))
+        listed.append(entry)
+    head = ("DEFECT", "COMPONENT", "AFFECTED", "FIXED", "EFFECT", "TRIGGER")
+    table: list[tuple[str, ...]] = [head + (("STANDING",) if stack_name else ())]
+    for e in listed:
+        trigger = ", ".join(f"{k}={v}" for k, v in e["trigger"].items()) or "any preset"
+        row = (e["id"], e["component"], e["affected"], e["fixed"] or "-", e["effect"], trigger)
+        table.append(row + ((e["standing"],) if stack_name else ()))
+    return Shown({"stack": stack_name, "pins": pins, "defects": listed}, columns(table))
