@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +29,11 @@ from arcvllm.presets import (
     GPU_GIB,
     Preset,
     flag_values,
+    get_preset,
     server_command,
     speculative_config,
 )
+from arcvllm.text import columns
 
 INDEX = "model.safetensors.index.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
@@ -286,3 +288,37 @@ def model_dir(preset: Preset, extra: Sequence[str] = ()) -> Path | None:
 
 
 # ---- CLI ----
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A model folder checked for a preset: every finding, and the one problem line."""
+
+    preset: Preset
+    directory: Path
+    findings: list[Finding]
+    problem: str | None  # None: the folder can serve the preset
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "preset": self.preset.name,
+            "dir": str(self.directory),
+            "ok": self.problem is None,
+            "rows": [asdict(f) for f in self.findings],
+        }
+
+    def table(self) -> str:
+        rows = [("CHECK", "RESULT", "SEEN")]
+        rows += [(f.check, "ok" if f.ok else "FAIL", f.seen) for f in self.findings]
+        return columns(rows)
+
+
+def check_preset(name: str, presets_dir: Path | None, directory: str | None) -> Checked:
+    """`arcvllm model check NAME [DIRECTORY]`: the preset's model folder (default: the one
+    it serves; UsageError for a hub id) checked for it."""
+    preset = get_preset(name, presets_dir)
+    folder = Path(directory) if directory else model_dir(preset)
+    if folder is None:
+        raise UsageError(f"preset {preset.name} serves a hub id ({preset.model}): give DIR")
+    findings = check(preset, folder)
+    return Checked(preset, folder, findings, problem(preset, folder, findings))

@@ -6,39 +6,18 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import asdict
-from pathlib import Path
 
 from arcvllm import model, options
-from arcvllm.errors import CheckFailed, UsageError
+from arcvllm.errors import CheckFailed
 from arcvllm.operate import weights
-from arcvllm.operate.host import effective
-from arcvllm.presets import get_preset
-from arcvllm.text import columns
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    preset = get_preset(args.preset, args.presets_dir)
-    directory = Path(args.dir) if args.dir else model.model_dir(preset)
-    if directory is None:
-        raise UsageError(f"preset {preset.name} serves a hub id ({preset.model}): give DIR")
-    findings = model.check(preset, directory)
-    line = model.problem(preset, directory, findings)
-    if args.json:
-        doc = {
-            "preset": preset.name,
-            "dir": str(directory),
-            "ok": line is None,
-            "rows": [asdict(f) for f in findings],
-        }
-        print(json.dumps(doc, indent=2))
-    else:
-        rows = [("CHECK", "RESULT", "SEEN")]
-        rows += [(f.check, "ok" if f.ok else "FAIL", f.seen) for f in findings]
-        print(columns(rows))
-    if line:
+    checked = model.check_preset(args.preset, args.presets_dir, args.dir)
+    print(json.dumps(checked.as_json(), indent=2) if args.json else checked.table())
+    if checked.problem:
         sys.stdout.flush()
-        raise CheckFailed(line)
+        raise CheckFailed(checked.problem)
     return 0
 
 
@@ -61,43 +40,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _cmd_fetch(args: argparse.Namespace) -> int:
-    from arcvllm.operate import settings
-
-    env_file = args.env_file or (Path("docker/arcvllm.env") if Path("docker/arcvllm.env").is_file()
-                                 else None)  # fmt: skip
-    values = settings.load(env_file) if env_file else {}
-    name = args.preset or effective("ARCVLLM_PRESET", values, os.environ, "")
-    if not name:
-        raise UsageError("name a preset: arcvllm model fetch PRESET (or ARCVLLM_PRESET)")
-    preset = get_preset(name, args.presets_dir)
-    folder = weights.host_dir(preset, Path(args.models_dir) if args.models_dir else
-                      weights.models_dir(values, os.environ))  # fmt: skip
-    source = weights.source_of(preset, args.revision)
-    if source.revision is None:
-        raise UsageError(
-            f"preset {preset.name} pins no revision of {source.repo} (checkpoint.revision): "
-            "name the commit you checked with --revision"
-        )
-    token = weights.read_token(args.token_file)
-    record = weights.complete(folder, source)
-    fetched = record is None
-    if record is None:
-        options.require("huggingface_hub", "weights", "arcvllm model fetch")
-        record = weights.fetch(
-            source, folder, args.endpoint or weights.default_endpoint(os.environ), token
-        )
-    size = sum(record["files"].values())
-    doc = {"preset": preset.name, "repo": source.repo, "commit": record["commit"]}
-    doc |= {"dir": str(folder), "files": len(record["files"]), "bytes": size, "fetched": fetched}
-    if args.json:
-        print(json.dumps(doc))
-    else:
-        what = "fetched" if fetched else "complete, nothing fetched:"
-        print(f"{what} {source.repo}@{record['commit']} in {folder} "
-              f"({len(record['files'])} files, {size / 1024**3:.2f} GiB)")  # fmt: skip
-    if fetched and not weights.COMMIT.fullmatch(source.revision):
-        print(f"arcvllm: note: {source.revision} is commit {record['commit']}: pin it in the "
-              "preset (checkpoint.revision)", file=sys.stderr)  # fmt: skip
+    given = (args.env_file, args.models_dir, args.revision, args.endpoint, args.token_file)
+    shown = weights.fetch_preset(args.preset, args.presets_dir, *given, os.environ)
+    print(shown.render(args.json))
+    for note in shown.problems:
+        print(f"arcvllm: {note}", file=sys.stderr)
     return 0
 
 

@@ -27,6 +27,7 @@ from typing import Any
 from arcvllm.errors import ArcvllmError, Unavailable, UsageError
 from arcvllm.operate.host import effective
 from arcvllm.presets import Preset
+from arcvllm.text import Shown
 
 # Where compose mounts MODELS_DIR in the server (docker/compose.yaml), and its default.
 MOUNT = PurePosixPath("/models")
@@ -272,3 +273,54 @@ def read_token(path: Path | None) -> str | None:
     if not token or "\n" in token:
         raise UsageError(f"--token-file {path}: one line holding the token")
     return token
+
+
+def fetch_preset(
+    name: str | None,
+    presets_dir: Path | None,
+    env_file: Path | None,
+    models_root: str | None,
+    revision: str | None,
+    endpoint: str | None,
+    token_file: Path | None,
+    environ: Mapping[str, str],
+) -> Shown:
+    """`arcvllm model fetch [NAME]`: the preset's checkpoint into its MODELS_DIR folder,
+    unless it is complete there already. What was fetched (or found), and a note when the
+    revision fetched is no commit (pin the commit in the preset)."""
+    from arcvllm import options
+    from arcvllm.operate import settings
+    from arcvllm.presets import get_preset
+
+    if env_file is None and Path("docker/arcvllm.env").is_file():  # run from a checkout
+        env_file = Path("docker/arcvllm.env")
+    values = settings.load(env_file) if env_file else {}
+    name = name or effective("ARCVLLM_PRESET", values, environ, "")
+    if not name:
+        raise UsageError("name a preset: arcvllm model fetch PRESET (or ARCVLLM_PRESET)")
+    preset = get_preset(name, presets_dir)
+    base = Path(models_root) if models_root else models_dir(values, environ)
+    folder = host_dir(preset, base)
+    source = source_of(preset, revision)
+    if source.revision is None:
+        raise UsageError(
+            f"preset {preset.name} pins no revision of {source.repo} (checkpoint.revision): "
+            "name the commit you checked with --revision"
+        )
+    token = read_token(token_file)
+    record = complete(folder, source)
+    fetched = record is None
+    if record is None:
+        options.require("huggingface_hub", "weights", "arcvllm model fetch")
+        record = fetch(source, folder, endpoint or default_endpoint(environ), token)
+    size = sum(record["files"].values())
+    doc = {"preset": preset.name, "repo": source.repo, "commit": record["commit"]}
+    doc |= {"dir": str(folder), "files": len(record["files"]), "bytes": size, "fetched": fetched}
+    what = "fetched" if fetched else "complete, nothing fetched:"
+    text = (f"{what} {source.repo}@{record['commit']} in {folder} "
+            f"({len(record['files'])} files, {size / 1024**3:.2f} GiB)")  # fmt: skip
+    notes: tuple[str, ...] = ()
+    if fetched and not COMMIT.fullmatch(source.revision):
+        notes = (f"note: {source.revision} is commit {record['commit']}: pin it in the preset "
+                 "(checkpoint.revision)",)  # fmt: skip
+    return Shown(doc, text, indent=None, problems=notes)
