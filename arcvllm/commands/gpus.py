@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -11,8 +10,6 @@ from arcvllm import options
 from arcvllm.operate import gpus
 from arcvllm.operate.compose import gpus_file
 from arcvllm.operate.doctor import DEFAULT_PRESET
-from arcvllm.operate.host import Host
-from arcvllm.operate.settings import load as load_settings
 
 
 def _cmd(args: argparse.Namespace) -> int:
@@ -20,28 +17,10 @@ def _cmd(args: argparse.Namespace) -> int:
         from arcvllm.serving.probe import probe, show
 
         return show(probe(), args.json)
-    settings = load_settings(args.env_file) if args.env_file else {}
-    host = Host(root=args.root, settings=settings)
-    rows = gpus.table(host)
-    out = None
-    if args.compose:
-        out = args.compose.resolve()
-        gpus.write_for(host, out, args.preset)
-    if args.json:
-        print(json.dumps({"gpus": rows, "compose": str(out) if out else None}, indent=2))
-        return 0
-    from arcvllm.text import columns
-
-    head = ("LEVEL ZERO", "SLOT", "GPU", "RENDER", "GID", "SERVER")
-    lines = [head]
-    for r in rows:
-        server = "-" if r["server"] is None else str(r["server"])
-        lines.append(
-            (str(r["level_zero"]), r["slot"], r["name"], r["render"], str(r["gid"]), server)
-        )
-    print(columns(lines) if rows else "no Intel GPU with a render node here")
-    if out:
-        print(f"wrote {out}", file=sys.stderr)
+    shown = gpus.survey(args.root, args.env_file, args.compose, args.preset)
+    print(shown.render(args.json))
+    if shown.doc["compose"] and not args.json:
+        print(f"wrote {shown.doc['compose']}", file=sys.stderr)
     return 0
 
 

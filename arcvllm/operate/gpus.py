@@ -16,6 +16,7 @@ from arcvllm.errors import Unavailable
 from arcvllm.operate import replicas
 from arcvllm.operate.host import Host, RenderNode, b70s, level_zero_devices
 from arcvllm.presets import default_preset, get_preset
+from arcvllm.text import Shown, columns
 
 
 def table(host: Host) -> list[dict]:
@@ -57,3 +58,29 @@ def write_for(host: Host, out: Path, preset: str | None = None) -> list[RenderNo
     default preset): `make up` and the smoke test write it before compose starts `vllm`."""
     name = preset or host.settings.get("ARCVLLM_PRESET") or default_preset(host.environ)
     return compose(host, get_preset(name).gpus, out)
+
+
+def survey(
+    root: Path = Path("/"),
+    env_file: Path | None = None,
+    out: Path | None = None,
+    preset: str | None = None,
+) -> Shown:
+    """`arcvllm gpus`: the table of this host's GPUs (under ROOT, with ENV_FILE's settings)
+    and, given OUT, compose's GPU file written there for PRESET's server (the document's
+    `compose`)."""
+    from arcvllm.operate.settings import load
+
+    host = Host(root=root, settings=load(env_file) if env_file else {})
+    rows = table(host)
+    if out:
+        out = out.resolve()
+        write_for(host, out, preset)
+    lines = [("LEVEL ZERO", "SLOT", "GPU", "RENDER", "GID", "SERVER")]
+    for r in rows:
+        server = "-" if r["server"] is None else str(r["server"])
+        lines.append(
+            (str(r["level_zero"]), r["slot"], r["name"], r["render"], str(r["gid"]), server)
+        )
+    text = columns(lines) if rows else "no Intel GPU with a render node here"
+    return Shown({"gpus": rows, "compose": str(out) if out else None}, text)
