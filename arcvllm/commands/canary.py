@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
-import time
 
 from arcvllm import options
 from arcvllm.client.report import table
@@ -12,28 +10,16 @@ from arcvllm.operate import canary
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    from prometheus_client import start_http_server
-
     from arcvllm.verify.session import options_from
 
     opts = options_from(args, rows=canary.ROWS)
     metrics = canary.Metrics(args.acceptance_floor)
-    if args.once:
-        result, report = canary.one_round(opts, metrics)
-        if report is not None:
-            print(report.to_json() if args.json else table(report, "canary"), flush=True)
-        return 0 if result == "pass" else 1
-    start_http_server(args.port, addr=args.listen, registry=metrics.registry)
-    print(f"arcvllm canary: metrics on {args.listen}:{args.port}/metrics", flush=True)
-    while True:
-        result, report = canary.one_round(opts, metrics)
-        failed = report.failed if report is not None else []
-        if args.json:
-            print(json.dumps({"round": result, "failed": failed}), flush=True)
-        else:
-            why = f": {', '.join(failed)}" if failed else ""
-            print(f"arcvllm canary: round {result}{why}", flush=True)
-        time.sleep(args.interval)
+    if not args.once:
+        canary.watch(opts, metrics, args.listen, args.port, args.interval, args.json)
+    result, report = canary.one_round(opts, metrics)
+    if report is not None:
+        print(report.to_json() if args.json else table(report, "canary"), flush=True)
+    return 0 if result == "pass" else 1
 
 
 def register(subparsers) -> None:

@@ -12,8 +12,10 @@ deploy/prometheus/rules/canary.yml turns that into an alert for Alertmanager.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
+from typing import NoReturn
 
 from arcvllm.client.report import Report
 from arcvllm.errors import ArcvllmError
@@ -123,3 +125,26 @@ def one_round(opts, metrics: Metrics) -> tuple[str, Report | None]:
     if error:
         print(f"arcvllm canary: round failed: {error}", file=sys.stderr, flush=True)
     return result, report
+
+
+def round_line(result: str, report: Report | None, as_json: bool) -> str:
+    """A round as `arcvllm canary` prints it: a JSON line, or `round RESULT: FAILED ROWS`."""
+    failed = report.failed if report is not None else []
+    if as_json:
+        return json.dumps({"round": result, "failed": failed})
+    why = f": {', '.join(failed)}" if failed else ""
+    return f"arcvllm canary: round {result}{why}"
+
+
+def watch(
+    opts, metrics: Metrics, listen: str, port: int, interval: float, as_json: bool
+) -> NoReturn:
+    """Serve METRICS on LISTEN:PORT and run a round every INTERVAL seconds, a line each."""
+    from prometheus_client import start_http_server
+
+    start_http_server(port, addr=listen, registry=metrics.registry)
+    print(f"arcvllm canary: metrics on {listen}:{port}/metrics", flush=True)
+    while True:
+        result, report = one_round(opts, metrics)
+        print(round_line(result, report, as_json), flush=True)
+        time.sleep(interval)
