@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from arcvllm import options
-from arcvllm.errors import ArcvllmError, CheckFailed, UsageError
+from arcvllm.errors import ArcvllmError, UsageError
 from arcvllm.patching import patches, series
 
 
@@ -66,56 +66,30 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_apply(args) -> int:
-    target, the_series = patches.target_and_series(args)
-    report = patches.apply(
-        target,
-        the_series,
-        args.python,
-        allow_unsupported=args.allow_unsupported,
-        expect=args.expect,
-    )
-    patches.write_manifest(report, args.out or target.root / patches.MANIFEST_NAME)
-    changed = [row.name for row in report.rows if row.action == "patched"]
+    report = patches.apply_args(args)
     if args.json:
         print(json.dumps(report.manifest(), indent=2))
         return 0
     print(patches.table(report))
-    print(f"patched: {', '.join(changed) if changed else 'nothing (already up to date)'}")
-    if unpatched := [row.name for row in report.rows if row.state == patches.UNPATCHED]:
-        print(f"unpatched (the bug stays): {', '.join(unpatched)}")
+    print(report.applied())
     return 0
 
 
 def _cmd_status(args) -> int:
-    target, the_series = patches.target_and_series(args)
-    patches.check_supported(target, the_series, args.allow_unsupported)
-    report = patches.inspect_target(target, the_series, args.python)
+    report = patches.inspect_args(args)
     print(json.dumps(report.manifest(), indent=2) if args.json else patches.table(report))
     return 0
 
 
 def _cmd_verify(args) -> int:
-    target, the_series = patches.target_and_series(args)
-    patches.check_supported(target, the_series, args.allow_unsupported)
-    report = patches.inspect_target(target, the_series, args.python)
-    bad = [
-        row
-        for row in report.rows
-        if row.state in (patches.PENDING, patches.DRIFT, patches.UNPATCHED)
-        or (row.state != patches.NOT_APPLICABLE and row.probe != "pass")
-    ]
+    report = patches.inspect_args(args)
     if args.json:
-        verdict = {"verified": not bad, "not_verified": [row.name for row in bad]}
-        print(json.dumps({**report.manifest(), **verdict}, indent=2))
+        print(json.dumps({**report.manifest(), **report.verdict()}, indent=2))
     else:
         print(patches.table(report))
-    if bad:
-        raise CheckFailed(
-            "not verified: "
-            + ", ".join(f"{row.name} is {row.state} (probe {row.probe})" for row in bad)
-        )
+    report.require_verified()
     if not args.json:
-        print(f"verified: vLLM {target.version}: {report.summary()}")
+        print(f"verified: vLLM {report.target.version}: {report.summary()}")
     return 0
 
 

@@ -60,6 +60,36 @@ class PatchReport:
     def summary(self) -> str:
         return series.summary(self.states())
 
+    def not_verified(self) -> list[PatchStatus]:
+        """The rows `patches verify` fails: a fix not in place, or a probe that did not pass."""
+        return [
+            row
+            for row in self.rows
+            if row.state in (PENDING, DRIFT, UNPATCHED)
+            or (row.state != NOT_APPLICABLE and row.probe != "pass")
+        ]
+
+    def verdict(self) -> dict:
+        """`verified`, and the rows that are not, for verify's JSON."""
+        bad = self.not_verified()
+        return {"verified": not bad, "not_verified": [row.name for row in bad]}
+
+    def require_verified(self) -> None:
+        """CheckFailed naming every row that is not verified (each state and probe)."""
+        if bad := self.not_verified():
+            raise CheckFailed(
+                "not verified: "
+                + ", ".join(f"{row.name} is {row.state} (probe {row.probe})" for row in bad)
+            )
+
+    def applied(self) -> str:
+        """What `patches apply` did, a line each: patched, and unpatched (the bug stays)."""
+        changed = [row.name for row in self.rows if row.action == "patched"]
+        lines = [f"patched: {', '.join(changed) if changed else 'nothing (already up to date)'}"]
+        if unpatched := [row.name for row in self.rows if row.state == UNPATCHED]:
+            lines.append(f"unpatched (the bug stays): {', '.join(unpatched)}")
+        return "\n".join(lines)
+
     def manifest(self) -> dict:
         return {
             "arcvllm": __version__,
@@ -353,6 +383,29 @@ def series_of(args) -> series.Series:
 def target_and_series(args) -> tuple[Target, series.Series]:
     """The vLLM tree ARGS name (--target, else the installed one) and their series."""
     return find(args.target), series_of(args)
+
+
+def inspect_args(args) -> PatchReport:
+    """`patches status|verify`: each patch's state on the target ARGS name (Unavailable:
+    a release outside the series' range, unless --allow-unsupported)."""
+    target, the_series = target_and_series(args)
+    check_supported(target, the_series, args.allow_unsupported)
+    return inspect_target(target, the_series, args.python)
+
+
+def apply_args(args) -> PatchReport:
+    """`patches apply`: the series applied to the target ARGS name, the manifest written
+    (--out, else beside the target)."""
+    target, the_series = target_and_series(args)
+    report = apply(
+        target,
+        the_series,
+        args.python,
+        allow_unsupported=args.allow_unsupported,
+        expect=args.expect,
+    )
+    write_manifest(report, args.out or target.root / MANIFEST_NAME)
+    return report
 
 
 def plan_states(the_series, version) -> dict[str, str]:
