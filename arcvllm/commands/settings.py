@@ -9,24 +9,20 @@ from pathlib import Path
 from arcvllm import options
 from arcvllm.errors import ArcvllmError
 from arcvllm.operate import settings
-from arcvllm.operate.host import DRI_DIR, check_api_key_file, render_node_gids
+from arcvllm.operate.host import DRI_DIR
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
     try:
-        lines = settings.read(args.file)
-        settings.check_render_gid(lines, render_node_gids(args.dri_dir or DRI_DIR), str(args.file))
-        if args.key_file is not None:  # the one key rule, before compose hands the file out
-            check_api_key_file(args.key_file)
+        keys = settings.check_file(args.file, args.dri_dir, args.key_file)
     except ArcvllmError as exc:
         if args.json:
             print(json.dumps({"file": str(args.file), "ok": False, "problem": str(exc)}))
         raise
-    values = {s.key: s.value for s in lines}
     if args.json:  # the keys only: values may be secrets
-        print(json.dumps({"file": str(args.file), "ok": True, "keys": sorted(values)}))
+        print(json.dumps({"file": str(args.file), "ok": True, "keys": keys}))
     else:
-        print(f"{args.file}: {len(values)} settings ok")
+        print(f"{args.file}: {len(keys)} settings ok")
     return 0
 
 

@@ -173,3 +173,16 @@ def check_render_gid(settings: Iterable[Setting], nodes: Mapping[str, int], sour
                 f"the container could not open the GPU; set RENDER_GID={gid} "
                 f"(stat -c %g {node})"
             )
+
+
+def check_file(path: Path, dri_dir: Path | None = None, key_file: Path | None = None) -> list[str]:
+    """`arcvllm settings check PATH`: its lines, its RENDER_GID against the render nodes of
+    DRI_DIR (default /dev/dri) and KEY_FILE (the API key file compose hands out, if given)
+    by the one key rule; the keys it sets, sorted (never the values: they may be secrets)."""
+    from arcvllm.operate.host import DRI_DIR, check_api_key_file, render_node_gids
+
+    lines = read(path)
+    check_render_gid(lines, render_node_gids(dri_dir or DRI_DIR), str(path))
+    if key_file is not None:  # the one key rule, before compose hands the file out
+        check_api_key_file(key_file)
+    return sorted({s.key for s in lines})
