@@ -31,7 +31,7 @@ import json
 import random
 from pathlib import Path
 
-from arcvllm.errors import UsageError
+from arcvllm.errors import Unavailable, UsageError
 
 SERVED_NAME = "tiny-hybrid"
 VOCAB_SIZE = 512
@@ -280,3 +280,21 @@ def build(out_dir: Path, seed: int = 0, mtp: bool = True) -> Path:
     for path in out_dir.iterdir():
         path.chmod(0o644)
     return out_dir
+
+
+def build_here(out_dir: Path, seed: int = 0, mtp: bool = True) -> Path:
+    """`build`, where torch and transformers are (the vLLM environment); Unavailable in one
+    line where they are not."""
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ModuleNotFoundError as exc:
+        raise Unavailable(
+            f"`tinymodel build` needs the vLLM environment ({exc.name} is missing)"
+        ) from exc
+    return build(out_dir, seed=seed, mtp=mtp)
+
+
+def summary(path: Path) -> dict:
+    """The folder of a model `build` wrote, with its summary (seed, served name, size)."""
+    return {"dir": str(path), **json.loads((path / "arcvllm-tinymodel.json").read_text())}

@@ -16,7 +16,8 @@ import re
 import shutil
 import subprocess
 import sysconfig
-from dataclasses import dataclass
+import tempfile
+from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
@@ -126,3 +127,17 @@ def check(workdir: Path) -> Toolchain:
     except OSError as exc:
         raise Unavailable(f"the launcher does not load: {exc}") from None
     return tc
+
+
+def check_here() -> dict[str, str]:
+    """`check` in a folder of its own, removed after: the toolchain's facts."""
+    with tempfile.TemporaryDirectory(prefix="arcvllm-toolchain-") as tmp:
+        return asdict(check(Path(tmp)))
+
+
+def render(facts: dict[str, str]) -> str:
+    """The facts a line each, then what was proved."""
+    lines = [f"{key:20} {value}" for key, value in facts.items()]
+    return "\n".join(
+        [*lines, "toolchain: the Triton launcher builds, links -lsycl -lze_loader and loads"]
+    )

@@ -8,21 +8,12 @@ from pathlib import Path
 
 from arcvllm import options
 from arcvllm.builder import tinymodel
-from arcvllm.errors import Unavailable
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
-    try:
-        import torch  # noqa: F401
-        import transformers  # noqa: F401
-    except ModuleNotFoundError as exc:
-        raise Unavailable(
-            f"`tinymodel build` needs the vLLM environment ({exc.name} is missing)"
-        ) from exc
-    path = tinymodel.build(Path(args.dir), seed=args.seed, mtp=args.mtp)
+    path = tinymodel.build_here(Path(args.dir), seed=args.seed, mtp=args.mtp)
     if args.json:
-        summary = json.loads((path / "arcvllm-tinymodel.json").read_text())
-        print(json.dumps({"dir": str(path), **summary}, indent=2))
+        print(json.dumps(tinymodel.summary(path), indent=2))
     else:
         print(f"tiny hybrid model written to {path} (serve it as {tinymodel.SERVED_NAME!r})")
     return 0

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
-from dataclasses import asdict
-from pathlib import Path
 
 from arcvllm import options
 from arcvllm.builder import toolchain
@@ -14,19 +11,13 @@ from arcvllm.errors import Unavailable
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    with tempfile.TemporaryDirectory(prefix="arcvllm-toolchain-") as tmp:
-        try:
-            tc = toolchain.check(Path(tmp))
-        except Unavailable as exc:
-            if args.json:
-                print(json.dumps({"ok": False, "problem": str(exc)}, indent=2))
-            raise
-    if args.json:
-        print(json.dumps({"ok": True, **asdict(tc)}, indent=2))
-    else:
-        for key, value in asdict(tc).items():
-            print(f"{key:20} {value}")
-        print("toolchain: the Triton launcher builds, links -lsycl -lze_loader and loads")
+    try:
+        facts = toolchain.check_here()
+    except Unavailable as exc:
+        if args.json:
+            print(json.dumps({"ok": False, "problem": str(exc)}, indent=2))
+        raise
+    print(json.dumps({"ok": True, **facts}, indent=2) if args.json else toolchain.render(facts))
     return 0
 
 
