@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from arcvllm.errors import Unavailable
+from arcvllm.errors import CheckFailed, Unavailable
 from arcvllm.paths import configs_dir
 
 TRUSTED_FILE = "trusted-sums.txt"
@@ -180,3 +180,21 @@ def pin(path: Path, stack_name: str, values: Mapping[str, str]) -> str:
         lines[key:stop] = block
         end += len(block) - (stop - key)
     return "".join(lines)
+
+
+def pin_stack(stack_name: str, write: bool = False) -> tuple[str, dict[str, str]]:
+    """`arcvllm image sums STACK`: the sums arg of every download of the stack (the
+    unpinned ones fetched and recorded, see `apply`); with WRITE, pinned in the stacks file
+    (CheckFailed when they did not all land). The stack's name and those args."""
+    from arcvllm import stack
+
+    the_stack = stack.get(stack_name)
+    values = apply(the_stack.name, the_stack.build_args())
+    found = {k: values.get(k, "") for a, k in PAIRS.items() if values.get(a)}
+    if write:
+        path = stack.stacks_file()
+        path.write_text(pin(path, the_stack.name, found))
+        if unpinned(stack.get(the_stack.name).build_args()):
+            raise CheckFailed(f"{path}: {the_stack.name}'s sums did not all land in it")
+        print(f"arcvllm: {the_stack.name}: every download pinned in {path}", file=sys.stderr)
+    return the_stack.name, found

@@ -2,76 +2,45 @@
 
 from __future__ import annotations
 
-import argparse
+import json
 import os
 import shlex
-import sys
 from pathlib import Path
 
 from arcvllm import options
-from arcvllm.builder import image
-from arcvllm.errors import CheckFailed, UsageError
+from arcvllm.builder import builds, image
 from arcvllm.paths import checkout_root
 
 
 def _cmd(args) -> int:
     if args.rehearsal:
         return image.rehearse(args)
-    if len(args.side or ()) > 1:  # the side images one after the other, each its own tag
-        if args.tag or args.stack or args.target:
-            raise UsageError("several --side images take no stack, --tag or --target")
-        return max(_cmd(argparse.Namespace(**{**vars(args), "side": [s]})) for s in args.side)
-    side = args.side[0] if args.side else None
-    name = args.stack
-    if name is None and side is None:
-        name = default_stack(args.flavor, args.stacks_file)
-    image.unknown_stack(name, args.stacks_file)
-    spec = image.spec_for(name, side, args.ci, args.flavor, args.stacks_file)
-    if args.target:
-        spec.target = args.target
-    if args.tag:
-        spec.tags = args.tag
-    elif not spec.tags:
-        spec.tags = [tag_for(spec.stack.name, args.env_file)]
-    spec.oci_layout = args.oci_layout
-    spec.flags = shlex.split(args.docker_flags)
-    argv = image.build(spec, dry_run=args.dry_run)
-    if args.json:
-        import json
-
-        print(json.dumps({"tags": list(spec.tags), "built": not args.dry_run, "argv": argv}))
-    elif args.dry_run:
-        print(shlex.join(argv))
+    name = args.stack or (None if args.side else default_stack(args.flavor, args.stacks_file))
+    given = (args.ci, args.flavor, args.stacks_file, args.target, args.tag or ())
+    built = builds.build_each(name, args.side or (), lambda s: tag_for(s, args.env_file), *given,
+                              args.oci_layout, args.docker_flags, args.dry_run)  # fmt: skip
+    for spec, argv in built:
+        if args.json:
+            print(json.dumps({"tags": list(spec.tags), "built": not args.dry_run, "argv": argv}))
+        elif args.dry_run:
+            print(shlex.join(argv))
     return 0
 
 
 def _cmd_wheelhouse(args) -> int:
     made = image.wheelhouse(args.source, args.dest or checkout_root() / "build" / "wheelhouse")
     if args.json:
-        import json
-
         print(json.dumps({"wheels": [str(p) for p in made]}))
     return 0
 
 
 def _cmd_sums(args) -> int:
     """Every download of the stack pinned (fetching and recording the unpinned ones)."""
-    from arcvllm import stack
     from arcvllm.builder import sums
 
-    the_stack = stack.get(args.stack)
-    values = sums.apply(the_stack.name, the_stack.build_args())
-    pinned = {k: values.get(k, "") for a, k in sums.PAIRS.items() if values.get(a)}
-    if args.write:
-        path = stack.stacks_file()
-        path.write_text(sums.pin(path, the_stack.name, pinned))
-        if sums.unpinned(stack.get(the_stack.name).build_args()):
-            raise CheckFailed(f"{path}: {the_stack.name}'s sums did not all land in it")
-        print(f"arcvllm: {the_stack.name}: every download pinned in {path}", file=sys.stderr)
+    name, pinned = sums.pin_stack(args.stack, args.write)
     if args.json:
-        import json
-
-        print(json.dumps({"stack": the_stack.name, "sums": pinned}, indent=2))
+        print(json.dumps({"stack": name, "sums": pinned}, indent=2))
     else:
         for key, value in pinned.items():
             print(f"{key}={value}")
