@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from arcvllm.bench.reference import load_reference, ratio_rows, summary_metrics
 from arcvllm.bench.runner import VLLM_BENCH_KEYS, run_vllm_bench, vllm_bench_args
 from arcvllm.client.api import Client, Stream
 from arcvllm.client.discovery import Served, discover, served_model
-from arcvllm.client.log import LogSource
+from arcvllm.client.server import ServerOptions
 from arcvllm.errors import ArcvllmError, Unavailable, UsageError
 
 REPORT_JSON = "bench.json"
@@ -47,15 +47,9 @@ def resolve_tokenizer(tokenizer: str | None, preset_model: str | None, model: st
 
 
 @dataclass(frozen=True)
-class BenchOptions:
+class BenchOptions(ServerOptions):
     """What `arcvllm bench` was asked; `from_args` is the one place it is read from argparse."""
 
-    base_url: str
-    model: str | None = None
-    preset: str | None = None
-    api_key: str | None = None
-    ca_cert: str | None = None
-    log: LogSource = field(default_factory=LogSource)
     out: Path = Path("reports/bench")
     as_json: bool = False  # bench.json on stdout, progress on stderr
     tokenizer: str | None = None
@@ -76,15 +70,7 @@ class BenchOptions:
             raise UsageError("name the server: --base-url URL")
         # the fields argparse names alike (its dest is the field's name), then the others
         same = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
-        return cls(
-            **same
-            | {
-                "ca_cert": str(args.ca_cert) if args.ca_cert else None,
-                "log": LogSource(file=args.log_file, cmd=args.log_cmd),
-                "out": Path(args.out),
-                "as_json": args.json,
-            }
-        )
+        return cls(**same | cls.server_fields(args) | {"out": Path(args.out), "as_json": args.json})
 
     def client(self, url: str) -> Client:
         return Client(url, self.api_key, timeout=600.0, ca_cert=self.ca_cert)

@@ -12,15 +12,16 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Protocol
 
 from arcvllm.client import metrics as m
 from arcvllm.client.api import Client, Stream, WaitTimeout
 from arcvllm.client.discovery import discover, requested_model
-from arcvllm.client.log import LOG_TAIL_LINES, LogSource, find_crash
+from arcvllm.client.log import LOG_TAIL_LINES, find_crash
 from arcvllm.client.oracle import PROMPT_TEXT, TIE_NATS, check_against_plain, tokens_of
 from arcvllm.client.report import Check, Report
+from arcvllm.client.server import ServerOptions
 from arcvllm.client.stats import percentile
 from arcvllm.errors import ArcvllmError, Unavailable
 from arcvllm.text import error_line
@@ -159,19 +160,13 @@ class ShellLifecycle:
 
 
 @dataclass(frozen=True)
-class SmokeOptions:
+class SmokeOptions(ServerOptions):
     """What `arcvllm smoke` was asked: the server, the model, the log, the start/stop."""
 
-    base_url: str
-    model: str | None = None
-    preset: str | None = None
-    api_key: str | None = None
-    log: LogSource = field(default_factory=LogSource)
     lifecycle: Lifecycle | None = None  # None: the server runs already
     health_timeout: float = 300.0
     request_timeout: float = 300.0
     metrics_urls: tuple[str, ...] = ()
-    ca_cert: str | None = None
 
 
 def expects_speculation(preset: str | None) -> bool:

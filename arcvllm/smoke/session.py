@@ -6,7 +6,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from arcvllm.client.log import LogSource
 from arcvllm.client.report import table
 from arcvllm.smoke.checks import SmokeOptions, run
 
@@ -14,16 +13,10 @@ from arcvllm.smoke.checks import SmokeOptions, run
 def options_from(args: argparse.Namespace, **given) -> SmokeOptions:
     """The checks' options from `smoke`'s arguments (add_checks); GIVEN wins (a deployment
     sets the server, the key, the log and the lifecycle itself)."""
-    fields = {
-        "base_url": getattr(args, "base_url", None),
-        "model": args.model,
-        "preset": args.preset,
-        "api_key": getattr(args, "api_key", None),
-        "log": LogSource(file=getattr(args, "log_file", None), cmd=getattr(args, "log_cmd", None)),
+    fields = SmokeOptions.server_fields(args) | {
         "health_timeout": args.health_timeout,
         "request_timeout": args.request_timeout,
         "metrics_urls": tuple(args.metrics_url or ()),
-        "ca_cert": str(args.ca_cert) if getattr(args, "ca_cert", None) else None,
     }
     return SmokeOptions(**{**fields, **given})
 

@@ -6,19 +6,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from arcvllm.client.log import LogSource
 from arcvllm.client.report import Report, table
 from arcvllm.verify.suite import VerifyOptions, run
 
 
 def options_from(args: argparse.Namespace, **given) -> VerifyOptions:
-    fields = {
-        "base_url": getattr(args, "base_url", None),
-        "model": args.model,
-        "preset": args.preset,
-        "api_key": getattr(args, "api_key", None),
-        "ca_cert": str(args.ca_cert) if getattr(args, "ca_cert", None) else None,
-        "log": LogSource(file=getattr(args, "log_file", None), cmd=getattr(args, "log_cmd", None)),
+    fields = VerifyOptions.server_fields(args) | {
         "chunk_tokens": args.max_num_batched_tokens,
         "rows": args.rows,
         "request_timeout": args.request_timeout,

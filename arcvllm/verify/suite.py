@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from arcvllm.client import metrics as m
 from arcvllm.client.api import Client, Stream, WaitTimeout, wait_until
 from arcvllm.client.discovery import chunk_tokens, discover, requested_model
-from arcvllm.client.log import LOG_TAIL_LINES, LogSource, find_crash
+from arcvllm.client.log import LOG_TAIL_LINES, find_crash
 from arcvllm.client.oracle import (
     PROMPT_TEXT,
     GreedyCheck,
@@ -33,6 +33,7 @@ from arcvllm.client.oracle import (
     tokens_of,
 )
 from arcvllm.client.report import Check, Report
+from arcvllm.client.server import ServerOptions
 from arcvllm.errors import Unavailable
 from arcvllm.text import error_line
 from arcvllm.verify import plan as P
@@ -408,15 +409,9 @@ def _spec(client: Client, model: str) -> m.SpecDecode | None:
 
 
 @dataclass(frozen=True)
-class VerifyOptions:
+class VerifyOptions(ServerOptions):
     """What `arcvllm verify` was asked: the server, the model, what it cannot read."""
 
-    base_url: str
-    model: str | None = None
-    preset: str | None = None
-    api_key: str | None = None
-    ca_cert: str | None = None
-    log: LogSource = field(default_factory=LogSource)
     chunk_tokens: int | None = None
     rows: tuple[str, ...] = P.ROWS
     request_timeout: float = 600.0
