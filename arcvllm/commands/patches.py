@@ -8,8 +8,7 @@ import sys
 from pathlib import Path
 
 from arcvllm import options
-from arcvllm.errors import ArcvllmError, UsageError
-from arcvllm.patching import patches, series
+from arcvllm.patching import patches
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -94,19 +93,8 @@ def _cmd_verify(args) -> int:
 
 
 def _cmd_plan(args) -> int:
-    the_series = patches.series_of(args)
-    try:
-        version = series.parse_version(args.vllm_version)
-    except ArcvllmError as exc:
-        raise UsageError(f"--vllm-version: {exc}") from None
-    if not the_series.supports(version):
-        raise UsageError(f"vLLM {version} is outside the supported range {the_series.supported}")
-    states = patches.plan_states(the_series, version)
-    if args.json:
-        doc = {"vllm": str(version), "summary": series.summary(states), "patches": states}
-        print(json.dumps(doc, indent=2))
-    else:
-        print(series.summary(states))
+    doc = patches.plan_args(args)
+    print(json.dumps(doc, indent=2) if args.json else doc["summary"])
     return 0
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from arcvllm import __version__
-from arcvllm.errors import CheckFailed, Unavailable
+from arcvllm.errors import ArcvllmError, CheckFailed, Unavailable, UsageError
 from arcvllm.patching import probe, series
 from arcvllm.patching.target import Target, find
 from arcvllm.paths import patches_dir
@@ -422,3 +422,17 @@ def plan_states(the_series, version) -> dict[str, str]:
 def plan_summary(vllm_version: str) -> str:
     """The bundled series' summary for a vLLM version (the image's org.arcvllm.patches)."""
     return series.summary(plan_states(series.load(), series.parse_version(vllm_version)))
+
+
+def plan_args(args) -> dict:
+    """`patches plan`: what the series ARGS name expects for --vllm-version (UsageError: no
+    version, or one outside the supported range): the version, the summary, each state."""
+    the_series = series_of(args)
+    try:
+        version = series.parse_version(args.vllm_version)
+    except ArcvllmError as exc:
+        raise UsageError(f"--vllm-version: {exc}") from None
+    if not the_series.supports(version):
+        raise UsageError(f"vLLM {version} is outside the supported range {the_series.supported}")
+    states = plan_states(the_series, version)
+    return {"vllm": str(version), "summary": series.summary(states), "patches": states}
