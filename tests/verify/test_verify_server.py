@@ -4,9 +4,10 @@ of its rows shown failing.
 One server, started with the test-only sabotage plugin on its PYTHONPATH
 (tests/support/sabotage: one deliberate defect per path) and a KV cache small enough to
 preempt. The plugin reads its defect from a file, so the same server is healthy, then
-broken one way at a time: under each defect exactly the row of that path fails, and names
-it (a row whose reference is that path says "not judged"). The same server broken at
-block crossings in decode fails the smoke test's boundary row too.
+broken one way at a time: under each defect the row of that path fails and names it; under
+one of them the whole suite runs and only that row fails (a row whose reference is that
+path says "not judged"). The same server broken at block crossings in decode fails the
+smoke test's boundary row too.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ class Server:
         self.defect.write_text("")
         report = json.loads(out.read_text())
         report["exit"] = result.returncode
+        report["stdout"] = result.stdout  # the whole table, and the server log's tail
         report["screen"] = result.stdout[-4000:] + result.stderr[-2000:]
         return report
 
@@ -104,23 +106,30 @@ def test_every_row_passes_on_a_healthy_server_with_every_path_exercised(healthy)
 
 
 @pytest.mark.parametrize("defect", list(DEFECTS))
-def test_each_defect_fails_exactly_its_row_and_names_it(server, healthy, defect):
-    report = server.verify(defect)
+def test_each_defect_fails_its_row_and_names_it(server, healthy, defect):
+    # Its row alone: the healthy run above shows every row passing on the same server.
     row = DEFECTS[defect]
+    report = server.verify(defect, "--rows", row)
     assert report["exit"] == 1, report["screen"]
-    # No other row failed: each passed, or was not judged because its reference is the
-    # broken path (or, for preemption, nothing was preempted this time: the healthy run
-    # above shows the row exercised).
     assert report["failed"] == [row], report["screen"]
-    assert f"verify: FAIL: {row}" in report["screen"]
+    assert f"verify: FAIL: {row}" in report["stdout"], report["screen"]
     assert f"arcvllm sabotage: {defect}" in server.log.read_text()
 
 
-def test_nan_after_one_prompt_length_fails_the_residue_row_alone(server, healthy):
+def test_a_defect_fails_only_its_row_in_the_whole_suite(server, healthy):
+    # Every row runs: each other one passes, or is not judged because its reference is the
+    # broken path. The report names the one path that broke.
+    report = server.verify("resume")
+    assert report["exit"] == 1, report["screen"]
+    assert report["failed"] == [P.RESUME], report["screen"]
+    assert set(P.ROWS) <= set(_rows(report)), report["screen"]
+
+
+def test_nan_after_one_prompt_length_fails_the_residue_row(server, healthy):
     # A residue no other row decodes from (the plugin poisons every prompt of that length).
     used = {n % 64 for n in healthy["server"]["decoding_prompt_lengths"]}
     residue = next(r for r in range(64) if r not in used)
-    report = server.verify(f"nan-residue:{residue}")
+    report = server.verify(f"nan-residue:{residue}", "--rows", P.RESIDUES)
     assert report["failed"] == [P.RESIDUES], report["screen"]
     seen = _rows(report)[P.RESIDUES]["seen"]
     assert seen.startswith("63 of 64 finite") and "Out of range float values" in seen
