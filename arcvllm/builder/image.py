@@ -197,7 +197,14 @@ def run(argv: Sequence[str], cwd: Path, layout: Path | None = None) -> None:
         if seen and attempt == 1:
             print(f"arcvllm: {seen}; building once more", file=sys.stderr)
             continue
-        raise ArcvllmError(f"docker build of target {argv[argv.index('--target') + 1]} failed")
+        raise ArcvllmError(f"docker build of {_what(argv)} failed")
+
+
+def _what(argv: Sequence[str]) -> str:
+    """The target a build's ARGV names, and the side image for target `side`."""
+    target = argv[argv.index("--target") + 1]
+    side = next((a.removeprefix("SIDE=") for a in argv if a.startswith("SIDE=")), None)
+    return f"target {target}" + (f" ({side})" if target == "side" and side else "")
 
 
 def build(spec: Build, root: Path | None = None, dry_run: bool = False) -> list[str]:
@@ -242,10 +249,10 @@ def spec_for(
         entry = sides[side]
         return Build(
             the_stack,
-            target=side,
+            target="side",
             tags=[entry.ref],
             args=the_stack.build_args(),
-            extra_args={"SIDE_TAG": entry.tag},
+            extra_args={"SIDE": side, "SIDE_IMAGE": entry.image, "SIDE_TAG": entry.tag},
         )
     try:
         the_stack = stack.get(stack_name or defaults["cpu"], stacks_file, flavor)

@@ -539,7 +539,15 @@ def test_several_side_images_are_built_one_after_the_other_each_its_own_tag(monk
 
     sides = stack.side_images()
     argvs = built_argvs(monkeypatch, "--side", "router", "--side", "prometheus")
-    assert [a[a.index("--target") + 1] for a in argvs] == ["router", "prometheus"]
+    assert [a[a.index("--target") + 1] for a in argvs] == ["side", "side"]
+    assert [[b for b in a if b.startswith("SIDE")] for a in argvs] == [
+        ["SIDE=router", f"SIDE_IMAGE={sides['router'].image}", f"SIDE_TAG={sides['router'].tag}"],
+        [
+            "SIDE=prometheus",
+            f"SIDE_IMAGE={sides['prometheus'].image}",
+            f"SIDE_TAG={sides['prometheus'].tag}",
+        ],
+    ]
     assert [a[a.index("-t") + 1] for a in argvs] == [sides["router"].ref, sides["prometheus"].ref]
 
 

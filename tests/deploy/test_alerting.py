@@ -88,9 +88,9 @@ def test_the_entrypoint_writes_the_url_as_given_and_private(tmp_path):
 def test_the_alertmanager_stage_follows_prometheus_and_runs_the_entrypoint():
     stages = dict(dockerfile.stages(DOCKERFILE.read_text()))
     names = list(stages)
-    # (each side image's stage is `<name>-content`; `<name>` adds its SBOM and labels)
+    # (each side image's stage is `<name>-content`; `side` adds its SBOM and labels)
     assert names[names.index("prometheus-content") + 1] == "alertmanager-content"
-    assert "alertmanager" in stages
+    assert names[-3:] == ["side-content", "side-sbom", "side"]
     steps = stages["alertmanager-content"]
     assert any(
         i == "RUN" and "apt-get install -y --no-install-recommends prometheus-alertmanager" in v
@@ -110,7 +110,7 @@ def test_compose_runs_alertmanager_with_monitoring_and_publishes_no_port():
     from support.scale import ports, services
 
     am = services("monitoring")["alertmanager"]
-    assert am["build"]["target"] == "alertmanager"
+    assert (am["build"]["target"], am["build"]["args"]) == ("side", {"SIDE": "alertmanager"})
     assert [str(p) for p in am["expose"]] == ["9093"]
     assert ports(am) == []
     assert am["environment"] == {"ALERT_WEBHOOK_URL": ""}  # the container refuses it

@@ -101,7 +101,7 @@ def test_one_b70_per_replica_no_host_ports_behind_the_router(four):
     assert router["command"][1:] == [f"http://vllm-{i}:8000" for i in range(4)]
     two = services("scale", env={"ROUTER_WORKER_URLS": "http://vllm-2:8000"}, extra=(four,))
     assert two["router"]["command"] == ["--worker-urls", "http://vllm-2:8000"]  # scale up's
-    assert router["build"]["target"] == "router"
+    assert (router["build"]["target"], router["build"]["args"]) == ("side", {"SIDE": "router"})
 
 
 def test_router_policy_thresholds_and_scale_out_flag_are_settings(four):
@@ -140,7 +140,7 @@ def test_prometheus_publishes_no_port():
 def test_prometheus_mounts_the_targets_of_its_n(four):
     target = "/etc/arcvllm/prometheus/targets/replicas.yml"
     prom = services("monitoring")["prometheus"]
-    assert prom["build"]["target"] == "prometheus"
+    assert (prom["build"]["target"], prom["build"]["args"]) == ("side", {"SIDE": "prometheus"})
     source = Path(bind_mounts(prom)[target])  # cpu-scale's two, as the file names them
     assert source == ROOT / "deploy" / "prometheus" / "targets" / "replicas.yml"
     assert [t["labels"]["replica"] for t in yaml.safe_load(source.read_text())] == [
