@@ -716,8 +716,8 @@ def test_reproducible_builds_each_image_twice_uncompressed_with_no_cache_and_com
     assert built == [
         ("runtime", "cpu-1", ["--no-cache"], "uncompressed"),
         ("runtime", "cpu-2", ["--no-cache"], "uncompressed"),
-        ("router", "router-1", ["--no-cache"], "uncompressed"),
-        ("router", "router-2", ["--no-cache"], "uncompressed"),
+        ("side", "router-1", ["--no-cache"], "uncompressed"),
+        ("side", "router-2", ["--no-cache"], "uncompressed"),
     ]
     assert list(tmp_path.iterdir()) == []  # the layouts go
     out = capsys.readouterr().out
