@@ -64,8 +64,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_plan)
 
 
+def _series(args) -> Path | None:
+    return patches.series_file(args.build, args.series_file)
+
+
 def _cmd_apply(args) -> int:
-    report = patches.apply_args(args)
+    report = patches.apply_tree(
+        args.target, _series(args), args.python, args.allow_unsupported, args.expect, args.out
+    )
     if args.json:
         print(json.dumps(report.manifest(), indent=2))
         return 0
@@ -75,13 +81,13 @@ def _cmd_apply(args) -> int:
 
 
 def _cmd_status(args) -> int:
-    report = patches.inspect_args(args)
+    report = patches.inspect_tree(args.target, _series(args), args.python, args.allow_unsupported)
     print(json.dumps(report.manifest(), indent=2) if args.json else patches.table(report))
     return 0
 
 
 def _cmd_verify(args) -> int:
-    report = patches.inspect_args(args)
+    report = patches.inspect_tree(args.target, _series(args), args.python, args.allow_unsupported)
     if args.json:
         print(json.dumps({**report.manifest(), **report.verdict()}, indent=2))
     else:
@@ -93,7 +99,7 @@ def _cmd_verify(args) -> int:
 
 
 def _cmd_plan(args) -> int:
-    doc = patches.plan_args(args)
+    doc = patches.plan(_series(args), args.vllm_version)
     print(json.dumps(doc, indent=2) if args.json else doc["summary"])
     return 0
 

@@ -373,38 +373,34 @@ def write_manifest(report: PatchReport, path: Path) -> None:
     path.write_text(json.dumps(report.manifest(), indent=2, sort_keys=True) + "\n")
 
 
-def series_of(args) -> series.Series:
-    """The series ARGS name: --build's, --series-file, else the bundled one."""
-    if args.build:
-        return series.load(patches_dir() / "build" / "series.yaml")
-    return series.load(args.series_file)
+def series_file(build: bool, path: Path | None) -> Path | None:
+    """The series file: the build series (BUILD), else PATH, else None (the bundled one)."""
+    return patches_dir() / "build" / "series.yaml" if build else path
 
 
-def target_and_series(args) -> tuple[Target, series.Series]:
-    """The vLLM tree ARGS name (--target, else the installed one) and their series."""
-    return find(args.target), series_of(args)
+def inspect_tree(
+    tree: Path | None, series_path: Path | None, python: str, allow_unsupported: bool
+) -> PatchReport:
+    """`patches status|verify`: each patch's state on the vLLM TREE (None: the installed
+    one) (Unavailable: a release outside the series' range, unless ALLOW_UNSUPPORTED)."""
+    target, the_series = find(tree), series.load(series_path)
+    check_supported(target, the_series, allow_unsupported)
+    return inspect_target(target, the_series, python)
 
 
-def inspect_args(args) -> PatchReport:
-    """`patches status|verify`: each patch's state on the target ARGS name (Unavailable:
-    a release outside the series' range, unless --allow-unsupported)."""
-    target, the_series = target_and_series(args)
-    check_supported(target, the_series, args.allow_unsupported)
-    return inspect_target(target, the_series, args.python)
-
-
-def apply_args(args) -> PatchReport:
-    """`patches apply`: the series applied to the target ARGS name, the manifest written
-    (--out, else beside the target)."""
-    target, the_series = target_and_series(args)
-    report = apply(
-        target,
-        the_series,
-        args.python,
-        allow_unsupported=args.allow_unsupported,
-        expect=args.expect,
-    )
-    write_manifest(report, args.out or target.root / MANIFEST_NAME)
+def apply_tree(
+    tree: Path | None,
+    series_path: Path | None,
+    python: str,
+    allow_unsupported: bool,
+    expect: str | None,
+    out: Path | None,
+) -> PatchReport:
+    """`patches apply`: the series applied to the vLLM TREE (None: the installed one), the
+    manifest written to OUT (None: beside the tree)."""
+    target, the_series = find(tree), series.load(series_path)
+    report = apply(target, the_series, python, allow_unsupported=allow_unsupported, expect=expect)
+    write_manifest(report, out or target.root / MANIFEST_NAME)
     return report
 
 
@@ -424,12 +420,12 @@ def plan_summary(vllm_version: str) -> str:
     return series.summary(plan_states(series.load(), series.parse_version(vllm_version)))
 
 
-def plan_args(args) -> dict:
-    """`patches plan`: what the series ARGS name expects for --vllm-version (UsageError: no
-    version, or one outside the supported range): the version, the summary, each state."""
-    the_series = series_of(args)
+def plan(series_path: Path | None, vllm_version: str) -> dict:
+    """`patches plan`: what the series expects for VLLM_VERSION (UsageError: not a version,
+    or one outside the supported range): the version, the summary, each state."""
+    the_series = series.load(series_path)
     try:
-        version = series.parse_version(args.vllm_version)
+        version = series.parse_version(vllm_version)
     except ArcvllmError as exc:
         raise UsageError(f"--vllm-version: {exc}") from None
     if not the_series.supports(version):
