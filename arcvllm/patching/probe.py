@@ -190,6 +190,10 @@ def probe_mamba_copy_uint64() -> str | None:
 def probe_mamba_fused_u64() -> str | None:
     """The fused spec-decode metadata keeps state and block-table pointers >= 2**63."""
     mamba_utils, kv_cache_config, copy_funcs, funcs, names = _mamba_setup(len(STATE_BASES))
+    states = [_State(base) for base in STATE_BASES]
+    forward_context = {
+        name: SimpleNamespace(kv_cache=[s, s]) for name, s in zip(names, states, strict=True)
+    }
     ctx = _call(
         mamba_utils.MambaSpecDecodeGPUContext.create,
         max_num_reqs=2,
@@ -198,11 +202,8 @@ def probe_mamba_fused_u64() -> str | None:
         copy_funcs=copy_funcs,
         device="cpu",
         make_buffer=_make_buffer,
+        forward_context=forward_context,  # from 0.34: it counts the states there
     )
-    states = [_State(base) for base in STATE_BASES]
-    forward_context = {
-        name: SimpleNamespace(kv_cache=[s, s]) for name, s in zip(names, states, strict=True)
-    }
     table = _BlockTable(0xFFFF_D556_B800_0000)
     try:
         _call(
@@ -266,6 +267,8 @@ def probe_mamba_block_size_align_warning() -> str | None:
             parallel_config=SimpleNamespace(),
             # No attention layers registered: backend look-ups find none.
             compilation_config=SimpleNamespace(static_forward_context={}),
+            # From 0.34 the state alignment asks; FlashInfer is CUDA's alone.
+            use_flashinfer_replayssm=False,
         )
         records: list[str] = []
         handler = logging.Handler(logging.WARNING)

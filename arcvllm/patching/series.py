@@ -44,9 +44,17 @@ class Patch:
     upstream_by: str | None
     # Releases whose code carries the bug; None: every release below upstream's fix.
     affected: SpecifierSet | None = None
+    # The first release without the code the patch fixes (and its probe runs), and what
+    # became of it; None: every release since has it.
+    removed_version: Version | None = None
+    removed_what: str | None = None
 
     def variant_for(self, version: Version) -> Variant | None:
         return next((v for v in self.variants if v.matches(version)), None)
+
+    def removed(self, version: Version) -> bool:
+        """Is the code this patch fixes gone from this release?"""
+        return self.removed_version is not None and version >= self.removed_version
 
     def fixed_upstream(self, version: Version) -> bool:
         return self.upstream_version is not None and version >= self.upstream_version
@@ -85,7 +93,9 @@ def entries_for(series: Series, version: Version) -> list[SeriesEntry]:
     entries = []
     for patch in series.patches:
         variant = patch.variant_for(version)
-        if variant is not None:
+        if patch.removed(version):
+            entries.append(SeriesEntry(patch, NOT_APPLICABLE, None))
+        elif variant is not None:
             entries.append(SeriesEntry(patch, APPLY, variant))
         elif patch.fixed_upstream(version):
             entries.append(SeriesEntry(patch, UPSTREAM, None))
@@ -164,8 +174,25 @@ def _patch(path: Path, entry: object) -> Patch:
     affected = (
         _specifier(path, f"{name}: affected", entry["affected"]) if "affected" in entry else None
     )
+    removed = entry.get("removed") or {}
+    if removed and not {"version", "what"} <= removed.keys():
+        raise CheckFailed(f"{path}: {name}: removed needs version and what")
+    removed_version = parse_version(str(removed["version"])) if removed else None
+    for variant in variants:
+        if removed_version is not None and variant.matches(removed_version):
+            raise CheckFailed(
+                f"{path}: {name}: variant {variant.file.name} claims {removed_version}, "
+                "where the code it patches is removed"
+            )
     return Patch(
-        name, entry["probe"], tuple(variants), upstream_version, upstream.get("by"), affected
+        name,
+        entry["probe"],
+        tuple(variants),
+        upstream_version,
+        upstream.get("by"),
+        affected,
+        removed_version,
+        removed.get("what"),
     )
 
 

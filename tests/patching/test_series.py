@@ -57,18 +57,57 @@ def test_a_release_with_the_bug_and_no_variant_is_unpatched_never_not_applicable
     the_series = series.load(series_copy)
     expect = {
         v: {s.patch.name: s.expect for s in series.entries_for(the_series, series.parse_version(v))}
-        for v in ("0.20.2", "0.21.0", "0.23.0", "0.24.0", "0.34.0")
+        for v in ("0.20.2", "0.21.0", "0.23.0", "0.24.0", "0.33.0", "0.34.0", "0.35.0")
     }
     assert {v: e["mamba-copy-uint64"] for v, e in expect.items()} == {
         "0.20.2": series.APPLY,
         "0.21.0": series.UNPATCHED,
         "0.23.0": series.UNPATCHED,
         "0.24.0": series.UPSTREAM,
-        "0.34.0": series.UPSTREAM,
+        "0.33.0": series.UPSTREAM,
+        "0.34.0": series.NOT_APPLICABLE,  # the code it patches is removed
+        "0.35.0": series.NOT_APPLICABLE,
     }
     # Outside the supported range nothing is claimed about a bug upstream has not fixed.
-    assert expect["0.34.0"]["mamba-block-size-align-warning"] == series.NOT_APPLICABLE
+    assert expect["0.35.0"]["mamba-block-size-align-warning"] == series.NOT_APPLICABLE
+    assert expect["0.34.0"]["mamba-block-size-align-warning"] == series.APPLY
     assert expect["0.23.0"]["mamba-block-size-align-warning"] == series.APPLY
+
+
+def test_a_patch_whose_code_is_removed_is_not_applicable_from_that_release():
+    the_series = series.load()
+    copy = next(p for p in the_series.patches if p.name == "mamba-copy-uint64")
+    assert (copy.removed_version, copy.removed(series.parse_version("0.33.0"))) == (
+        series.parse_version("0.34.0"),
+        False,
+    )
+    states = {
+        v: {s.patch.name: s.expect for s in series.entries_for(the_series, series.parse_version(v))}
+        for v in ("0.33.0", "0.34.0")
+    }
+    assert states["0.33.0"]["mamba-copy-uint64"] == series.UPSTREAM
+    assert states["0.34.0"]["mamba-copy-uint64"] == series.NOT_APPLICABLE
+    assert states["0.34.0"]["mamba-fused-u64"] == series.UPSTREAM
+
+
+def test_a_variant_that_claims_a_release_without_its_code_is_refused(series_copy):
+    text = series_copy.read_text()
+    series_copy.write_text(
+        text.replace('version: "0.34.0"\n      what:', 'version: "0.20.0"\n      what:')
+    )
+    with pytest.raises(
+        CheckFailed, match=r"mamba-copy-uint64\.patch claims 0\.20\.0, where the code"
+    ):
+        series.load(series_copy)
+
+
+def test_a_removal_names_what_became_of_the_code(series_copy):
+    text = series_copy.read_text()
+    start = text.index("      what: >-\n        MambaCopyBuffers")
+    end = text.index("\n\n", start)
+    series_copy.write_text(text[:start] + text[end:])
+    with pytest.raises(CheckFailed, match="removed needs version and what"):
+        series.load(series_copy)
 
 
 def test_plan_prints_unpatched_for_a_release_with_the_bug_and_no_variant():
@@ -106,8 +145,9 @@ def test_the_variant_follows_the_code_that_moved(version, variant):
         ("0.17.0", True),
         ("0.33.0", True),
         ("0.33.0+xpu", True),
-        ("0.33.1", False),
-        ("0.34.0", False),
+        ("0.34.0", True),
+        ("0.34.1", False),
+        ("0.35.0", False),
     ],
 )
 def test_supported_range(version, supported):
