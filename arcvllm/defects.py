@@ -434,10 +434,10 @@ def listing(ledger_path: Path | None = None, stack_name: str | None = None) -> S
     ledger = load(ledger_path)
     pins: dict[str, str | None] = {}
     if stack_name:
-        stacks, _ = stacks_mod.load()
-        if stack_name not in stacks:
-            raise UsageError(f"unknown stack {stack_name!r}; stacks: {', '.join(stacks)}")
-        pins = pinned_versions(stacks[stack_name])
+        try:
+            pins = pinned_versions(stacks_mod.get(stack_name))
+        except ArcvllmError as exc:  # a stack named on the command line
+            raise UsageError(str(exc)) from None
     listed: list[dict[str, Any]] = []
     for d in ledger.defects:
         entry = {

@@ -29,9 +29,9 @@ def build_each(
     TAGS, else the image's own, else DEFAULT_TAG(stack). DRY_RUN: the argv only."""
     if len(sides) > 1 and (tags or stack_name or target):
         raise UsageError("several --side images take no stack, --tag or --target")
+    image.unknown_stack(stack_name, stacks_file)
     each: Sequence[str | None] = list(sides) or [None]  # None: the stack's server image
     for side in each:
-        image.unknown_stack(stack_name, stacks_file)
         spec = image.spec_for(stack_name, side, ci, flavor, stacks_file)
         if target:
             spec.target = target

@@ -165,8 +165,9 @@ def plan(
     when the installed vLLM's parser refuses what the settings file adds."""
     preset = get_preset(name, presets_dir)
     from_settings = setting_args(environ)
+    given = split_extra(extra)
     # the preset's, then the settings file's, then the command line's: the later ones win
-    command = server_command(preset, merge_args(from_settings, split_extra(extra)))
+    command = server_command(preset, merge_args(from_settings, given))
     installed = installed_vllm()
     mismatch = stack_problem(preset, installed, stack_vllm_versions())
     if installed and not mismatch:
@@ -177,7 +178,7 @@ def plan(
         if refused:
             raise UsageError(f"{EXTRA_ARGS}={environ[EXTRA_ARGS]}: {refused}")
     problem = model_path_problem(command)
-    return Plan(preset, command, split_extra(extra), problem, mismatch, installed is not None)
+    return Plan(preset, command, given, problem, mismatch, installed is not None)
 
 
 def run(planned: Plan, environ: Mapping[str, str]) -> NoReturn:
