@@ -3,12 +3,14 @@
 No registry answers here, so the image is a minbase mmdebstrap from the mirror in apt's
 sources (arcvllm/ci/standins.yaml says which suite and why), with what the XPU build relies
 on of ubuntu:24.04: glibc >= 2.39, `python3.12` and `python3.12-dev` installed as dpkg
-packages laid out as Ubuntu's (built here from the host's CPython 3.12, since Debian has no
-3.12), and the user `ubuntu` with UID/GID 1000.
+packages laid out as Ubuntu's (built here from a CPython 3.12 on this host, since Debian has
+no 3.12), and the user `ubuntu` with UID/GID 1000. mmdebstrap runs in a container on the
+engine, as that container's root: a user who may use the engine needs no root here.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -19,7 +21,7 @@ from pathlib import Path
 from arcvllm.errors import ArcvllmError
 
 # Bump when the way the image is made changes: the image's label then differs (stale).
-VERSION = 3
+VERSION = 4
 LABEL = "org.arcvllm.standin.fingerprint"
 # The fields of the stand-in's entry the image is made of (its label's fingerprint).
 INPUTS = ("image", "suite", "python", "runtime_debs", "user")
@@ -47,6 +49,16 @@ def _control(name: str, version: str, depends: str, provides: str, what: str) ->
     )
 
 
+def recorded_prefix(lib: Path, python: Path) -> str:
+    """The prefix the CPython at PYTHON was built for, as its sysconfig data records it: a
+    copy (a user's of another's pyenv) or a relocatable build (python-build-standalone's
+    `/install`) was built for another path than the one it is at."""
+    for data in lib.glob("_sysconfigdata_*.py"):
+        if found := re.search(r"'prefix': '([^']+)'", data.read_text()):
+            return found.group(1)
+    return str(python)
+
+
 def _rewrite_prefix(path: Path, prefix: str) -> None:
     text = path.read_text()
     path.write_text(text.replace(prefix, "/usr"))
@@ -57,8 +69,8 @@ def python_debs(python: Path, entry: Mapping, out: Path) -> list[Path]:
     ver = entry["python"]["version"]
     deb_ver = entry["python"]["deb_version"]
     runtime = ", ".join(["libc6 (>= 2.39)", *entry["runtime_debs"].split()])
-    prefix = str(python)
     lib = python / "lib" / f"python{ver}"
+    prefix = recorded_prefix(lib, python)
     config = next(lib.glob(f"config-{ver}-*"))
 
     main = out / f"python{ver}"
@@ -103,65 +115,92 @@ def python_debs(python: Path, entry: Mapping, out: Path) -> list[Path]:
     return debs
 
 
-def apt_options() -> list[str]:
-    """This host's own apt snippets (/etc/apt/apt.conf.d/99*: a mirror's settings, such as
-    Check-Valid-Until for a frozen snapshot) for mmdebstrap's apt, as the image gets them."""
-    return [f"--aptopt={f}" for f in sorted(Path("/etc/apt/apt.conf.d").glob("99*"))]
+# Where the maker container sees its inputs: the python debs and this host's apt snippets.
+DEBS_AT, APT_AT = "/standin-debs", "/host-apt"
+# The capabilities mmdebstrap's root mode needs in a container (its own mount namespace for
+# /proc and /dev in the chroot), no more: not --privileged.
+MAKER_CAPS = (
+    "--cap-add", "SYS_ADMIN",
+    "--security-opt", "apparmor=unconfined",
+    "--security-opt", "seccomp=unconfined",
+)  # fmt: skip
+# The maker's own shell: this host's apt snippets (a mirror's settings) for its apt, then
+# mmdebstrap from that mirror, the tar on stdout. Arguments: suite, mirror, include, user
+# name, uid, gid; the hooks' $1 is mmdebstrap's root.
+MAKER = r"""
+set -eu
+suite=$1 mirror=$2 include=$3 user=$4 uid=$5 gid=$6
+cp /host-apt/99* /etc/apt/apt.conf.d/ 2>/dev/null || true
+apt-get update -qq >&2 && apt-get install -y -qq --no-install-recommends mmdebstrap >&2
+# for the hooks (each its own shell)
+export PIP_CONF='[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n'
+export JUNK='var/cache/apt/archives var/lib/apt/lists'
+set --
+for f in /host-apt/99*; do [ ! -f "$f" ] || set -- "$@" "--aptopt=$f"; done
+exec mmdebstrap --quiet --variant=minbase --include="$include" "$@" \
+    --customize-hook='rm -f "$1/etc/apt/apt.conf.d/99mmdebstrap"' \
+    --customize-hook='cp /standin-debs/*.deb "$1/tmp/"' \
+    --customize-hook='chroot "$1" sh -c "dpkg -i /tmp/*.deb && rm /tmp/*.deb"' \
+    --customize-hook="chroot \"\$1\" groupadd -g $gid $user" \
+    --customize-hook="chroot \"\$1\" useradd -m -u $uid -g $gid -s /bin/bash $user" \
+    --customize-hook='printf "$PIP_CONF" >"$1/etc/pip.conf"' \
+    --customize-hook='cp /host-apt/99* "$1/etc/apt/apt.conf.d/" 2>/dev/null || :' \
+    --customize-hook='cd "$1" && find $JUNK -maxdepth 1 -type f -delete' \
+    "$suite" - "$mirror"
+"""
 
 
 def build(
-    entry: Mapping, python: Path, mirror: str, fingerprint: str, scratch: Path, docker: str
+    entry: Mapping,
+    python: Path,
+    mirror: str,
+    fingerprint: str,
+    scratch: Path,
+    docker: str,
+    maker: str,
 ) -> None:
-    """mmdebstrap, the python debs, the user; imported as entry['image'] with its label."""
+    """The python debs made here; mmdebstrap, the debs and the user in a container of MAKER
+    (a Debian image on the engine) as its root, not this host's: any user of the engine can
+    make it. The tar goes straight to `docker import` as entry['image'] with its label.
+
+    In the image, besides mmdebstrap's minbase of the suite: the python debs installed;
+    Ubuntu's user (UID/GID 1000); a site-wide pip config trusting the system CA store, as
+    Ubuntu's patched pip does (the host's CPython bundles pip's own certifi; the build's CA
+    secret is mounted over that store); this host's apt snippets, as scripts/ci/engine.sh
+    gives the Debian base."""
     scratch.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="standin-base.", dir=scratch))
+    work = Path(tempfile.mkdtemp(prefix="standin-base.", dir=scratch)).resolve()
     try:
-        debs = python_debs(python, entry, work)
-        rootfs = work / "rootfs"
-        include = ",".join(entry["runtime_debs"].split())
-        # mmdebstrap, not debootstrap: apt installs the packages at once (29 s here against
-        # debootstrap's 87 s); apt as this host configures it (apt_options).
-        _run(
-            ["mmdebstrap", "--quiet", "--variant=minbase", f"--include={include}",
-             *apt_options(), entry["suite"], str(rootfs), mirror],
-            log=work / "mmdebstrap.log",
-        )  # fmt: skip
-        (rootfs / "etc/apt/apt.conf.d/99mmdebstrap").unlink(missing_ok=True)  # its options
-        for deb in debs:
-            shutil.copy2(deb, rootfs / "tmp")
-        _run(["chroot", str(rootfs), "sh", "-c", "dpkg -i /tmp/*.deb && rm /tmp/*.deb"])
+        debs = work / "debs"
+        debs.mkdir()
+        for deb in python_debs(python, entry, work / "trees"):
+            shutil.move(deb, debs / deb.name)
+        debs.chmod(0o755)  # read by the maker's root: a user's umask may say otherwise
         user = entry["user"]
-        _run(["chroot", str(rootfs), "groupadd", "-g", str(user["gid"]), user["name"]])
-        _run(
-            ["chroot", str(rootfs), "useradd", "-m", "-u", str(user["uid"]), "-g",
-             str(user["gid"]), "-s", "/bin/bash", user["name"]]
+        args = [entry["suite"], mirror, ",".join(entry["runtime_debs"].split()), user["name"],
+                str(user["uid"]), str(user["gid"])]  # fmt: skip
+        make = subprocess.Popen(
+            [docker, "run", "--rm", *MAKER_CAPS, "-v", f"{debs}:{DEBS_AT}:ro",
+             "-v", f"/etc/apt/apt.conf.d:{APT_AT}:ro", maker, "sh", "-c", MAKER, "maker", *args],
+            stdout=subprocess.PIPE,
+            stderr=(work / "maker.log").open("w"),
         )  # fmt: skip
-        # Ubuntu's pip (python3-pip-whl, which `python3.12 -m venv` installs) is patched to
-        # trust the system CA store; the host's CPython bundles pip's own certifi. A
-        # site-wide pip config gives venvs made here the same trust (the build's CA secret
-        # is mounted over that store).
-        pip_conf = "[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n"
-        (rootfs / "etc/pip.conf").write_text(pip_conf)
-        # apt inside the image as on this host (the same snippets scripts/ci/engine.sh copies)
-        for snippet in Path("/etc/apt/apt.conf.d").glob("99*"):
-            shutil.copy2(snippet, rootfs / "etc/apt/apt.conf.d")
-        for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
-            for f in (rootfs / junk).glob("*"):
-                if f.is_file():
-                    f.unlink()
-        tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
+        # Imported under a name of its own, given the image's name only once both ends
+        # succeeded: a maker that fails leaves no image (an empty one would carry the label).
+        partial = f"{entry['image'].split(':')[0]}:partial-{os.getpid()}"
         changes = [f"LABEL {LABEL}={fingerprint}", 'CMD ["/bin/bash"]']
-        cmd = [
-            docker,
-            "import",
-            *(x for c in changes for x in ("--change", c)),
-            "-",
-            entry["image"],
-        ]
-        imported = subprocess.run(cmd, stdin=tar.stdout, capture_output=True, text=True)
-        tar.wait()
-        if imported.returncode != 0 or tar.returncode != 0:
-            raise ArcvllmError(f"standins: docker import failed: {imported.stderr.strip()}")
+        cmd = [docker, "import", *(x for c in changes for x in ("--change", c)), "-", partial]
+        imported = subprocess.run(cmd, stdin=make.stdout, capture_output=True, text=True)
+        make.wait()
+        try:
+            if make.returncode != 0:
+                tail = " | ".join((work / "maker.log").read_text().strip().splitlines()[-3:])
+                raise ArcvllmError(f"standins: mmdebstrap in {maker} failed: {tail}")
+            if imported.returncode != 0:
+                raise ArcvllmError(f"standins: docker import failed: {imported.stderr.strip()}")
+            _run([docker, "tag", partial, entry["image"]])
+        finally:
+            subprocess.run([docker, "image", "rm", partial], capture_output=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -403,11 +403,27 @@ def make_oneccl(config: Config, root: Path) -> str:
     return "made"
 
 
-def host_python(pattern: str) -> Path:
-    found = sorted(glob.glob(pattern), key=lambda p: [int(x) for x in re.findall(r"\d+", p)])
-    if not found:
-        raise Unavailable(f"standins: no host CPython at {pattern} to build python3.12 from")
-    return Path(found[-1])
+# A CPython prefix named by the operator comes before the places standins.yaml lists.
+PYTHON_ENV = "ARCVLLM_STANDIN_PYTHON"
+
+
+def host_python(patterns: list[str]) -> Path:
+    """The CPython prefix the python debs are made from: $ARCVLLM_STANDIN_PYTHON, else the
+    newest match of the first of PATTERNS (~ is the caller's home) that matches any."""
+    if named := os.environ.get(PYTHON_ENV):
+        if not (Path(named) / "bin").is_dir():
+            raise Unavailable(f"standins: {PYTHON_ENV}={named} is not a CPython prefix (no bin/)")
+        return Path(named)
+    for pattern in patterns:
+        found = [
+            p for p in glob.glob(os.path.expanduser(pattern)) if os.access(p, os.R_OK | os.X_OK)
+        ]
+        if found:
+            return Path(max(found, key=lambda p: [int(x) for x in re.findall(r"\d+", p)]))
+    raise Unavailable(
+        f"standins: no CPython 3.12 to build python3.12 from at {', '.join(patterns)}: "
+        f"set {PYTHON_ENV} to one's prefix"
+    )
 
 
 def base_fingerprint(config: Config, python: Path) -> str:
@@ -441,18 +457,15 @@ def make_base(config: Config, root: Path) -> str:
     from arcvllm.ci import standin_base
 
     entry = config.entry("base-image")
-    python = host_python(entry["python"]["host_glob"])
+    python = host_python(entry["python"]["host_globs"])
     require_docker()
     fingerprint = base_fingerprint(config, python)
     if image_label(entry["image"], standin_base.LABEL) == fingerprint:
         return "current"
-    if os.geteuid() != 0:
-        raise Unavailable(
-            f"standins: {entry['image']} is not on this engine or is stale, and making it needs"
-            " root (mmdebstrap into a directory, chroot): run `make standins` once as root"
-        )
     docker = docker_binary()
-    standin_base.build(entry, python, apt_mirror(), fingerprint, scratch_dir(root), docker)
+    standin_base.build(
+        entry, python, apt_mirror(), fingerprint, scratch_dir(root), docker, entry["maker"]
+    )
     return "made"
 
 

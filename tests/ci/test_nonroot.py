@@ -237,3 +237,50 @@ def test_release_check_takes_the_release_on_the_running_engine_for_a_user(user):
     finally:
         for repo in repos.values():
             docker("image", "rm", f"{repo}:ci", check=False)
+
+
+MAKE_BASE = """
+import sys
+from pathlib import Path
+from arcvllm.ci import standin_base, standins
+from arcvllm.docker import docker_binary
+entry = {**standins.load().entry("base-image"), "image": sys.argv[1]}
+python = standins.host_python(entry["python"]["host_globs"])
+print(python)
+standin_base.build(entry, python, standins.apt_mirror(), "test", Path(sys.argv[2]),
+                   docker_binary(), entry["maker"])
+"""
+
+
+def test_a_user_in_the_engines_group_makes_the_standin_base_from_a_python_of_their_own(user):
+    """The XPU rehearsal's base image (arcvllm/ci/standin_base.py) for a user: mmdebstrap runs
+    as a container's root on the engine, from the user's own CPython 3.12 (here a copy of the
+    host's in ~/.pyenv, as pyenv puts it). Before, mmdebstrap ran on the host into a
+    directory, then chroot: `make standins` refused any user ("needs root ... run `make
+    standins` once as root", exit 3), and the CPython was looked for under /root only."""
+    from arcvllm.ci import standin_base, standins
+    from arcvllm.docker import docker_binary
+
+    entry = standins.load().entry("base-image")
+    theirs = user.home / ".pyenv" / "versions"
+    if user.as_root:  # the test's own CPython, copied as the user's (root's is mode 700 here)
+        source = standins.host_python(entry["python"]["host_globs"])
+        skip = shutil.ignore_patterns(*standin_base.SKIP)
+        shutil.copytree(source, theirs / source.name, symlinks=True, ignore=skip)
+        subprocess.run(["chown", "-R", f"{user.name}:", str(user.home / ".pyenv")], check=True)
+    image = f"arcvllm-test-standin-{os.getpid()}:base"
+    before = apt_state()
+    try:
+        made = user.run(str(user_venv(user) / "bin" / "python"), "-c", MAKE_BASE, image,
+                        str(user.home / "scratch"), timeout=900)  # fmt: skip
+        assert made.returncode == 0, made.stdout + made.stderr[-3000:]
+        if user.as_root:
+            assert made.stdout.strip().startswith(str(theirs)), made.stdout
+        assert standin_base.check({**entry, "image": image}, None, docker_binary()) == []
+        label = docker(
+            "image", "inspect", "-f", f'{{{{index .Config.Labels "{standin_base.LABEL}"}}}}', image
+        )
+        assert label.stdout.strip() == "test"
+        assert apt_state() == before
+    finally:
+        docker("image", "rm", image, check=False)

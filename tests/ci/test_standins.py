@@ -352,20 +352,57 @@ def test_the_base_is_made_again_when_what_it_is_made_of_changes_not_its_prose(co
     assert fingerprint(runtime_debs="libssl3t64") != fingerprint()
 
 
-def test_a_stale_base_for_a_user_without_root_is_one_line_naming_root(config, monkeypatch):
-    """Only making the base needs root: a current one is taken by any user."""
-    monkeypatch.setattr(standins, "host_python", lambda pattern: Path("/opt/python3.12"))
+def test_a_stale_base_is_made_by_any_user_and_a_current_one_is_kept(config, monkeypatch):
+    """No root check: mmdebstrap runs as a container's root on the engine (standin_base)."""
+    monkeypatch.setattr(standins, "host_python", lambda patterns: Path("/opt/python3.12"))
     monkeypatch.setattr(standins, "require_docker", lambda: None)
+    monkeypatch.setattr(standins, "apt_mirror", lambda: "http://mirror.invalid/debian")
     monkeypatch.setattr(standins, "image_label", lambda image, label: "stale")
     monkeypatch.setattr(standins.os, "geteuid", lambda: 1000)
     built = []
     monkeypatch.setattr(standin_base, "build", lambda *args: built.append(args))
-    with pytest.raises(standins.Unavailable, match=r"needs root .*`make standins` once as root"):
-        standins.make_base(config, Path("/nonexistent"))
-    assert built == []
+    assert standins.make_base(config, Path("/nonexistent")) == "made"
+    assert [args[-1] for args in built] == [config.entry("base-image")["maker"]]
+    built.clear()
     monkeypatch.setattr(standins, "image_label", lambda image, label: standins.base_fingerprint(
         config, Path("/opt/python3.12")))  # fmt: skip
     assert standins.make_base(config, Path("/nonexistent")) == "current"
+    assert built == []
+
+
+def _prefix(path: Path) -> Path:
+    (path / "bin").mkdir(parents=True)
+    return path
+
+
+def test_the_python_is_the_named_prefix_else_the_newest_of_the_first_place_with_one(
+    tmp_path, monkeypatch
+):
+    monkeypatch.delenv(standins.PYTHON_ENV, raising=False)
+    for version in ("3.12.1", "3.12.10", "3.12.9"):
+        _prefix(tmp_path / "mine" / version)
+    _prefix(tmp_path / "theirs" / "3.12.11")
+    places = [str(tmp_path / "none" / "3.12.*"), str(tmp_path / "mine" / "3.12.*"),
+              str(tmp_path / "theirs" / "3.12.*")]  # fmt: skip
+    assert standins.host_python(places) == tmp_path / "mine" / "3.12.10"
+    monkeypatch.setenv("HOME", str(tmp_path / "mine"))
+    assert standins.host_python(["~/3.12.*"]) == tmp_path / "mine" / "3.12.10"
+    named = _prefix(tmp_path / "elsewhere")
+    monkeypatch.setenv(standins.PYTHON_ENV, str(named))
+    assert standins.host_python(places) == named
+
+
+def test_no_python_or_a_named_non_prefix_is_one_line_naming_the_setting(tmp_path, monkeypatch):
+    monkeypatch.delenv(standins.PYTHON_ENV, raising=False)
+    with pytest.raises(
+        standins.Unavailable, match=r"no CPython 3\.12 .* set ARCVLLM_STANDIN_PYTHON"
+    ):
+        standins.host_python([str(tmp_path / "3.12.*")])
+    monkeypatch.setenv(standins.PYTHON_ENV, str(tmp_path))
+    with pytest.raises(
+        standins.Unavailable, match=r"ARCVLLM_STANDIN_PYTHON=.* not a CPython prefix"
+    ):
+        standins.host_python([])
 
 
 def test_the_shape_check_passes_the_shape_it_wants(config):
@@ -414,6 +451,22 @@ def test_the_shape_check_fails_on_plain_debian(config, engine):
     found = standin_base.check(entry, None, docker_binary())
     assert any("UID 1000" in p for p in found)
     assert any("python3.12" in p for p in found)
+
+
+@pytest.mark.docker
+def test_a_maker_that_fails_leaves_no_image(config, engine, tmp_path):
+    """The tar streams from the maker to `docker import`: before, a maker that failed left
+    an empty image under the stand-in's name with the label of a current one (797 bytes)."""
+    entry = {**config.entry("base-image"), "image": f"arcvllm-test-standin-{os.getpid()}:base"}
+    python = standins.host_python(entry["python"]["host_globs"])
+    absent = "arcvllm-test-absent/maker:0"
+    with pytest.raises(ArcvllmError, match=f"mmdebstrap in {absent} failed"):
+        standin_base.build(entry, python, "http://mirror.invalid", "x", tmp_path, docker_binary(),
+                           absent)  # fmt: skip
+    left = subprocess.run([docker_binary(), "images", "-q", entry["image"].split(":")[0]],
+                          capture_output=True, text=True)  # fmt: skip
+    assert left.stdout.strip() == ""
+    assert list(tmp_path.iterdir()) == []
 
 
 PIP_SCRIPT = r"""
@@ -478,3 +531,13 @@ def test_every_pin_only_the_xpu_index_serves_has_a_stand_in_there(made):
                 name, version = line.split("==")
                 project = name.lower().replace("_", "-")
                 assert (project, version.strip()) in served, f"{lock.name}: {line}"
+
+
+def test_the_prefix_rewritten_is_the_one_the_python_was_built_for(tmp_path):
+    lib = tmp_path / "copy" / "lib" / "python3.12"
+    lib.mkdir(parents=True)
+    data = lib / "_sysconfigdata__linux_x86_64-linux-gnu.py"
+    data.write_text("build_time_vars = {'prefix': '/install', 'LIBDIR': '/install/lib'}\n")
+    assert standin_base.recorded_prefix(lib, tmp_path / "copy") == "/install"
+    data.unlink()
+    assert standin_base.recorded_prefix(lib, tmp_path / "copy") == str(tmp_path / "copy")
