@@ -179,10 +179,17 @@ def _patch(path: Path, entry: object) -> Patch:
         raise CheckFailed(f"{path}: {name}: removed needs version and what")
     removed_version = parse_version(str(removed["version"])) if removed else None
     for variant in variants:
-        if removed_version is not None and variant.matches(removed_version):
+        if removed_version is None:
+            continue
+        if variant.matches(removed_version):
             raise CheckFailed(
                 f"{path}: {name}: variant {variant.file.name} claims {removed_version}, "
                 "where the code it patches is removed"
+            )
+        if (floor := lower_bound(variant.versions)) is not None and floor >= removed_version:
+            raise CheckFailed(
+                f"{path}: {name}: variant {variant.file.name} claims releases from {floor} on, "
+                f"after the code it patches is removed ({removed_version}): never applied"
             )
     return Patch(
         name,
@@ -194,6 +201,17 @@ def _patch(path: Path, entry: object) -> Patch:
         removed_version,
         removed.get("what"),
     )
+
+
+def lower_bound(versions: SpecifierSet) -> Version | None:
+    """The least release VERSIONS can hold, as its specifiers bound it from below (None:
+    unbounded)."""
+    floors = [
+        parse_version(spec.version.removesuffix(".*"))
+        for spec in versions
+        if spec.operator in (">=", ">", "==", "~=", "===")
+    ]
+    return max(floors, default=None)
 
 
 def header(file: Path) -> dict[str, str]:

@@ -101,6 +101,30 @@ def test_a_variant_that_claims_a_release_without_its_code_is_refused(series_copy
         series.load(series_copy)
 
 
+def test_a_variant_wholly_after_the_removal_is_refused(series_copy):
+    """Its range never holds the removed release itself: the removal would always win."""
+    text = series_copy.read_text()
+    series_copy.write_text(
+        text.replace('version: "0.34.0"\n      what:', 'version: "0.10.0"\n      what:')
+    )
+    with pytest.raises(
+        CheckFailed, match=r"mamba-copy-uint64\.patch claims releases from 0\.17\.0 on, after"
+    ):
+        series.load(series_copy)
+
+
+@pytest.mark.parametrize(
+    "versions, floor",
+    [(">=0.17.0,<0.24.0", "0.17.0"), ("<0.24.0", None), ("==0.20.*", "0.20"),
+     (">0.19,>=0.18", "0.19"), ("~=0.22.1", "0.22.1")],
+)  # fmt: skip
+def test_the_lower_bound_of_a_range(versions, floor):
+    from packaging.specifiers import SpecifierSet
+
+    found = series.lower_bound(SpecifierSet(versions))
+    assert found == (series.parse_version(floor) if floor else None)
+
+
 def test_a_removal_names_what_became_of_the_code(series_copy):
     text = series_copy.read_text()
     start = text.index("      what: >-\n        MambaCopyBuffers")
