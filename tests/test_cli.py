@@ -309,6 +309,7 @@ def key_readers(key: Path, tmp_path: Path) -> dict[str, subprocess.CompletedProc
             **home,
             GATEWAY_TEMPLATE=str(ROOT / "deploy" / "gateway" / "nginx.conf.template"),
             GATEWAY_RUN_DIR=str(tmp_path / "run"),
+            GATEWAY_TLS_DIR=str(tmp_path / "tls"),  # not the image's /var/lib/...: the host's
             GATEWAY_RESOLVER="127.0.0.11",
             VLLM_API_KEY_FILE=str(key),
         ),

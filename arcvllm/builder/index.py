@@ -56,7 +56,10 @@ def index_url() -> str:
 
 
 def uv_sources() -> list[str]:
-    """`uv pip install` options for the sources pip uses here (uv reads no pip config).
+    """`uv pip install` options for the sources pip uses here (uv reads no pip config),
+    and pip's trust: the platform's certificate store (uv's own bundled roots refuse a
+    mirror or proxy signed by a local CA, where pip, the rest of the build's installer,
+    succeeds).
 
     pip weighs every candidate of every index alike and takes the file whose sha256 a lock
     lists; uv takes the first index that has the project. So pip's index comes first, then
@@ -72,7 +75,7 @@ def uv_sources() -> list[str]:
             args += ["--index", url]
     for where in config.get("find-links", []):
         args += ["--find-links", where]
-    return [*args, "--default-index", primary]
+    return [*args, "--default-index", primary, "--system-certs"]
 
 
 def _packages(project: str, index: str) -> list:

@@ -229,7 +229,7 @@ class Compile:
             (folder / "constraints.txt").write_text("\n".join(constraints) + "\n")
             (folder / "overrides.txt").write_text(f"torch=={torch}\n")
             command = [
-                uv, "pip", "compile", "--quiet", "--no-header", "--no-config",
+                uv, "pip", "compile", "--quiet", "--no-header", "--no-config", "--system-certs",
                 "--python-version", self.python, "--python-platform", PLATFORM,
                 "--exclude-newer", self.exclude_newer, "--index-url", self.index,
                 "-c", "constraints.txt", "--override", "overrides.txt",

@@ -109,4 +109,5 @@ def test_uv_is_told_pip_s_index_first_then_the_extra_ones_that_exist(monkeypatch
         "--index", "https://extra.example/simple",
         "--find-links", "/srv/wheels",
         "--default-index", "https://mirror.example/simple",
+        "--system-certs",
     ]  # fmt: skip

@@ -284,3 +284,22 @@ def test_a_user_in_the_engines_group_makes_the_standin_base_from_a_python_of_the
         assert apt_state() == before
     finally:
         docker("image", "rm", image, check=False)
+
+
+def test_uv_fetches_for_a_user_as_pip_does_with_the_platforms_certificates(user):
+    """scripts/test-venvs.sh's uv, with the options arcvllm.builder.index gives it, for a user
+    whose environment names no CA file (root's here sets SSL_CERT_FILE): uv's own bundled
+    roots refused this machine's index ("invalid peer certificate: UnknownIssuer", make
+    test-venvs failed for a user), where pip, trusting the platform's store, did not."""
+    venv = user_venv(user)
+    sources = user.run(str(venv / "bin" / "python"), "-m", "arcvllm.builder.index", "--uv-sources")
+    assert sources.returncode == 0, sources.stderr
+    uv = ROOT / ".venv" / "bin" / "uv"
+    python = str(venv / "bin" / "python")
+    resolved = user.run(
+        str(uv), "pip", "install", "--dry-run", "--no-deps", "--python", python,
+        *sources.stdout.split(), "six==1.16.0", timeout=300,
+        UV_CACHE_DIR=str(user.home / "uv-cache"),
+    )  # fmt: skip
+    assert resolved.returncode == 0, resolved.stderr
+    assert "six==1.16.0" in resolved.stderr + resolved.stdout
