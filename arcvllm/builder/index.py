@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import ssl
 import subprocess
 import sys
 import time
@@ -20,8 +21,9 @@ from arcvllm.stack import Stack
 
 
 def pip_config() -> dict[str, list[str]]:
-    """What pip installs from here: its index-url, extra-index-url and find-links, from the
-    PIP_* environment, else pip's config (global, then install), as pip reads them."""
+    """What pip installs from here: its index-url, extra-index-url, find-links and the CA
+    file it verifies them with (cert), from the PIP_* environment, else pip's config
+    (global, then install), as pip reads them."""
     try:
         out = subprocess.run(
             [sys.executable, "-m", "pip", "config", "list"],
@@ -43,7 +45,27 @@ def pip_config() -> dict[str, list[str]]:
     return found
 
 
-PIP_KEYS = ("index-url", "extra-index-url", "find-links")
+PIP_KEYS = ("index-url", "extra-index-url", "find-links", "cert")
+
+
+def ca_bundle() -> str | None:
+    """The CA file to verify the index with, as pip does: its `cert` (PIP_CERT, pip's
+    config), else the platform's store where OpenSSL finds it (SSL_CERT_FILE, else its
+    default file). The HTTP clients' own bundles (certifi) refuse a mirror or proxy signed
+    by a local CA that pip and the platform trust. None: the client's own."""
+    if cert := pip_config().get("cert"):
+        return cert[0]
+    paths = ssl.get_default_verify_paths()
+    for candidate in (paths.cafile, paths.openssl_cafile):
+        if candidate and Path(candidate).is_file():
+            return candidate
+    return None
+
+
+def tls_verify() -> ssl.SSLContext | bool:
+    """httpx's `verify` for ca_bundle(): a context of that file, else httpx's default."""
+    bundle = ca_bundle()
+    return ssl.create_default_context(cafile=bundle) if bundle else True
 
 
 def index_url() -> str:
@@ -80,10 +102,14 @@ def uv_sources() -> list[str]:
 
 def _packages(project: str, index: str) -> list:
     """The files PROJECT's page on INDEX lists (pypi-simple's DistributionPackage)."""
+    import requests
     from pypi_simple import PyPISimple
 
+    session = requests.Session()
+    if bundle := ca_bundle():
+        session.verify = bundle
     try:
-        with PyPISimple(endpoint=index.rstrip("/") + "/") as client:
+        with PyPISimple(endpoint=index.rstrip("/") + "/", session=session) as client:
             return list(client.get_project_page(project).packages)
     except Exception as exc:
         raise Unavailable(f"index {index}: cannot read project {project}: {exc}") from None
@@ -119,7 +145,9 @@ def file_url(project: str, filename: str, sha256: str, index: str | None = None)
     index = index or index_url()
     try:
         _, url, listed = find_file(project, lambda name: name == filename, index)
-    except Unavailable:
+    except Unavailable as exc:
+        if "cannot read" in str(exc):  # the index did not answer: not an absent file
+            raise
         raise Unavailable(f"index {index} has no {filename} for project {project}") from None
     if listed and listed != sha256:
         raise ArcvllmError(f"index {index}: {filename} has sha256 {listed}, the pin says {sha256}")
@@ -140,9 +168,12 @@ def fetch(url: str, sha256: str, dest: Path) -> Path:
     if target.exists() and sha256_of(target) == sha256:
         return target
     part = target.with_name(target.name + ".part")
+    verify = tls_verify()
     for attempt in range(1, ATTEMPTS + 1):
         try:
-            with httpx.stream("GET", url, follow_redirects=True, timeout=120) as response:
+            with httpx.stream(
+                "GET", url, follow_redirects=True, timeout=120, verify=verify
+            ) as response:
                 response.raise_for_status()
                 with part.open("wb") as out:
                     for chunk in response.iter_bytes(1 << 20):

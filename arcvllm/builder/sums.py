@@ -86,12 +86,17 @@ def read_trusted(path: Path) -> dict[str, str]:
 
 
 def fetch_sha256(url: str) -> str:
-    """The sha256 of a URL's content, streamed (through the proxy and CA the host uses)."""
+    """The sha256 of a URL's content, streamed (through the proxy the host uses, verified
+    with pip's CA file or the platform's: index.ca_bundle)."""
     import httpx
+
+    from arcvllm.builder.index import tls_verify
 
     digest = hashlib.sha256()
     try:
-        with httpx.stream("GET", url, follow_redirects=True, timeout=120) as response:
+        with httpx.stream(
+            "GET", url, follow_redirects=True, timeout=120, verify=tls_verify()
+        ) as response:
             response.raise_for_status()
             for chunk in response.iter_bytes():
                 digest.update(chunk)

@@ -111,3 +111,29 @@ def test_uv_is_told_pip_s_index_first_then_the_extra_ones_that_exist(monkeypatch
         "--default-index", "https://mirror.example/simple",
         "--system-certs",
     ]  # fmt: skip
+
+
+def test_the_ca_file_is_pips_cert_else_the_platforms(monkeypatch, tmp_path):
+    cert = tmp_path / "mirror-ca.pem"
+    monkeypatch.setenv("PIP_CERT", str(cert))
+    assert index.ca_bundle() == str(cert)
+    monkeypatch.delenv("PIP_CERT")
+    monkeypatch.setattr(index, "pip_config", lambda: {})
+    platform = tmp_path / "store.pem"
+    platform.write_text("")
+    monkeypatch.setenv("SSL_CERT_FILE", str(platform))
+    assert index.ca_bundle() == str(platform)
+
+
+def test_an_index_that_does_not_answer_is_not_said_to_lack_the_file(monkeypatch):
+    """Before, every failure read "has no FILE": a certificate the client refused too."""
+
+    def unreadable(project, where):
+        raise index.Unavailable(f"index {where}: cannot read project {project}: SSLError")
+
+    monkeypatch.setattr(index, "_packages", unreadable)
+    with pytest.raises(index.Unavailable, match="cannot read project vllm: SSLError"):
+        index.file_url("vllm", "vllm-0.20.2.tar.gz", "0" * 64, "https://mirror.example/simple")
+    monkeypatch.setattr(index, "_packages", lambda project, where: [])
+    with pytest.raises(index.Unavailable, match=r"has no vllm-0\.20\.2\.tar\.gz for project vllm"):
+        index.file_url("vllm", "vllm-0.20.2.tar.gz", "0" * 64, "https://mirror.example/simple")

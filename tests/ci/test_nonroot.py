@@ -303,3 +303,20 @@ def test_uv_fetches_for_a_user_as_pip_does_with_the_platforms_certificates(user)
     )  # fmt: skip
     assert resolved.returncode == 0, resolved.stderr
     assert "six==1.16.0" in resolved.stderr + resolved.stdout
+
+
+def test_the_index_is_read_for_a_user_with_pips_certificates(user):
+    """`python -m arcvllm.builder.index` (test-venvs' and the build's fetcher of pinned
+    files) for a user whose environment names no CA file: its HTTP clients' own bundles
+    refused this machine's index ("CERTIFICATE_VERIFY_FAILED", reported as "has no
+    vllm-0.20.2.tar.gz"), where pip, with its configured cert, did not."""
+    venv = user_venv(user)
+    sha256 = "0b0a0bbfad8ac5c1e0a2ffb71a5d0b6bc1d1d35c56d41a15d15d5a3e5b9d1ee1"  # not checked here
+    found = user.run(
+        str(venv / "bin" / "python"), "-m", "arcvllm.builder.index", "vllm", "vllm-0.20.2.tar.gz",
+        sha256, timeout=300,
+    )  # fmt: skip
+    out = found.stdout + found.stderr
+    assert "cannot read" not in out and "CERTIFICATE_VERIFY_FAILED" not in out, out
+    # the listed sum differs from the made-up one: the index answered with the file's entry
+    assert "vllm-0.20.2.tar.gz has sha256" in out or found.stdout.startswith("http"), out
