@@ -28,7 +28,7 @@ def servers(tmp_path_factory, tiny_model):
     started = {}
     try:
         for preset in (SPECULATIVE, PLAIN):
-            tmp = tmp_path_factory.mktemp(preset)
+            tmp = tmp_path_factory.mktemp("mtp" if preset == SPECULATIVE else "plain")
             started[preset] = start_preset_server(python, preset, tiny_model, tmp, {})
         for proc, url, log in started.values():
             wait_healthy(proc, url, log)
