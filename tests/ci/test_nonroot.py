@@ -263,16 +263,19 @@ def test_a_user_in_the_engines_group_makes_the_standin_base_from_a_python_of_the
 
     entry = standins.load().entry("base-image")
     theirs = user.home / ".pyenv" / "versions"
+    source = standins.host_python(entry["python"]["host_globs"])
+    named = {}
     if user.as_root:  # the test's own CPython, copied as the user's (root's is mode 700 here)
-        source = standins.host_python(entry["python"]["host_globs"])
         skip = shutil.ignore_patterns(*standin_base.SKIP)
         shutil.copytree(source, theirs / source.name, symlinks=True, ignore=skip)
         subprocess.run(["chown", "-R", f"{user.name}:", str(user.home / ".pyenv")], check=True)
+    else:  # the user's own, under the HOME the tests do not give it
+        named[standins.PYTHON_ENV] = str(source)
     image = f"arcvllm-test-standin-{os.getpid()}:base"
     before = apt_state()
     try:
         made = user.run(str(user_venv(user) / "bin" / "python"), "-c", MAKE_BASE, image,
-                        str(user.home / "scratch"), timeout=900)  # fmt: skip
+                        str(user.home / "scratch"), timeout=900, **named)  # fmt: skip
         assert made.returncode == 0, made.stdout + made.stderr[-3000:]
         if user.as_root:
             assert made.stdout.strip().startswith(str(theirs)), made.stdout
