@@ -8,6 +8,7 @@ without editing the project.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import ssl
@@ -20,12 +21,12 @@ from arcvllm.errors import ArcvllmError, Unavailable, UsageError
 from arcvllm.stack import Stack
 
 
-def pip_config() -> dict[str, list[str]]:
-    """What pip installs from here: its index-url, extra-index-url, find-links and the CA
-    file it verifies them with (cert), from the PIP_* environment, else pip's config
-    (global, then install), as pip reads them."""
+@functools.cache
+def _pip_config_list() -> str:
+    """`pip config list`, asked once a process (index_url, uv_sources and every fetch's
+    ca_bundle read it)."""
     try:
-        out = subprocess.run(
+        return subprocess.run(
             [sys.executable, "-m", "pip", "config", "list"],
             capture_output=True,
             text=True,
@@ -33,6 +34,13 @@ def pip_config() -> dict[str, list[str]]:
         ).stdout
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise Unavailable(f"cannot ask pip for its index: {exc}") from None
+
+
+def pip_config() -> dict[str, list[str]]:
+    """What pip installs from here: its index-url, extra-index-url, find-links and the CA
+    file it verifies them with (cert), from the PIP_* environment, else pip's config
+    (global, then install), as pip reads them."""
+    out = _pip_config_list()
     found: dict[str, list[str]] = {}
     for line in out.splitlines():
         key, _, value = line.partition("=")
@@ -121,14 +129,17 @@ def project_files(project: str, index: str | None = None) -> list[tuple[str, str
     return [(p.filename, (p.digests or {}).get("sha256")) for p in packages]
 
 
-def find_file(project: str, wanted, index: str | None = None) -> tuple[str, str, str | None]:
-    """(filename, URL, listed sha256) of the first file of PROJECT for which WANTED(name)."""
+def find_file(
+    project: str, wanted, index: str | None = None, what: str = "such file"
+) -> tuple[str, str, str | None]:
+    """(filename, URL, listed sha256) of the first file of PROJECT for which WANTED(name);
+    none is "has no WHAT" (an index that does not answer says so itself, in _packages)."""
     index = index or index_url()
     for package in _packages(project, index):
         if wanted(package.filename):
             listed = (package.digests or {}).get("sha256")
             return package.filename, package.url.split("#", 1)[0], listed
-    raise Unavailable(f"index {index} has no such file for project {project}")
+    raise Unavailable(f"index {index} has no {what} for project {project}")
 
 
 def upload_time(project: str, filename: str, index: str | None = None) -> str:
@@ -143,12 +154,7 @@ def upload_time(project: str, filename: str, index: str | None = None) -> str:
 def file_url(project: str, filename: str, sha256: str, index: str | None = None) -> str:
     """The download URL of FILENAME in PROJECT's index page; its listed sha256 must match."""
     index = index or index_url()
-    try:
-        _, url, listed = find_file(project, lambda name: name == filename, index)
-    except Unavailable as exc:
-        if "cannot read" in str(exc):  # the index did not answer: not an absent file
-            raise
-        raise Unavailable(f"index {index} has no {filename} for project {project}") from None
+    _, url, listed = find_file(project, lambda name: name == filename, index, what=filename)
     if listed and listed != sha256:
         raise ArcvllmError(f"index {index}: {filename} has sha256 {listed}, the pin says {sha256}")
     return url
