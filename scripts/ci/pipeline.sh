@@ -32,6 +32,10 @@ fi
 # Every step's temporary files (pip, vLLM, torch's Inductor cache) under build/, not /tmp.
 export TMPDIR=$PWD/build/tmp
 mkdir -p "$TMPDIR"
+# The foreground's output kept too: the run's last lines name what failed (CI shows a tail).
+exec > >(tee "$TMPDIR/main.log") 2>&1
+failed_steps=$TMPDIR/failed-steps
+rm -f "$failed_steps"
 before=$(ls -A /tmp)
 cpu_ready=$TMPDIR/cpu-images-ready
 cpu_tests_done=$TMPDIR/cpu-tests-done
@@ -52,6 +56,7 @@ step() {
 		echo "<== $* ($((SECONDS - start)) s)"
 	else
 		echo "<== $* ($((SECONDS - start)) s, FAILED: exit $rc)"
+		echo "$* (exit $rc)" >>"$failed_steps"
 	fi
 	return "$rc"
 }
@@ -131,6 +136,7 @@ print(*(s["name"] for s in json.load(sys.stdin) if s["flavor"] == "xpu" and not 
 				test_step make test-images-xpu XPU_TESTS="$tests"
 			else
 				echo "<== make test-venvs: FAILED (the rehearsal tests of $stack not run)"
+				echo "make test-venvs (the rehearsal tests of $stack not run)" >>"$failed_steps"
 				[[ $status != 0 ]] || status=1
 			fi
 		elif [[ $status == 0 ]]; then
@@ -221,6 +227,13 @@ df -h "$PWD" | tail -n 1
 if [[ -s $ARCVLLM_MEASURED ]]; then
 	echo "==> measured by the tests"
 	cat "$ARCVLLM_MEASURED"
+fi
+# What failed, last, where a tail shows it: each failed step, and pytest's lines naming
+# the tests that failed in either stream.
+if [[ -s $failed_steps ]]; then
+	echo "==> failed steps"
+	cat "$failed_steps"
+	grep -hE '^(FAILED|ERROR) ' "$TMPDIR/main.log" "$TMPDIR/images.log" | cut -c 1-300 || true
 fi
 rm -rf "$TMPDIR"
 left=$(comm -13 <(echo "$before") <(ls -A /tmp))
