@@ -680,7 +680,11 @@ def kernel_rows(
     return rows, failures, notes
 
 
-def check_presets(found: Mapping[str, Preset], given: Sequence[str], doc: dict) -> int:
+def check_presets(
+    found: Mapping[str, Preset], given: Sequence[str], doc: dict, text: list[str]
+) -> int:
+    """The kernel table and memory fit of FOUND into DOC and TEXT (`presets --check`);
+    GIVEN: VERSION=PYTHON[:SITE] releases instead of the test venvs'."""
     from arcvllm import presets as P
 
     stacks = xpu_stacks()
@@ -699,11 +703,9 @@ def check_presets(found: Mapping[str, Preset], given: Sequence[str], doc: dict) 
     doc["fit"] = [dict(zip(("preset", "gpus", "per_gpu", "fit"), r, strict=True)) for r in fits[1:]]
     doc["problems"] += [f"{f}: the release has no XPU path for it" for f in failures]
     doc["problems"] += [f"{name} does not fit its GPUs" for name in too_big]
-    if not doc["json"]:
-        print("\nXPU kernels each stack's vLLM selects (its own code, platform = XPU)")
-        print(columns(rows))
-        for note in notes:
-            print(f"note: {note}")
-        print(f"\nMemory per GPU: gpu-memory-utilization x {P.GPU_GIB:.0f} GiB")
-        print(columns(fits))
+    text.append("\nXPU kernels each stack's vLLM selects (its own code, platform = XPU)")
+    text.append(columns(rows))
+    text += [f"note: {note}" for note in notes]
+    text.append(f"\nMemory per GPU: gpu-memory-utilization x {P.GPU_GIB:.0f} GiB")
+    text.append(columns(fits))
     return status(bool(failures or too_big))

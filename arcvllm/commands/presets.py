@@ -17,21 +17,22 @@ def _cmd_presets(args: argparse.Namespace) -> int:
     if not args.check:
         print(presets.listing(found).render(args.json))
         return 0
-    status, doc = presets.run_checks(found, args.defects_file, args.json, _kernels(args, found))
-    if args.json:
-        print(json.dumps(doc, indent=2))
+    status, doc, text = presets.run_checks(found, args.defects_file, _kernels(args, found))
+    print(json.dumps(doc, indent=2) if args.json else text)
     for problem in doc["problems"]:
         print(f"arcvllm: {problem}", file=sys.stderr)
     return status
 
 
-def _kernels(args: argparse.Namespace, found: dict) -> Callable[[dict[str, Any]], int] | None:
+def _kernels(
+    args: argparse.Namespace, found: dict
+) -> Callable[[dict[str, Any], list[str]], int] | None:
     """--kernels: the kernel table and memory fit of arcvllm.builder.kernels, else None."""
     if not args.kernels:
         return None
     from arcvllm.builder import kernels
 
-    return lambda doc: kernels.check_presets(found, args.release, doc)
+    return lambda doc, text: kernels.check_presets(found, args.release, doc, text)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

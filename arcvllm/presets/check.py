@@ -125,8 +125,11 @@ def check_all(
     return results
 
 
-def check_arguments(presets: Mapping[str, Preset], doc: dict[str, Any]) -> int | None:
-    """The argument check with this Python's vLLM; None when this Python has no vLLM."""
+def check_arguments(
+    presets: Mapping[str, Preset], doc: dict[str, Any], text: list[str]
+) -> int | None:
+    """The argument check with this Python's vLLM, its table into TEXT; None when this
+    Python has no vLLM."""
     try:
         version = installed_vllm_version()
     except ImportError:
@@ -134,9 +137,8 @@ def check_arguments(presets: Mapping[str, Preset], doc: dict[str, Any]) -> int |
     results = check_all(presets.values(), version, stack_vllm_versions())
     doc["vllm"] = version
     doc["arguments"] = [{"preset": name, "result": result} for name, result in results]
-    if not doc["json"]:
-        print(f"vLLM {version}: presets parsed with its own argument parser")
-        print(columns([("PRESET", "RESULT"), *results]))
+    text.append(f"vLLM {version}: presets parsed with its own argument parser")
+    text.append(columns([("PRESET", "RESULT"), *results]))
     if not any(r == "ok" for _, r in results):
         doc["problems"].append("no preset covers this vLLM version")
         return status(True)
@@ -181,9 +183,12 @@ def defect_settings(preset: Preset) -> defects.Settings:
     )
 
 
-def check_defects(presets: Mapping[str, Preset], ledger_path: Path | None, doc: dict) -> int:
+def check_defects(
+    presets: Mapping[str, Preset], ledger_path: Path | None, doc: dict, text: list[str]
+) -> int:
     """Each XPU preset x XPU stack against the defect ledger, and the default XPU stack
-    against the one the ledger picks (exit 1 when they differ). Pure: no vLLM needed."""
+    against the one the ledger picks (exit 1 when they differ), the table into TEXT. Pure:
+    no vLLM needed."""
     from arcvllm import defects, stack
 
     ledger = defects.load(ledger_path)
@@ -212,13 +217,12 @@ def check_defects(presets: Mapping[str, Preset], ledger_path: Path | None, doc: 
         doc["default_xpu_stack"] = default_names["xpu"]
     if problem:
         doc["problems"].append(problem)
-    if not doc["json"] and found:
-        print("Known defects (configs/defects.yaml) on each XPU stack's pins")
-        for name, pinned in pins.items():
-            print(f"  {defects.pins_line(name, pinned)}")
-        print(columns(defects.rows(found)))
+    if found:
+        text.append("Known defects (configs/defects.yaml) on each XPU stack's pins")
+        text += [f"  {defects.pins_line(name, pinned)}" for name, pinned in pins.items()]
+        text.append(columns(defects.rows(found)))
         if "default_xpu_stack" in doc and not problem:
-            print(
+            text.append(
                 f"default XPU stack {default_names['xpu']}: the newest clean for "
                 f"{DEFAULT_XPU_PRESET}\n"
             )
@@ -228,27 +232,25 @@ def check_defects(presets: Mapping[str, Preset], ledger_path: Path | None, doc: 
 def run_checks(
     presets: Mapping[str, Preset],
     ledger_path: Path | None,
-    as_json: bool,
-    kernels: Callable[[dict[str, Any]], int] | None = None,
-) -> tuple[int, dict[str, Any]]:
+    kernels: Callable[[dict[str, Any], list[str]], int] | None = None,
+) -> tuple[int, dict[str, Any], str]:
     """`arcvllm presets --check`: the stacks, the defect ledger, the arguments (with this
     Python's vLLM, if any) and KERNELS (the kernel table and memory fit, where the build
-    side runs it); each prints its table unless AS_JSON. The exit status and the document
-    (its problems for stderr)."""
-    doc: dict[str, Any] = {"json": as_json, "vllm": None, "problems": []}
+    side runs it). The exit status, the document (its problems for stderr) and each
+    check's table, as text."""
+    doc: dict[str, Any] = {"vllm": None, "problems": []}
+    text: list[str] = []
     versions = stack_vllm_versions()
     doc["problems"] += [line for p in presets.values() for line in stack_problems(p, versions)]
-    defects_status = check_defects(presets, ledger_path, doc)
-    code = check_arguments(presets, doc)
+    defects_status = check_defects(presets, ledger_path, doc, text)
+    code = check_arguments(presets, doc, text)
     if code is None:
-        if not as_json:
-            print("no vLLM in this Python: argument check left to the release's Python")
+        text.append("no vLLM in this Python: argument check left to the release's Python")
         code = 0
     code = max(code, defects_status)
     if doc["problems"]:
         code = max(code, 1)
     if kernels is not None:
-        code = max(code, kernels(doc))
-    del doc["json"]
+        code = max(code, kernels(doc, text))
     doc["ok"] = code == 0
-    return code, doc
+    return code, doc, "\n".join(text)
