@@ -126,25 +126,25 @@ MAKER_CAPS = (
 )  # fmt: skip
 # The maker's own shell: this host's apt snippets (a mirror's settings) for its apt, then
 # mmdebstrap from that mirror, the tar on stdout. Arguments: suite, mirror, include, user
-# name, uid, gid; the hooks' $1 is mmdebstrap's root.
+# name, uid, gid; DEBS_AT and APT_AT in its environment; the hooks' $1 is mmdebstrap's root.
 MAKER = r"""
 set -eu
 suite=$1 mirror=$2 include=$3 user=$4 uid=$5 gid=$6
-cp /host-apt/99* /etc/apt/apt.conf.d/ 2>/dev/null || true
+cp "$APT_AT"/99* /etc/apt/apt.conf.d/ 2>/dev/null || true
 apt-get update -qq >&2 && apt-get install -y -qq --no-install-recommends mmdebstrap >&2
 # for the hooks (each its own shell)
 export PIP_CONF='[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n'
 export JUNK='var/cache/apt/archives var/lib/apt/lists'
 set --
-for f in /host-apt/99*; do [ ! -f "$f" ] || set -- "$@" "--aptopt=$f"; done
+for f in "$APT_AT"/99*; do [ ! -f "$f" ] || set -- "$@" "--aptopt=$f"; done
 exec mmdebstrap --quiet --variant=minbase --include="$include" "$@" \
     --customize-hook='rm -f "$1/etc/apt/apt.conf.d/99mmdebstrap"' \
-    --customize-hook='cp /standin-debs/*.deb "$1/tmp/"' \
+    --customize-hook='cp "$DEBS_AT"/*.deb "$1/tmp/"' \
     --customize-hook='chroot "$1" sh -c "dpkg -i /tmp/*.deb && rm /tmp/*.deb"' \
     --customize-hook="chroot \"\$1\" groupadd -g $gid $user" \
     --customize-hook="chroot \"\$1\" useradd -m -u $uid -g $gid -s /bin/bash $user" \
     --customize-hook='printf "$PIP_CONF" >"$1/etc/pip.conf"' \
-    --customize-hook='cp /host-apt/99* "$1/etc/apt/apt.conf.d/" 2>/dev/null || :' \
+    --customize-hook='cp "$APT_AT"/99* "$1/etc/apt/apt.conf.d/" 2>/dev/null || :' \
     --customize-hook='cd "$1" && find $JUNK -maxdepth 1 -type f -delete' \
     "$suite" - "$mirror"
 """
@@ -180,8 +180,10 @@ def build(
         args = [entry["suite"], mirror, ",".join(entry["runtime_debs"].split()), user["name"],
                 str(user["uid"]), str(user["gid"])]  # fmt: skip
         make = subprocess.Popen(
-            [docker, "run", "--rm", *MAKER_CAPS, "-v", f"{debs}:{DEBS_AT}:ro",
-             "-v", f"/etc/apt/apt.conf.d:{APT_AT}:ro", maker, "sh", "-c", MAKER, "maker", *args],
+            [docker, "run", "--rm", *MAKER_CAPS,
+             "-e", f"DEBS_AT={DEBS_AT}", "-v", f"{debs}:{DEBS_AT}:ro",
+             "-e", f"APT_AT={APT_AT}", "-v", f"/etc/apt/apt.conf.d:{APT_AT}:ro",
+             maker, "sh", "-c", MAKER, "maker", *args],
             stdout=subprocess.PIPE,
             stderr=(work / "maker.log").open("w"),
         )  # fmt: skip
