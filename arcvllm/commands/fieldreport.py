@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 from arcvllm import options
 from arcvllm.operate import fieldreport
@@ -60,10 +62,45 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", default="reports/field-report.tar.gz", help="the tarball (*.tar.gz)")
     add_options(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=_cmd)
 
 
-def run(args: argparse.Namespace) -> int:
-    """The report of ARGS: both `field-report` and `deploy field-report` (which names the
-    deployment's compose project, service, image and settings file)."""
-    return fieldreport.run(args)
+def asked_of(
+    args: argparse.Namespace, compose: str, service: str, image: str, env_file: Path | None
+) -> fieldreport.Asked:
+    """The report add_options' ARGS ask for (and --preset) of the deployment that COMPOSE
+    (the command prefix), SERVICE, IMAGE and ENV_FILE (its settings file) name."""
+    return fieldreport.Asked(
+        compose,
+        service,
+        image,
+        preset=args.preset,
+        env_file=env_file,
+        api_key=args.api_key,
+        docker=args.docker,
+        smoke=not args.no_smoke,
+        verify=not args.no_verify,
+        verify_rows=args.verify_rows,
+        bench=not args.no_bench,
+        bench_args=args.bench_args,
+        restart=args.restart,
+    )
+
+
+def made(asked: fieldreport.Asked, out: Path, as_json: bool) -> int:
+    """The report ASKED in the tarball OUT, its summary printed (AS_JSON: its path and each
+    step's exit status): both `field-report` and `deploy field-report`."""
+    tarball = fieldreport.make(asked, out)
+    if as_json:
+        steps = [{"name": s.name, "rc": s.rc, "seconds": s.seconds} for s in tarball.steps]
+        failed = [s.name for s in tarball.steps if s.rc != 0]
+        print(json.dumps({"out": str(out), "steps": steps, "failed": failed}, indent=2))
+    else:
+        print(tarball.summary, end="")
+        print(f"field report: {out}")
+    return 0
+
+
+def _cmd(args: argparse.Namespace) -> int:
+    asked = asked_of(args, args.compose, args.service, args.image, args.env_file)
+    return made(asked, Path(args.out), args.json)

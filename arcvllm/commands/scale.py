@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from pathlib import Path
+from typing import Any
 
 from arcvllm import options
-from arcvllm.operate import scale
+from arcvllm.operate import replicas, scale
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -46,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     made.add_argument("--out", type=Path, required=True, help="the file to write")
     made.add_argument("--dev-root", default="/", help=argparse.SUPPRESS)
     options.add_json(made)
-    made.set_defaults(func=scale.write_replicas_file)
+    made.set_defaults(func=_render)
     stop = sub.add_parser(
         "down",
         help="stop and remove the scale-out project (volumes kept unless --purge)",
@@ -75,5 +78,69 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             f"({scale.PROJECT})",
         )
         options.add_json(each)
-    start.set_defaults(func=scale.up)
-    stop.set_defaults(func=scale.down)
+    start.set_defaults(func=_up)
+    stop.set_defaults(func=_down)
+
+
+def start_of(args: argparse.Namespace) -> scale.Start:
+    """What `scale up`'s ARGS ask to start."""
+    return scale.Start(
+        env_file=args.env_file,
+        project=args.project,
+        replicas=args.replicas,
+        cpu=args.cpu,
+        monitoring=args.monitoring,
+        timeout=args.timeout,
+        router_timeout=args.router_timeout,
+        dev_root=Path(args.dev_root),
+    )
+
+
+def said(started: scale.Started, as_json: bool) -> int:
+    """What `scale up` prints of STARTED (AS_JSON: as JSON), each replica down named on
+    stderr: the exit status (degraded, with a replica down)."""
+    if as_json:
+        down = [{"replica": r, "why": why} for r, why in started.failed.items()]
+        doc: dict[str, Any] = {"project": started.project, "replicas": started.serving}
+        doc |= {"gateway": f"https://127.0.0.1:{started.port}", "down": down}
+        doc |= {"degraded": bool(started.failed), "profiles": started.profiles}
+        print(json.dumps(doc, indent=2))
+    else:
+        print(
+            f"{len(started.serving)} of {len(started.replicas)} replicas healthy behind the "
+            f"router, gateway on port {started.port}"
+        )
+    for name, why in started.failed.items():
+        print(f"arcvllm: degraded: replica {name} is down (stopped): {why}", file=sys.stderr)
+    return scale.DEGRADED if started.failed else 0
+
+
+def _up(args: argparse.Namespace) -> int:
+    return said(scale.up(start_of(args)), args.json)
+
+
+def _render(args: argparse.Namespace) -> int:
+    out = args.out.resolve()
+    cards = scale.write_replicas_file(args.replicas, out, Path(args.dev_root))
+    if args.json:
+        rows = [
+            {"replica": replicas.name(i), "slot": c.slot, "render": c.path, "gid": c.gid}
+            for i, c in enumerate(cards)
+        ]
+        print(json.dumps({"file": str(out), "replicas": rows}, indent=2))
+        return 0
+    for i, card in enumerate(cards):
+        print(f"{replicas.name(i)}: {card.slot} {card.path} (GID {card.gid})")
+    print(f"wrote {out}")
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    scale.down(args.env_file, args.project, args.purge)
+    if args.json:
+        print(json.dumps({"project": args.project, "down": True, "volumes_removed": args.purge}))
+    elif args.purge:
+        print(f"{args.project}: down; its named volumes (compile caches, Prometheus data) removed")
+    else:
+        print(f"{args.project}: down; named volumes kept (compile caches, Prometheus data)")
+    return 0

@@ -14,7 +14,6 @@ Hugging Face token is replaced by `<redacted>` in every file, the commands inclu
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import os
@@ -32,6 +31,7 @@ from pathlib import Path
 from arcvllm import options
 from arcvllm.docker import docker_binary
 from arcvllm.errors import UsageError
+from arcvllm.operate.canary import ROWS as CANARY_ROWS
 from arcvllm.operate.host import api_key_file
 from arcvllm.paths import checkout_root
 
@@ -207,22 +207,47 @@ def key_file_secret(settings: Mapping[str, str]) -> set[str]:
         return set()
 
 
-def collect(opts: argparse.Namespace, settings: Mapping[str, str]) -> Collector:
-    c = Collector(opts.compose, opts.service, secrets_from({**os.environ, **settings}))
-    key = opts.api_key or settings.get("VLLM_API_KEY", "")
+@dataclass(frozen=True)
+class Asked:
+    """What a field report is of and what it runs (`arcvllm field-report`'s options): the
+    deployment's compose command prefix, service and image; the preset (None: the
+    container's $ARCVLLM_PRESET); the settings file, whose secrets are redacted and whose
+    VLLM_API_KEY is the key unless API_KEY is given; the docker client (None: arcvllm's
+    one choice); and the steps beside the always-run ones."""
+
+    compose: str
+    service: str
+    image: str
+    preset: str | None = None
+    env_file: Path | None = None
+    api_key: str | None = None
+    docker: str | None = None
+    smoke: bool = True
+    verify: bool = True
+    verify_rows: str = ",".join(CANARY_ROWS)  # `arcvllm verify --rows`
+    bench: bool = True
+    bench_args: str = SHORT_BENCH
+    restart: bool = False  # last: the warm restart timed to healthy
+
+
+def collect(asked: Asked, settings: Mapping[str, str]) -> Collector:
+    """Every step of the report ASKED, with SETTINGS (the settings file's): what each
+    step made."""
+    c = Collector(asked.compose, asked.service, secrets_from({**os.environ, **settings}))
+    key = asked.api_key or settings.get("VLLM_API_KEY", "")
     c.secrets |= {key} if key else set()
     c.secrets |= key_file_secret(settings)
     me = f"{shlex.quote(sys.executable)} -m arcvllm"
-    preset = opts.preset or c.exec("preset.txt", "printenv ARCVLLM_PRESET").stdout.strip()
+    preset = asked.preset or c.exec("preset.txt", "printenv ARCVLLM_PRESET").stdout.strip()
     # With the deployment's settings file: its RENDER_GID is checked against the host's nodes.
-    env_file = f" --env-file {shlex.quote(str(opts.env_file))}" if opts.env_file else ""
+    env_file = f" --env-file {shlex.quote(str(asked.env_file))}" if asked.env_file else ""
     c.shell("host/doctor.json", f"{me} doctor --json --preset {shlex.quote(preset)}{env_file}")
     c.exec("container/doctor.json", "arcvllm doctor --json")
     c.add("host/versions.txt", "read /proc, /sys, /lib/firmware, dpkg", host_versions())
-    docker = shlex.quote(opts.docker or docker_binary())
+    docker = shlex.quote(asked.docker or docker_binary())
     labels = c.shell(
         "image/labels.json",
-        f"{docker} image inspect --format '{{{{json .Config.Labels}}}}' {shlex.quote(opts.image)}",
+        f"{docker} image inspect --format '{{{{json .Config.Labels}}}}' {shlex.quote(asked.image)}",
     )
     manifest = _label(labels.stdout, "org.arcvllm.patches.manifest")
     if manifest:
@@ -244,7 +269,7 @@ def collect(opts: argparse.Namespace, settings: Mapping[str, str]) -> Collector:
     # The devices as the image's PyTorch sees them (arcvllm/serving/probe.py); its exit
     # status is part of what it says (3: no device, 1: one computes wrong).
     c.exec("container/xpu-probe.txt", 'arcvllm gpus --probe 2>&1; echo "exit $?"')
-    if not opts.no_smoke:
+    if asked.smoke:
         # Inside the container, against the server itself: the gateway in front serves
         # neither /tokenize nor /metrics, which the smoke test reads. The key is the
         # container's own ($VLLM_API_KEY_FILE, else $VLLM_API_KEY): never on a command line.
@@ -255,28 +280,28 @@ def collect(opts: argparse.Namespace, settings: Mapping[str, str]) -> Collector:
             f"--preset {shlex.quote(preset)} --out {out}",
         )
         c.exec("smoke/smoke.json", f"cat {out} 2>/dev/null || echo '{{}}'")
-    if not opts.no_verify:
+    if asked.verify:
         # A bounded set of the verify suite's rows (the canary's by default): is the
         # output right, the model itself the oracle (docs/verify.md).
         out = "/tmp/arcvllm-field-verify.json"
         c.exec(
             "verify/verify.txt",
             f"rm -f {out}; arcvllm verify --base-url http://127.0.0.1:8000 "
-            f"--preset {shlex.quote(preset)} --rows {shlex.quote(opts.verify_rows)} --out {out}",
+            f"--preset {shlex.quote(preset)} --rows {shlex.quote(asked.verify_rows)} --out {out}",
         )
         c.exec("verify/verify.json", f"cat {out} 2>/dev/null || echo '{{}}'")
-    if not opts.no_bench:
+    if asked.bench:
         out = "/tmp/arcvllm-field-bench"
         c.exec(
             "bench/bench.txt",
             f"rm -rf {out} && arcvllm bench --base-url http://127.0.0.1:8000 "
-            f"--preset {shlex.quote(preset)} --out {out} {opts.bench_args}",
+            f"--preset {shlex.quote(preset)} --out {out} {asked.bench_args}",
         )
         c.exec("bench/bench.json", f"cat {out}/bench.json")
-    c.shell("server.log", f"{opts.compose} logs --no-color --tail=5000 {opts.service}")
-    if opts.restart:
+    c.shell("server.log", f"{asked.compose} logs --no-color --tail=5000 {asked.service}")
+    if asked.restart:
         # Last: the caches are warm from the steps above; the log is already taken.
-        command = restart_command(opts.compose, opts.service, int(c.timeout) - 30)
+        command = restart_command(asked.compose, asked.service, int(c.timeout) - 30)
         c.shell("restart/restart.txt", command)
         c.exec("restart/compile-caches.txt", caches_command())
     return c
@@ -369,23 +394,24 @@ def write(path: Path, c: Collector, text_summary: str) -> list[str]:
     return names
 
 
-def run(args: argparse.Namespace) -> int:
-    """The report of ARGS (add_options' and --compose, --service, --image): the tarball."""
+@dataclass(frozen=True)
+class Tarball:
+    """A field report made: its path, the steps that made its files, its summary."""
+
+    path: Path
+    steps: list[Step]
+    summary: str  # redacted
+
+
+def make(asked: Asked, out: Path) -> Tarball:
+    """The report ASKED into OUT (*.tar.gz, else a UsageError)."""
     from arcvllm.operate.settings import load
 
-    settings = load(args.env_file) if args.env_file else {}
-    out = Path(args.out)
+    settings = load(asked.env_file) if asked.env_file else {}
     if not out.name.endswith(".tar.gz"):
         raise UsageError(f"--out {out}: name the tarball *.tar.gz")
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    collector = collect(args, settings)
+    collector = collect(asked, settings)
     text = redact(summary(collector, started), collector.secrets)
     write(out, collector, text)
-    if args.json:
-        steps = [{"name": s.name, "rc": s.rc, "seconds": s.seconds} for s in collector.steps]
-        failed = [s.name for s in collector.steps if s.rc != 0]
-        print(json.dumps({"out": str(out), "steps": steps, "failed": failed}, indent=2))
-    else:
-        print(text, end="")
-        print(f"field report: {out}")
-    return 0
+    return Tarball(out, collector.steps, text)

@@ -12,12 +12,10 @@ shutdown_timeout). Named volumes (compile caches, Prometheus history) stay unles
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +26,14 @@ from arcvllm.client.api import Client, WaitTimeout, wait_until
 from arcvllm.docker import docker_binary
 from arcvllm.errors import Degraded, Unavailable, UsageError
 from arcvllm.operate import compose, replicas
-from arcvllm.operate.host import DEFAULT_PORT, Host, api_key_file, check_api_key_file, effective
+from arcvllm.operate.host import (
+    DEFAULT_PORT,
+    Host,
+    RenderNode,
+    api_key_file,
+    check_api_key_file,
+    effective,
+)
 from arcvllm.operate.settings import load as load_settings
 
 PROJECT = "arcvllm-scale"
@@ -149,6 +154,7 @@ class Deployment:
 
 
 Health = Callable[[str], str]  # replica -> "healthy", "starting" or why it is not serving
+Status = Callable[[str], int | None]  # URL -> the HTTP status it answers (None: no answer)
 
 
 def docker_health(dep: Deployment, profiles: tuple[str, ...]) -> Health:
@@ -247,57 +253,90 @@ def check_alert_receiver(env_file: Path) -> None:
     )
 
 
-def up(args: argparse.Namespace, health: Health | None = None, status=None) -> int:
-    """HEALTH (a replica's state) and STATUS (the router's answer) default to asking
-    Docker and the router's container; tests pass their own."""
-    p = layout(args.replicas, args.cpu, args.monitoring)
-    # The replicas and the gateway get the key as the compose secret `api-key`.
-    values = load_settings(args.env_file.resolve())
+@dataclass(frozen=True)
+class Start:
+    """What `scale up` is asked to start."""
+
+    env_file: Path  # the settings file
+    project: str
+    replicas: int  # one B70 each (XPU), or the CPU profile's 2
+    cpu: bool
+    monitoring: bool  # Prometheus and Alertmanager too
+    timeout: float  # seconds for every replica's health
+    router_timeout: float  # seconds for the router's readiness
+    dev_root: Path = Path("/")  # the host's /sys and /dev under it
+
+
+@dataclass(frozen=True)
+class Started:
+    """What `scale up` started: the replicas serving behind the router, those down (each
+    with why: degraded), the gateway's published port and the compose profiles."""
+
+    project: str
+    replicas: tuple[str, ...]  # all that were started
+    serving: tuple[str, ...]
+    failed: dict[str, str]  # replica: why it is down
+    port: str
+    profiles: tuple[str, ...]
+
+
+def checked(start: Start) -> dict[str, str]:
+    """Before anything starts: the key file the replicas and the gateway get (the compose
+    secret `api-key`), Alertmanager's receiver (--monitoring), and for XPU the replicas'
+    compose file for this host's B70s written. The settings file's settings."""
+    env_file = start.env_file.resolve()
+    values = load_settings(env_file)
     check_api_key_file(api_key_file(values, docker_dir(), os.environ))
-    if args.monitoring:
-        check_alert_receiver(args.env_file.resolve())
-    dep = Deployment(args.env_file.resolve(), project=args.project)
-    if not args.cpu:
-        cards = replicas.pick(Host(root=Path(args.dev_root)), args.replicas)
-        replicas.write(cards, docker_dir() / "compose.scale.yaml", state_dir(args.project))
+    if start.monitoring:
+        check_alert_receiver(env_file)
+    if not start.cpu:
+        cards = replicas.pick(Host(root=start.dev_root), start.replicas)
+        replicas.write(cards, docker_dir() / "compose.scale.yaml", state_dir(start.project))
+    return values
+
+
+def serve(
+    dep: Deployment, p: Layout, start: Start, health: Health, status: Status | None
+) -> dict[str, str]:
+    """The replicas first, with compose.yaml's gateway (https, the key: the published
+    port); the router last, told only the replicas that became healthy: at its start it
+    waits for every worker it is given, and gives up on them all after
+    ROUTER_WORKER_STARTUP_TIMEOUT_SECS (vllm-router's wait_for_healthy_workers). The
+    replicas down (stopped, each with why); Unavailable when none is healthy."""
+    compose_up(dep, p.profiles, *p.replicas, *p.extras, "gateway")
+    failed = wait_replicas(p.replicas, health, start.timeout)
+    if len(failed) == len(p.replicas):
+        first, *others = failed
+        rest = f"; nor did {', '.join(others)}" if others else ""
+        raise Unavailable(f"replica {first} {failed[first]}{rest}")
+    if failed:
+        dep.stop(tuple(failed), p.profiles)  # stopped: restart: unless-stopped holds it
+    serving = [r for r in p.replicas if r not in failed]
+    dep.overrides["ROUTER_WORKER_URLS"] = p.worker_urls(serving)
+    compose_up(dep, p.profiles, "--no-deps", p.router)
+    status = status or status_inside(dep, p.router, p.profiles)
+    wait_router("http://127.0.0.1:8000", start.router_timeout, status=status)
+    return failed
+
+
+def up(start: Start, health: Health | None = None, status: Status | None = None) -> Started:
+    """START's replicas, the gateway and the router, waited for until they serve; on any
+    failure everything started is taken down again (the volumes kept). HEALTH (a replica's
+    state) and STATUS (the router's answer) default to asking Docker and the router's
+    container; tests pass their own."""
+    p = layout(start.replicas, start.cpu, start.monitoring)
+    values = checked(start)
+    dep = Deployment(start.env_file.resolve(), project=start.project)
     port = effective("PORT", values, os.environ, DEFAULT_PORT)
     try:
-        # The replicas first, with compose.yaml's gateway (https, the key: the published
-        # port); the router last, told only the replicas that became healthy: at its start
-        # it waits for every worker it is given, and gives up on them all after
-        # ROUTER_WORKER_STARTUP_TIMEOUT_SECS (vllm-router's wait_for_healthy_workers).
-        services = (*p.replicas, *p.extras, "gateway")
-        compose_up(dep, p.profiles, *services)
-        failed = wait_replicas(p.replicas, health or docker_health(dep, p.profiles), args.timeout)
-        if len(failed) == len(p.replicas):
-            first, *others = failed
-            rest = f"; nor did {', '.join(others)}" if others else ""
-            raise Unavailable(f"replica {first} {failed[first]}{rest}")
-        if failed:
-            dep.stop(tuple(failed), p.profiles)  # stopped: restart: unless-stopped holds it
-        serving = [r for r in p.replicas if r not in failed]
-        dep.overrides["ROUTER_WORKER_URLS"] = p.worker_urls(serving)
-        compose_up(dep, p.profiles, "--no-deps", p.router)
-        status = status or status_inside(dep, p.router, p.profiles)
-        wait_router("http://127.0.0.1:8000", args.router_timeout, status=status)
+        failed = serve(dep, p, start, health or docker_health(dep, p.profiles), status)
     except BaseException:
         # Nothing left half-started; the volumes (compile caches) are kept.
         dep.down(p.profiles)
-        shutil.rmtree(state_dir(args.project), ignore_errors=True)
+        shutil.rmtree(state_dir(start.project), ignore_errors=True)
         raise
-    if args.json:
-        gateway = f"https://127.0.0.1:{port}"
-        doc = {"project": args.project, "replicas": serving, "gateway": gateway}
-        doc |= {"down": [{"replica": r, "why": why} for r, why in failed.items()]}
-        print(json.dumps({**doc, "degraded": bool(failed), "profiles": list(p.profiles)}, indent=2))
-    else:
-        print(
-            f"{len(serving)} of {len(p.replicas)} replicas healthy behind the router, "
-            f"gateway on port {port}"
-        )
-    for name, why in failed.items():
-        print(f"arcvllm: degraded: replica {name} is down (stopped): {why}", file=sys.stderr)
-    return DEGRADED if failed else 0
+    serving = tuple(r for r in p.replicas if r not in failed)
+    return Started(start.project, p.replicas, serving, failed, port, p.profiles)
 
 
 def compose_up(dep: Deployment, profiles: tuple[str, ...], *services: str) -> None:
@@ -305,44 +344,29 @@ def compose_up(dep: Deployment, profiles: tuple[str, ...], *services: str) -> No
     dep.compose().up(*services, profiles=profiles)
 
 
-def write_replicas_file(args: argparse.Namespace) -> int:
-    """`scale render`: the replicas' file and its by-path folders beside it (OUT's folder)."""
-    cards = replicas.pick(Host(root=Path(args.dev_root)), args.replicas)
-    out = args.out.resolve()
+def write_replicas_file(count: int, out: Path, dev_root: Path = Path("/")) -> list[RenderNode]:
+    """`scale render`: the replicas' file of COUNT B70s of the host (its /sys and /dev under
+    DEV_ROOT) at OUT, their by-path folders beside it: the B70s, in the replicas' order."""
+    cards = replicas.pick(Host(root=dev_root), count)
+    out = out.resolve()
     made = replicas.write(cards, docker_dir() / "compose.scale.yaml", out.parent)
     if made != out:
         made.replace(out)
-    if args.json:
-        rows = [
-            {"replica": replicas.name(i), "slot": c.slot, "render": c.path, "gid": c.gid}
-            for i, c in enumerate(cards)
-        ]
-        print(json.dumps({"file": str(out), "replicas": rows}, indent=2))
-        return 0
-    for i, card in enumerate(cards):
-        print(f"{replicas.name(i)}: {card.slot} {card.path} (GID {card.gid})")
-    print(f"wrote {out}")
-    return 0
+    return cards
 
 
 ALL_PROFILES = ("scale", "cpu-scale", "monitoring")
 CPU_REPLICAS = ("vllm-cpu-0", "vllm-cpu-1")
 
 
-def down(args: argparse.Namespace) -> int:
-    dep = Deployment(args.env_file.resolve(), project=args.project)
+def down(env_file: Path, project: str = PROJECT, purge: bool = False) -> None:
+    """Stop and remove PROJECT; its named volumes too with PURGE."""
+    dep = Deployment(env_file.resolve(), project=project)
     # The vLLM servers first, so that the router and the gateway carry the streams they
     # drain to the end (compose down alone stops the router before them).
     dep.stop((*dep.xpu_replicas(), *CPU_REPLICAS), ALL_PROFILES)
-    result = dep.down(ALL_PROFILES, purge=args.purge)
+    result = dep.down(ALL_PROFILES, purge=purge)
     if result.returncode != 0:
         lines = result.stderr.strip().splitlines() or ["(no output)"]
         raise Unavailable(f"compose down failed: {lines[-1]}")
-    shutil.rmtree(state_dir(args.project), ignore_errors=True)
-    if args.json:
-        print(json.dumps({"project": args.project, "down": True, "volumes_removed": args.purge}))
-    elif args.purge:
-        print(f"{args.project}: down; its named volumes (compile caches, Prometheus data) removed")
-    else:
-        print(f"{args.project}: down; named volumes kept (compile caches, Prometheus data)")
-    return 0
+    shutil.rmtree(state_dir(project), ignore_errors=True)

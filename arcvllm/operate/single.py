@@ -1,29 +1,25 @@
-"""`arcvllm deploy`: compose.yaml's single server and its gateway, as `make up` runs them.
+"""compose.yaml's single server and its gateway, as `make up` runs them (`arcvllm deploy`).
 
-A deployment is named by the settings file (docker/arcvllm.env), the flavour (default:
-xpu where this host has a render node, else cpu), the stack (default: the flavour's
-default stack), the preset (default: the stack's), the image, the gateway image and the
-port (each: the shell's, else the settings file's, else arcvllm:STACK, the side image of
-configs/stacks.yaml, 8443), and a compose project. `up` checks the settings file, the
-key file and, for a preset whose model is under /models, the model in MODELS_DIR before
-compose starts anything; `smoke` starts a project of its own on its own
-port with a throwaway key and self-signed certificate (made here, the one place), runs
-the smoke test through the gateway, saves the server's log beside the report and removes
-the project with its volumes and the secrets, pass or fail. `bench`, `doctor` and
-`field-report` take the same names. `--dry-run` prints the compose commands.
+A deployment is named (Names) by the settings file, the flavour, the stack, the preset,
+the image, the gateway image, the port and a compose project; resolve gives each name
+left out its default (Single). `up` checks the settings file, the key file and, for a
+preset whose model is under /models, the model in MODELS_DIR before compose starts
+anything. A Trial is the smoke test's or verify's project of its own on its own port,
+with a throwaway key and self-signed certificate (made here, the one place), removed with
+its volumes and the secrets, pass or fail. Runs on the operator's host, where `docker
+compose` runs, next to the checkout.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import secrets
 import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,20 +100,36 @@ class Single:
 PRESET_SETTING = {"xpu": "ARCVLLM_PRESET", "cpu": "CPU_PRESET"}
 
 
+@dataclass(frozen=True)
+class Names:
+    """What names a deployment (`arcvllm deploy`'s options); None: resolve's default."""
+
+    env_file: Path
+    project: str = PROJECT
+    flavor: str | None = None
+    stack: str | None = None
+    preset: str | None = None
+    image: str | None = None
+    gateway_image: str | None = None
+    port: str | None = None
+    gpus_file: Path | None = None
+
+
 def resolve(
-    args: argparse.Namespace,
+    names: Names,
     environ: Mapping[str, str] = os.environ,
     dri_dir: Path = DRI_DIR,
     strict: bool = True,
 ) -> Single:
-    """The deployment ARGS name (add_names). STRICT: the settings file must pass its check
-    (anything that starts a server); else an unreadable one is compose's to report.
+    """The deployment NAMES name, with the defaults of the names left out. STRICT: the
+    settings file must pass its check (anything that starts a server); else an unreadable
+    one is compose's to report.
 
-    The preset: --preset, else the shell's or the settings file's ARCVLLM_PRESET (XPU) or
-    CPU_PRESET (CPU), else the stack's. A preset named alone chooses the flavour and, when
+    The preset: the one named, else the shell's or the settings file's ARCVLLM_PRESET (XPU)
+    or CPU_PRESET (CPU), else the stack's. A preset named alone chooses the flavour and, when
     the flavour's default stack is not one of its stacks, its first stack. A preset that
     is unknown, of the other flavour or not for the stack is a usage error."""
-    env_file = Path(args.env_file).resolve()
+    env_file = names.env_file.resolve()
     try:
         values = settings.load(env_file)
     except ArcvllmError:
@@ -125,12 +137,12 @@ def resolve(
             raise
         values = {}
     stacks, defaults = stack.load()
-    if args.stack is not None and args.stack not in stacks:
-        raise UsageError(f"unknown stack {args.stack!r}; stacks: {', '.join(stacks)}")
-    named = get_preset(args.preset) if getattr(args, "preset", None) else None
+    if names.stack is not None and names.stack not in stacks:
+        raise UsageError(f"unknown stack {names.stack!r}; stacks: {', '.join(stacks)}")
+    named = get_preset(names.preset) if names.preset else None
     flavor = (
-        args.flavor
-        or (stacks[args.stack].flavor if args.stack else None)
+        names.flavor
+        or (stacks[names.stack].flavor if names.stack else None)
         or (named.flavor if named else None)
         or default_flavor(dri_dir)
     )
@@ -139,8 +151,8 @@ def resolve(
         chosen = get_preset(value)
     if chosen is not None and chosen.flavor != flavor:
         raise UsageError(f"preset {chosen.name} is {chosen.flavor}, not {flavor}")
-    name = args.stack or defaults[flavor]
-    if args.stack is None and chosen is not None and name not in chosen.stacks:
+    name = names.stack or defaults[flavor]
+    if names.stack is None and chosen is not None and name not in chosen.stacks:
         name = next((s for s in chosen.stacks if s in stacks), name)
     if stacks[name].flavor != flavor:
         raise UsageError(f"stack {name} is {stacks[name].flavor}, not {flavor}")
@@ -157,11 +169,11 @@ def resolve(
         flavor=flavor,
         stack=name,
         preset=preset.name,
-        image=args.image or effective("IMAGE", values, environ, f"arcvllm:{name}"),
-        port=str(args.port or effective("PORT", values, environ, DEFAULT_PORT)),
-        gateway_image=args.gateway_image or effective("GATEWAY_IMAGE", values, environ, gateway),
-        project=args.project,
-        gpus_file=Path(args.gpus_file).resolve() if args.gpus_file else compose.gpus_file(),
+        image=names.image or effective("IMAGE", values, environ, f"arcvllm:{name}"),
+        port=str(names.port or effective("PORT", values, environ, DEFAULT_PORT)),
+        gateway_image=names.gateway_image or effective("GATEWAY_IMAGE", values, environ, gateway),
+        project=names.project,
+        gpus_file=names.gpus_file.resolve() if names.gpus_file else compose.gpus_file(),
         render_gid=environ.get("RENDER_GID") or render_gid(dri_dir),
         models_dir=models_mount(preset, flavor, values, environ),
     )
@@ -274,12 +286,16 @@ class ComposeServer:
         self.log.write_text(self.project.logs(self.service))
         self.project.down(volumes=True)
 
+    @property
+    def logs_shell(self) -> str:
+        """The shell line that prints the server's log so far."""
+        return self.project.shell("logs", "--no-color", self.service)
+
     def commands(self) -> list[str]:
         """What start and stop run, as shell lines (--dry-run)."""
         return [
             self.project.shell("up", "-d", self.service, compose.GATEWAY),
-            f"{self.project.shell('logs', '--no-color', self.service)} > "
-            f"{shlex.quote(str(self.log))}",
+            f"{self.logs_shell} > {shlex.quote(str(self.log))}",
             self.project.shell("down", "-v"),
         ]
 
@@ -301,170 +317,156 @@ def smoke_project(single: Single, folder: Path, env_file: Path) -> compose.Proje
     return single.compose(env_file, **extra)
 
 
-def smoke(args: argparse.Namespace) -> int:
-    from arcvllm.client.log import LogSource
-    from arcvllm.smoke.session import finish, options_from
+@dataclass(frozen=True)
+class Trial:
+    """A test of the deployment (the smoke test, verify) in a compose project of its own
+    on its own port: its server, whose log goes beside REPORT, and the throwaway key and
+    certificate in SECRETS."""
 
-    single = resolve(args)
-    folder = Path(args.secrets).resolve()
-    out = smoke_report(single, args.out, args.emulate_high_addresses)
-    log = out.with_suffix(".log")
-    env_file = single.env_file
-    if args.emulate_high_addresses:
-        env_file = emulated(env_file, checkout_root() / "build" / "smoke-emulated.env")
-    project = smoke_project(single, folder, env_file)
-    if args.dry_run:
-        print("\n".join(ComposeServer(project, single.service, log).commands()))
-        return 0
-    args.out = str(out)
-    check_model(single)
+    single: Single
+    secrets: Path  # absolute
+    report: Path
+    server: ComposeServer
+
+    @property
+    def log(self) -> Path:
+        return self.server.log
+
+    @property
+    def base_url(self) -> str:
+        return f"https://127.0.0.1:{self.single.port}"  # the gateway
+
+    @property
+    def ca_cert(self) -> str:
+        return str(self.secrets / "cert.pem")
+
+    def options(self, key: str) -> dict[str, Any]:
+        """What the checks are told of the server: its URL, preset, KEY, CA certificate
+        and log."""
+        from arcvllm.client.log import LogSource
+
+        log = LogSource(cmd=self.server.logs_shell)
+        return {"base_url": self.base_url, "preset": self.single.preset, "api_key": key,
+                "ca_cert": self.ca_cert, "log": log}  # fmt: skip
+
+
+def trial_of(single: Single, secrets: Path, report: Path, env_file: Path | None = None) -> Trial:
+    """SINGLE's test project, with the settings of ENV_FILE (default: SINGLE's), the
+    throwaway secrets in SECRETS, the server's log beside REPORT."""
+    folder = secrets.resolve()
+    project = smoke_project(single, folder, env_file or single.env_file)
+    server = ComposeServer(project, single.service, report.with_suffix(".log"))
+    return Trial(single, folder, report, server)
+
+
+def smoke_trial(single: Single, secrets: Path, given: str | None, emulate: bool) -> Trial:
+    """The smoke test's project, its report smoke_report's; EMULATE: the server's settings
+    with the high-address emulation on (build/smoke-emulated.env)."""
+    env_file = None
+    if emulate:
+        env_file = emulated(single.env_file, checkout_root() / "build" / "smoke-emulated.env")
+    return trial_of(single, secrets, smoke_report(single, given, emulate), env_file)
+
+
+def verify_trial(single: Single, secrets: Path, given: str | None) -> Trial:
+    """Verify's project, its report GIVEN, else reports/verify-STACK.json."""
+    return trial_of(single, secrets, Path(given or f"reports/verify-{single.stack}.json"))
+
+
+@contextmanager
+def secrets_made(trial: Trial, stop: bool = False) -> Iterator[str]:
+    """Once the preset's model is checked: the throwaway key (yielded) and certificate,
+    and the XPU server's GPU file; at the end, pass or fail, with STOP the server stopped
+    (its log saved, the project removed), then the secrets removed."""
+    check_model(trial.single)
     try:
-        key = make_secrets(folder)
-        write_gpus(single)
-        opts = options_from(
-            args,
-            base_url=f"https://127.0.0.1:{single.port}",
-            preset=single.preset,
-            api_key=key,
-            ca_cert=str(folder / "cert.pem"),
-            log=LogSource(cmd=project.shell("logs", "--no-color", single.service)),
-            lifecycle=ComposeServer(project, single.service, log),
-            health_timeout=args.health_timeout or SMOKE_HEALTH_TIMEOUT[single.flavor],
-        )
-        report = finish(args, opts)
+        key = make_secrets(trial.secrets)
+        write_gpus(trial.single)
+        yield key
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
-    print(f"server log: {log}", file=sys.stderr)
-    if report.verdict != "pass":
-        return CheckFailed.exit_code
-    if args.emulate_high_addresses:
-        if EMULATION_BANNER not in log.read_text(errors="replace"):
-            raise CheckFailed(f"no emulation banner in {log}: the emulation was not on")
-        print(f"smoke: pass, emulation banner in {log}", file=sys.stderr)
-    return 0
+        if stop:
+            trial.server.stop()
+        shutil.rmtree(trial.secrets, ignore_errors=True)
 
 
-def verify(args: argparse.Namespace) -> int:
-    """`arcvllm verify` through the gateway of a project of its own, stopped after: the
-    deployment's acceptance test before it takes traffic (docs/verify.md)."""
+def start(trial: Trial, key: str, timeout: float) -> None:
+    """Start the trial's server and wait until it is healthy: Unavailable after TIMEOUT s."""
     from arcvllm.client.api import Client, WaitTimeout
-    from arcvllm.client.log import LogSource
-    from arcvllm.verify.session import finish, options_from
 
-    single = resolve(args)
-    folder = Path(args.secrets).resolve()
-    out = Path(args.out or f"reports/verify-{single.stack}.json")
-    log = out.with_suffix(".log")
-    project = smoke_project(single, folder, single.env_file)
-    logs = project.shell("logs", "--no-color", single.service)
-    server = ComposeServer(project, single.service, log)
-    if args.dry_run:
-        print("\n".join(server.commands()))
-        return 0
-    args.out = str(out)
-    check_model(single)
-    base_url, cert = f"https://127.0.0.1:{single.port}", str(folder / "cert.pem")
+    trial.server.start()
     try:
-        key = make_secrets(folder)
-        write_gpus(single)
-        server.start()
-        timeout = args.health_timeout or SMOKE_HEALTH_TIMEOUT[single.flavor]
-        try:
-            Client(base_url, key, ca_cert=cert).wait_healthy(timeout)
-        except WaitTimeout as exc:
-            raise Unavailable(f"the server did not start: {exc} (its log: {log})") from exc
-        opts = options_from(
-            args, base_url=base_url, preset=single.preset, api_key=key, ca_cert=cert,
-            log=LogSource(cmd=logs),
-        )  # fmt: skip
-        report = finish(args, opts)
-    finally:
-        server.stop()
-        shutil.rmtree(folder, ignore_errors=True)
-    print(f"server log: {log}", file=sys.stderr)
-    return 0 if report.verdict == "pass" else CheckFailed.exit_code
+        Client(trial.base_url, key, ca_cert=trial.ca_cert).wait_healthy(timeout)
+    except WaitTimeout as exc:
+        raise Unavailable(f"the server did not start: {exc} (its log: {trial.log})") from exc
+
+
+def health_timeout(single: Single, given: float | None) -> float:
+    """Seconds to wait for the server: GIVEN, else the flavour's model load and warm-up."""
+    return given or SMOKE_HEALTH_TIMEOUT[single.flavor]
+
+
+def check_emulated(log: Path) -> None:
+    """The server's LOG has the emulation's banner: it ran with the emulation on."""
+    if EMULATION_BANNER not in log.read_text(errors="replace"):
+        raise CheckFailed(f"no emulation banner in {log}: the emulation was not on")
 
 
 # ---- the other actions ----
 
 
-def said(single: Single, project: compose.Project, args: tuple[str, ...], ran: bool) -> None:
-    """--json: the deployment and the compose command (run, or not with --dry-run)."""
-    doc: dict[str, Any] = {"project": single.project, "service": single.service}
-    doc["image"] = single.image
-    doc |= {"port": single.port, "command": project.argv(*args), "ran": ran}
-    print(json.dumps(doc))
+def starting(single: Single) -> tuple[str, ...]:
+    """The compose command that starts the server and the gateway."""
+    return ("up", "-d", single.service, compose.GATEWAY)
 
 
-def up(args: argparse.Namespace) -> int:
-    single = resolve(args, strict=not args.dry_run)
+def stopping(volumes: bool) -> tuple[str, ...]:
+    """The compose command that stops and removes them (VOLUMES: the cache volumes too)."""
+    return ("down", *(("-v",) if volumes else ()))
+
+
+def following(single: Single, tail: int) -> tuple[str, ...]:
+    """The compose command that follows the server's log from its last TAIL lines."""
+    return ("logs", "-f", f"--tail={tail}", single.service)
+
+
+def up(single: Single) -> None:
+    """Check the deployment (check), write the GPU file (XPU), then start the server and
+    the gateway, compose's output passed through: Unavailable when compose fails."""
     project = single.compose()
-    start = ("up", "-d", single.service, compose.GATEWAY)
-    if not args.dry_run:
-        check(single)
-        write_gpus(single)
-        status = passed_through(project, *start)
-        if status != 0:
-            raise Unavailable(
-                f"compose up of {single.service} and the gateway failed (exit {status})"
-            )
-    if args.json:
-        said(single, project, start, not args.dry_run)
-    elif args.dry_run:
-        print(project.shell(*start))
-    return 0
+    check(single)
+    write_gpus(single)
+    status = passed_through(project, *starting(single))
+    if status != 0:
+        raise Unavailable(f"compose up of {single.service} and the gateway failed (exit {status})")
 
 
-def down(args: argparse.Namespace) -> int:
-    single = resolve(args, strict=False)
-    stop = ("down", *(("-v",) if args.volumes else ()))
-    status = 0 if args.dry_run else passed_through(single.compose(), *stop)
-    if args.json:
-        said(single, single.compose(), stop, not args.dry_run)
-    elif args.dry_run:
-        print(single.compose().shell(*stop))
-    return status
+def down(single: Single, volumes: bool = False) -> int:
+    """Stop and remove the deployment (VOLUMES: its cache volumes too): compose's status."""
+    return passed_through(single.compose(), *stopping(volumes))
 
 
-def logs(args: argparse.Namespace) -> int:
-    single = resolve(args, strict=False)
-    follow = ("logs", "-f", f"--tail={args.tail}", single.service)
-    if args.json or args.dry_run:
-        if args.json:
-            said(single, single.compose(), follow, False)
-        else:
-            print(single.compose().shell(*follow))
-        return 0
-    return passed_through(single.compose(), *follow)
+def logs(single: Single, tail: int) -> int:
+    """Follow the server's log from its last TAIL lines: compose's exit status."""
+    return passed_through(single.compose(), *following(single, tail))
 
 
-def key(args: argparse.Namespace) -> int:
-    """The key file compose hands out (--out, else the settings file's VLLM_API_KEY_FILE),
-    made so the containers' UID 1000 reads it: its path is printed, never the key."""
+def key(env_file: Path, out: Path | None = None, force: bool = False) -> Path:
+    """The key file compose hands out (OUT, else ENV_FILE's VLLM_API_KEY_FILE), made so the
+    containers' UID 1000 reads it (FORCE: an existing one replaced): its absolute path."""
     from arcvllm.operate.host import new_api_key_file
 
-    values = settings.load(Path(args.env_file))
-    path = Path(args.out) if args.out else api_key_file(values, compose.docker_dir(), os.environ)
-    new_api_key_file(path.resolve(), replace=args.force)
-    print(json.dumps({"file": str(path.resolve())}) if args.json else path.resolve())
-    return 0
+    values = settings.load(env_file)
+    path = out or api_key_file(values, compose.docker_dir(), os.environ)
+    new_api_key_file(path.resolve(), replace=force)
+    return path.resolve()
 
 
 BENCH_SCRATCH = "/tmp/arcvllm-bench"  # inside the container
 
 
-def bench(args: argparse.Namespace) -> int:
-    """The benchmark inside the running service (where vLLM, the tokenizer and matplotlib
-    are), its results copied out to --out; with --vllm-python, from this host instead."""
-    single = resolve(args)
-    out = Path(args.out)
-    extra = [*shlex.split(args.bench_args), *(["--json"] if args.json else [])]
-    if args.vllm_python:
-        argv = [sys.executable, "-m", "arcvllm", "bench", "--base-url"]
-        argv += [f"http://127.0.0.1:{single.port}", "--preset", single.preset]
-        argv += ["--vllm-python", args.vllm_python, "--out", str(out)]
-        argv += ["--tokenizer", args.tokenizer] if args.tokenizer else []
-        return subprocess.run([*argv, *extra]).returncode
+def bench(single: Single, out: Path, extra: Sequence[str] = ()) -> int:
+    """The benchmark (`arcvllm bench`, EXTRA its options) inside the running service, where
+    vLLM, the tokenizer and matplotlib are, its results copied out to OUT: its exit status."""
     project = single.compose()
     inside: tuple[str, ...] = ("exec", "-T", single.service, "arcvllm", "bench", "--base-url")
     inside += ("http://127.0.0.1:8000", "--preset", single.preset, "--out", BENCH_SCRATCH)
@@ -482,8 +484,16 @@ def bench(args: argparse.Namespace) -> int:
         from arcvllm.bench.session import replot
 
         replot(out / "bench.json")
-    print(f"bench results in {out}", file=sys.stderr)
     return 0
 
 
-# ---- the command ----
+def bench_from_host(
+    single: Single, out: Path, extra: Sequence[str], vllm_python: str, tokenizer: str | None
+) -> int:
+    """The benchmark of the running service from this host, with VLLM_PYTHON's vLLM (and
+    TOKENIZER, the model's): its exit status."""
+    argv = [sys.executable, "-m", "arcvllm", "bench", "--base-url"]
+    argv += [f"http://127.0.0.1:{single.port}", "--preset", single.preset]
+    argv += ["--vllm-python", vllm_python, "--out", str(out)]
+    argv += ["--tokenizer", tokenizer] if tokenizer else []
+    return subprocess.run([*argv, *extra]).returncode

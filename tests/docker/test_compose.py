@@ -613,8 +613,6 @@ def test_a_missing_compose_tool_is_one_line(monkeypatch):
 def test_the_preset_deploy_up_names_is_the_servers_environment(tmp_path):
     """`arcvllm deploy up --preset X` hands compose X: compose's own rendering of the
     project it runs gives each flavour's server ARCVLLM_PRESET=X over the settings file's."""
-    import argparse
-
     from arcvllm.operate import single
 
     compose_binary()
@@ -624,9 +622,9 @@ def test_the_preset_deploy_up_names_is_the_servers_environment(tmp_path):
         ("xpu", "qwen3.6-35b-a3b-w4a16-2xb70", "vllm"),
         ("cpu", "tiny-hybrid-cpu-mtp", "vllm-cpu"),
     ):
-        names = argparse.Namespace(
+        names = single.Names(
             env_file=ENV_FILE, flavor=flavor, stack=None, preset=preset, image=None,
-            gateway_image=None, port=None, project="opr-preset", gpus_file=str(gpus),
+            gateway_image=None, port=None, project="opr-preset", gpus_file=gpus,
         )  # fmt: skip
         project = single.resolve(names, environ={}, dri_dir=tmp_path).compose()
         done = subprocess.run(

@@ -9,7 +9,6 @@ container's environment, which is that file, leaves the TP=2 preset both GPUs
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import ssl
@@ -203,10 +202,12 @@ def test_field_report_tarball_has_every_part_and_never_the_key(keyed_service, tm
 # ---- the deployment as named (arcvllm/operate/single.py), no engine ----
 
 
-def names(**given) -> argparse.Namespace:
+def names(**given):
+    from arcvllm.operate.single import Names
+
     fields = dict(env_file=TEMPLATE, flavor=None, stack=None, preset=None, image=None)
     fields |= dict(gateway_image=None, port=None, project="arcvllm", gpus_file=None)
-    return argparse.Namespace(**{**fields, **given})
+    return Names(**{**fields, **given})
 
 
 def test_a_deployment_named_by_flavour_alone_is_its_default_stack_and_the_stacks_preset(tmp_path):

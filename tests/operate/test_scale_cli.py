@@ -21,6 +21,7 @@ from support.processes import free_port
 from support.scale import ROUTER_IMAGE, SCALE, build_target, side_image
 
 from arcvllm import options
+from arcvllm.commands import scale as scale_command
 from arcvllm.errors import ArcvllmError
 from arcvllm.operate import replicas, scale
 
@@ -259,6 +260,14 @@ def up_args(**overrides) -> argparse.Namespace:
     return argparse.Namespace(**{**args, **overrides})
 
 
+def up(health, status, **overrides) -> int:
+    """`scale up` of up_args(OVERRIDES) as the command runs it, HEALTH and STATUS standing
+    in for Docker's and the router's answers: what it prints, and its exit status."""
+    args = up_args(**overrides)
+    started = scale.up(scale_command.start_of(args), health=health, status=status)
+    return scale_command.said(started, args.json)
+
+
 def test_an_up_that_fails_stops_what_it_started_and_keeps_the_volumes(tmp_path):
     calls = tmp_path / "compose-calls"
     stand_in = f'sh -c \'echo "$*" >> {calls}; case "$*" in *" up "*) exit 1;; esac\' compose'
@@ -273,7 +282,7 @@ def test_one_replica_never_healthy_is_stopped_alone_and_the_rest_serve(
 ):
     calls = recording_compose(tmp_path, monkeypatch)
     health = {"vllm-cpu-0": "healthy", "vllm-cpu-1": "starting"}.__getitem__
-    assert scale.up(up_args(), health=health, status=lambda url: 200) == scale.DEGRADED == 4
+    assert up(health, lambda url: 200) == scale.DEGRADED == 4
     assert [a[0] for a in actions(calls)] == ["up", "stop", "up"]
     assert actions(calls)[1] == ["stop", "vllm-cpu-1"]
     # The router last, told only the healthy one (it waits for every worker it is given).
@@ -291,7 +300,7 @@ def test_a_degraded_start_says_which_replica_is_down_in_json(tmp_path, monkeypat
     recording_compose(tmp_path, monkeypatch)
     exited = "it exited (code 1); see `docker logs` of it"
     health = {"vllm-cpu-0": exited, "vllm-cpu-1": "healthy"}.__getitem__
-    assert scale.up(up_args(json=True), health=health, status=lambda url: 200) == 4
+    assert up(health, lambda url: 200, json=True) == 4
     doc = json.loads(capsys.readouterr().out)
     assert doc["degraded"] is True and doc["replicas"] == ["vllm-cpu-1"]
     assert doc["down"] == [{"replica": "vllm-cpu-0", "why": f"never became healthy: {exited}"}]
@@ -299,7 +308,7 @@ def test_a_degraded_start_says_which_replica_is_down_in_json(tmp_path, monkeypat
 
 def test_all_replicas_healthy_is_not_degraded(tmp_path, monkeypatch, capsys):
     calls = recording_compose(tmp_path, monkeypatch)
-    assert scale.up(up_args(), health=lambda name: "healthy", status=lambda url: 200) == 0
+    assert up(lambda name: "healthy", lambda url: 200) == 0
     assert [a[0] for a in actions(calls)] == ["up", "up"]
     assert actions(calls)[0] == ["up", "-d", "vllm-cpu-0", "vllm-cpu-1", "gateway"]
     assert capsys.readouterr().err == ""
@@ -321,16 +330,16 @@ def test_the_gateway_port_shown_is_the_one_compose_publishes(
     else:
         monkeypatch.setenv("PORT", environment)
     healthy = {"health": lambda name: "healthy", "status": lambda url: 200}
-    assert scale.up(up_args(env_file=settings), **healthy) == 0
+    assert up(**healthy, env_file=settings) == 0
     assert capsys.readouterr().out.endswith(f"gateway on port {shown}\n")
-    assert scale.up(up_args(env_file=settings, json=True), **healthy) == 0
+    assert up(**healthy, env_file=settings, json=True) == 0
     assert json.loads(capsys.readouterr().out)["gateway"] == f"https://127.0.0.1:{shown}"
 
 
 def test_no_replica_healthy_stops_everything_without_removing_volumes(tmp_path, monkeypatch):
     calls = recording_compose(tmp_path, monkeypatch)
     with pytest.raises(ArcvllmError) as failure:
-        scale.up(up_args(), health=lambda name: "starting", status=lambda url: 200)
+        up(lambda name: "starting", lambda url: 200)
     assert failure.value.exit_code == 3
     assert str(failure.value) == (
         "replica vllm-cpu-0 never became healthy within 1 s; nor did vllm-cpu-1"
@@ -342,7 +351,7 @@ def test_a_router_without_a_worker_after_a_degraded_start_takes_it_all_down(tmp_
     calls = recording_compose(tmp_path, monkeypatch)
     health = {"vllm-cpu-0": "healthy", "vllm-cpu-1": "starting"}.__getitem__
     with pytest.raises(ArcvllmError, match="no healthy worker"):
-        scale.up(up_args(), health=health, status=lambda url: 503)
+        up(health, lambda url: 503)
     assert [a[0] for a in actions(calls)] == ["up", "stop", "up", "down"]
     assert "-v" not in actions(calls)[3]
 
@@ -354,7 +363,7 @@ def test_ctrl_c_while_waiting_stops_what_started_and_keeps_the_volumes(tmp_path,
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        scale.up(up_args(), health=interrupted, status=lambda url: 200)
+        up(interrupted, lambda url: 200)
     assert actions(calls)[-1] == ["down", "--remove-orphans"]
 
 
@@ -364,7 +373,7 @@ def test_a_failed_stop_of_the_unhealthy_replica_is_one_line_and_takes_it_all_dow
     calls = recording_compose(tmp_path, monkeypatch, fail_on=" stop ")
     health = {"vllm-cpu-0": "healthy", "vllm-cpu-1": "starting"}.__getitem__
     with pytest.raises(ArcvllmError, match="compose stop failed") as failure:
-        scale.up(up_args(), health=health, status=lambda url: 200)
+        up(health, lambda url: 200)
     assert failure.value.exit_code == 3
     assert [a[0] for a in actions(calls)] == ["up", "stop", "down"]  # no router started
 

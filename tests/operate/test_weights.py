@@ -328,18 +328,14 @@ def test_a_fetched_model_is_served_read_only_from_models_dir(cpu_image, tmp_path
 def test_the_folder_checked_is_the_folder_compose_mounts(tmp_path):
     """The CPU service's /models: CPU_MODELS_DIR (shell, settings file), else MODELS_DIR,
     absolute; none for a model inside the image. The XPU service's: MODELS_DIR."""
-    import argparse
-
     from arcvllm.operate import single
 
     mine = tmp_path / "mine.env"
     mine.write_text("MODELS_DIR=/srv/models\n")
-    fields = dict(env_file=mine, flavor=None, stack=None, image=None, gateway_image=None)
-    fields |= dict(port=None, project="arcvllm", gpus_file=None)
 
     def mount(preset: str, environ: dict[str, str]) -> Path | None:
-        args = argparse.Namespace(**fields, preset=preset)
-        return single.resolve(args, environ=environ, dri_dir=tmp_path).models_dir
+        names = single.Names(env_file=mine, project="arcvllm", preset=preset)
+        return single.resolve(names, environ=environ, dri_dir=tmp_path).models_dir
 
     cpu = "tiny-hybrid-cpu-models"
     assert mount(cpu, {}) == Path("/srv/models")
