@@ -2,11 +2,11 @@
 # `make test` on a fresh machine, inside scripts/ci/engine.sh (DOCKER_HOST set, base image
 # present): set-up, lint, every image, every test, each step timed. Two streams share the
 # machine:
-#   images (background): the stand-ins, the CPU image and the small images, the release
-#     rehearsal (make release into a local registry), the default XPU stack's rehearsal
-#     and its tests (once the test venvs are made: they run real vLLM releases' Python
-#     from build/venvs), the CPU image's second clean build (one digest with the
-#     release's);
+#   images (background): the stand-ins, the default XPU stack's rehearsal and its tests
+#     (once the test venvs are made: they run real vLLM releases' Python from
+#     build/venvs), the CPU image and the small images, the release rehearsal (make
+#     release into a local registry), the CPU image's second clean build (one digest with
+#     the release's);
 #   tests (foreground): the document commands (every shell block of README.md and docs/),
 #     the unit tests and the router's two clean builds while the test venvs are made, the
 #     tests of real vLLM releases (`presets --check` among them), those of the CPU images
@@ -53,9 +53,9 @@ step() {
 	echo "==> $*"
 	"$@" || rc=$?
 	if [[ $rc == 0 ]]; then
-		echo "<== $* ($((SECONDS - start)) s)"
+		echo "<== $* ($((SECONDS - start)) s; $(free_gb "$engine_root") GB free)"
 	else
-		echo "<== $* ($((SECONDS - start)) s, FAILED: exit $rc)"
+		echo "<== $* ($((SECONDS - start)) s, FAILED: exit $rc; $(free_gb "$engine_root") GB free)"
 		echo "$* (exit $rc)" >>"$failed_steps"
 	fi
 	return "$rc"
@@ -72,6 +72,8 @@ venvs_ok() {
 	wait_for "$venvs_status" "$venvs_pid" && [[ $(<"$venvs_status") == 0 ]]
 }
 
+# The engine's disk: each step's end line says what is free there.
+engine_root=$("$DOCKER" info --format '{{.DockerRootDir}}')
 status=0
 test_step() {
 	local rc=0
@@ -79,47 +81,38 @@ test_step() {
 	if [[ $rc != 0 && $status == 0 ]]; then status=$rc; fi
 }
 
-# Room on the engine's disk before the big builds (measured here): an XPU rehearsal peaks
-# at ~25 GB (its lock alone unpacks to 13 GB), and its probe torch (the patch and models
-# stages) adds ~7 GB of cache, which stays after its images go; the CPU image's --no-cache
-# build makes its layers again and a 2.9 GB layout.
-# Short of room, the build cache goes, once the CPU image's tests (the only builds beside
-# this stream, all cache hits) are done.
-XPU_ROOM_GB=36
+# Room on the engine's disk (measured here): an XPU rehearsal peaks at ~25 GB (its lock
+# alone unpacks to 13 GB, its probe torch for the patch and models stages adds ~7 GB of
+# cache), so it runs first, on an engine that holds nothing else, and its images and build
+# cache go before the CPU image is built; the CPU image's --no-cache build makes its layers
+# again and a 2.9 GB layout. Short of room then, the build cache goes once the CPU image's
+# tests (the only builds beside this stream, all cache hits) are done.
 REPRO_ROOM_GB=20
 RELEASE_CHECK_ROOM_GB=20
 # (Its own function: a redirect on `step` would swallow the step's timing lines too.)
 # shellcheck disable=SC2329 # run through step
 prune_build_cache() { "$DOCKER" builder prune -af >/dev/null; }
+# GB free where PATH is ("?" where df cannot tell: an engine on another host).
+free_gb() {
+	local gb
+	gb=$(df --output=avail -BG "$1" 2>/dev/null | tail -n 1 | tr -dc 0-9) || true
+	echo "${gb:-?}"
+}
 make_room() {
 	local free
-	free=$(df --output=avail -BG "$("$DOCKER" info --format '{{.DockerRootDir}}')" | tail -n 1 | tr -dc 0-9)
-	((free >= $1)) && return
+	free=$(free_gb "$engine_root")
+	[[ $free != "?" ]] && ((free < $1)) || return 0
 	echo "==> $free GB free, $1 wanted: the build cache goes after the CPU image's tests"
 	wait_for "$cpu_tests_done" "$main_pid" || true
 	step prune_build_cache
 }
 
-images() {
-	# A clean builder: a build cache another commit left holds layers whose files carry the
-	# time they were built, and the export's timestamp rewrite only clamps times after the
-	# commit's, so the release's build would take them and the --no-cache build would not
-	# (one digest each). A fresh machine has none; a reused one drops it here.
-	step prune_build_cache
-	# The stand-ins first: they are in the build context (build/wheelhouse/standins), and
-	# made after the CPU image they would change it and force a rebuild.
-	step make standins
-	step make build STACK=cpu
-	step make scale-images gateway-image
-	touch "$cpu_ready"
-	# make release into a local registry while the CPU layers are cached (the clean engine's
-	# pull, verify and smoke are release-check.sh's, after this run).
-	test_step make release-rehearsal
-	# The XPU rehearsal of each stack in XPU_CI_STACKS (default: the default stack; `all`,
-	# or names; the hosted CI runs every XPU stack's, one runner each: `make rehearsal`), then
-	# its tests (they run real vLLM releases' Python from build/venvs), then its images go
-	# (the containerd store holds an image twice: layer blobs and unpacked snapshots). The
-	# default stack's turn also runs the rehearsal tests that name no stack.
+# The XPU rehearsal of each stack in XPU_CI_STACKS (default: the default stack; `all`, or
+# names; the hosted CI runs every XPU stack's, one runner each: `make rehearsal`), then its
+# tests (they run real vLLM releases' Python from build/venvs), then its images and build
+# cache go (the containerd store holds an image twice: layer blobs and unpacked snapshots).
+# The default stack's turn also runs the rehearsal tests that name no stack.
+xpu_rehearsals() {
 	local stack default others stacks tests
 	default=$(.venv/bin/arcvllm stack default xpu)
 	others=$(.venv/bin/arcvllm stack list --json | .venv/bin/python -c 'import json, sys
@@ -127,7 +120,6 @@ print(*(s["name"] for s in json.load(sys.stdin) if s["flavor"] == "xpu" and not 
 	stacks=${XPU_CI_STACKS:-$default}
 	[[ $stacks != all ]] || stacks="$default $others"
 	for stack in ${stacks//,/ }; do
-		make_room "$XPU_ROOM_GB"
 		if step make build-xpu-ci STACK="$stack"; then
 			# (pytest -k: this stack's tests; the default's turn: those of no other stack too)
 			tests=$stack
@@ -143,7 +135,29 @@ print(*(s["name"] for s in json.load(sys.stdin) if s["flavor"] == "xpu" and not 
 			status=1
 		fi
 		"$DOCKER" image rm -f "arcvllm:$stack-ci" "arcvllm:$stack-ci-user" >/dev/null 2>&1 || true
+		step prune_build_cache
 	done
+}
+
+images() {
+	# A clean builder: a build cache another commit left holds layers whose files carry the
+	# time they were built, and the export's timestamp rewrite only clamps times after the
+	# commit's, so the release's build would take them and the --no-cache build would not
+	# (one digest each). A fresh machine has none; a reused one drops it here.
+	step prune_build_cache
+	# The stand-ins first: they are in the build context (build/wheelhouse/standins), and
+	# made after the CPU image they would change it and force a rebuild.
+	step make standins
+	# The XPU rehearsals while the engine holds nothing else (the foreground's unit tests
+	# and test-vllm need no image), their build cache gone after them: the CPU image's
+	# build starts from a clean builder.
+	xpu_rehearsals
+	step make build STACK=cpu
+	step make scale-images gateway-image
+	touch "$cpu_ready"
+	# make release into a local registry while the CPU layers are cached (the clean engine's
+	# pull, verify and smoke are release-check.sh's, after this run).
+	test_step make release-rehearsal
 	# Two clean builds of the CPU image give one digest: the release rehearsal's layout (its
 	# layers from this run's first build, on a new engine) against one more with --no-cache.
 	make_room "$REPRO_ROOM_GB"
@@ -221,8 +235,8 @@ if [[ $(cat "$images_status") != 0 ]]; then
 fi
 # The build cache goes, if release-check.sh's clean engine (the pulled CPU image and
 # gateway, ~5 GB) would be short of room.
-free=$(df --output=avail -BG "$PWD" | tail -n 1 | tr -dc 0-9)
-((free >= RELEASE_CHECK_ROOM_GB)) || step prune_build_cache || true
+free=$(free_gb "$PWD")
+[[ $free == "?" ]] || ((free >= RELEASE_CHECK_ROOM_GB)) || step prune_build_cache || true
 df -h "$PWD" | tail -n 1
 if [[ -s $ARCVLLM_MEASURED ]]; then
 	echo "==> measured by the tests"
