@@ -274,10 +274,13 @@ class Started:
 
     project: str
     replicas: tuple[str, ...]  # all that were started
-    serving: tuple[str, ...]
     failed: dict[str, str]  # replica: why it is down
     port: str
     profiles: tuple[str, ...]
+
+    @property
+    def serving(self) -> tuple[str, ...]:
+        return tuple(r for r in self.replicas if r not in self.failed)
 
 
 def checked(start: Start) -> dict[str, str]:
@@ -335,8 +338,7 @@ def up(start: Start, health: Health | None = None, status: Status | None = None)
         dep.down(p.profiles)
         shutil.rmtree(state_dir(start.project), ignore_errors=True)
         raise
-    serving = tuple(r for r in p.replicas if r not in failed)
-    return Started(start.project, p.replicas, serving, failed, port, p.profiles)
+    return Started(start.project, p.replicas, failed, port, p.profiles)
 
 
 def compose_up(dep: Deployment, profiles: tuple[str, ...], *services: str) -> None:
