@@ -123,18 +123,21 @@ if [[ ! -f $src/vllm/__init__.py ]]; then
 	rm "$src/vllm-0.34.0.tar.gz"
 fi
 
-# vLLM 0.23.0's source tree as its sdist ships it, and a Python that runs its setup.py the
-# way the XPU wheel build does (the build lock, and CPU torch in place of torch +xpu): the
-# build series' probe runs there on the pristine and the patched setup.py.
-src=$dest/sources/0.23.0
-if [[ ! -f $src/setup.py ]]; then
-	rm -rf "$src"
-	mkdir -p "$src"
-	sha256=$("$fetch" -m arcvllm stack get xpu-0.23 VLLM_SDIST_SHA256)
-	"$fetch" -m arcvllm.builder.index vllm vllm-0.23.0.tar.gz "$sha256" "$src" >/dev/null
-	tar -xzf "$src/vllm-0.23.0.tar.gz" -C "$src" --strip-components=1
-	rm "$src/vllm-0.23.0.tar.gz"
-fi
+# The source trees of vLLM 0.23.0 (the build series patches its setup.py) and 0.32.0
+# (its setup.py carries upstream's fix) as their sdists ship them, and a Python that runs
+# setup.py the way the XPU wheel build does (the build lock, and CPU torch in place of
+# torch +xpu): the build series' probe runs there on the pristine and the patched setup.py.
+for version in 0.23.0 0.32.0; do
+	src=$dest/sources/$version
+	if [[ ! -f $src/setup.py ]]; then
+		rm -rf "$src"
+		mkdir -p "$src"
+		sha256=$("$fetch" -m arcvllm stack get "xpu-${version%.*}" VLLM_SDIST_SHA256)
+		"$fetch" -m arcvllm.builder.index vllm "vllm-$version.tar.gz" "$sha256" "$src" >/dev/null
+		tar -xzf "$src/vllm-$version.tar.gz" -C "$src" --strip-components=1
+		rm "$src/vllm-$version.tar.gz"
+	fi
+done
 build_venv=$dest/vllm-build
 if [[ ! -f $build_venv/.stamp || $build_venv/.stamp -ot $root/configs/locks/vllm-build.txt ]]; then
 	rm -rf "$build_venv"

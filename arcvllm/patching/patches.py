@@ -4,7 +4,8 @@ For each patch the series selects for the target's version: a probe that already
 on the unpatched code means upstream carries the fix (the file is left alone); otherwise
 the patch must dry-run cleanly (GNU patch, no fuzz). Only when every selected patch is
 clean are they applied, and then every probe must pass; anything else restores every file
-it touched and fails with one line.
+it touched and fails with one line. Where the series has no variant and says the release
+carries the bug (`unpatched`), the probe must fail: a pass means the series is wrong.
 """
 
 from __future__ import annotations
@@ -188,10 +189,14 @@ def run_probes(target: Target, names: list[str], python: str) -> dict[str, dict[
         f"sys.argv = ['arcvllm-probe', *sys.argv[2:]]; runpy.run_path({probe.__file__!r}, "
         "run_name='__main__')"
     )
+    # The probe runs in a scratch directory: a relative interpreter path is the caller's.
+    interpreter = shutil.which(python) if os.sep not in python else os.path.abspath(python)
+    if interpreter is None or not os.access(interpreter, os.X_OK):
+        raise UsageError(f"--python {python}: no interpreter there")
     with tempfile.TemporaryDirectory(prefix="arcvllm-probe-") as scratch:
         env = dict(os.environ, VLLM_NO_USAGE_STATS="1", VLLM_CACHE_ROOT=scratch, TMPDIR=scratch)
         proc = subprocess.run(
-            [python, "-c", bootstrap, str(target.root), *names],
+            [interpreter, "-c", bootstrap, str(target.root), *names],
             capture_output=True,
             text=True,
             cwd=scratch,
@@ -238,8 +243,7 @@ def inspect_target(target: Target, the_series: series.Series, python: str) -> Pa
         if row.entry.expect == series.UNPATCHED:
             row.state = UNPATCHED
             row.detail = f"vLLM {target.version} carries the bug; no variant of the series fits it"
-            continue
-        if row.entry.expect == series.APPLY:
+        elif row.entry.expect == series.APPLY:
             assert row.entry.variant is not None
             if _patch(target, row.entry.variant.file, dry_run=True, reverse=True).returncode == 0:
                 row.state = APPLIED
@@ -257,6 +261,11 @@ def inspect_target(target: Target, the_series: series.Series, python: str) -> Pa
         row.probe = result["result"]
         if row.state in (PENDING, DRIFT) and row.probe == "pass":
             row.state, row.detail = UPSTREAM, "probe passes on the unpatched code"
+        elif row.state == UNPATCHED and row.probe == "pass":
+            row.detail = (
+                f"the series says vLLM {target.version} carries the bug, but probe "
+                f"{row.entry.patch.probe} passes on its code: its `affected` or `upstream` is wrong"
+            )
         elif result["detail"] and not row.detail:
             row.detail = result["detail"]
     return report
@@ -276,6 +285,10 @@ def apply(
     version = target.version
     for row in report.rows:
         patch = row.entry.patch
+        if row.state == UNPATCHED:
+            if row.probe == "pass":
+                raise CheckFailed(f"{patch.name}: {row.detail}")
+            continue  # the bug stays, as the series says (a probe error leaves it unconfirmed)
         if row.probe == "error":
             raise CheckFailed(f"probe {patch.probe} cannot run on vLLM {version}: {row.detail}")
         if row.state == UPSTREAM and row.probe != "pass":

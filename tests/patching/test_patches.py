@@ -406,7 +406,7 @@ def test_a_bug_without_a_variant_is_unpatched_in_status_apply_and_verify(tmp_pat
     status = patches(env, "status", "--series-file", str(the_series))
     assert status.returncode == 0, status.stderr
     rows = {line.split()[0]: line.split()[1:3] for line in status.stdout.splitlines()[2:5]}
-    assert rows["mamba-block-size-align-warning"] == ["unpatched", "-"]
+    assert rows["mamba-block-size-align-warning"] == ["unpatched", "fail"]  # the bug, probed
     assert rows["mamba-copy-uint64"] == ["pending", "fail"]
 
     out = tmp_path / "manifest.json"
@@ -482,28 +482,32 @@ def test_every_variant_applies_at_both_ends_of_its_range(patch_file, version):
 # --- the build series: a release's source tree, before its XPU wheel is built ---------
 
 
-def build_tree(tmp_path: Path) -> Path:
-    """A private copy of vLLM 0.23.0's sdist tree (scripts/test-venvs.sh)."""
-    src = VENVS / "sources" / "0.23.0"
+def build_tree(tmp_path: Path, version: str = "0.23.0") -> Path:
+    """A private copy of vLLM VERSION's sdist tree (scripts/test-venvs.sh)."""
+    src = VENVS / "sources" / version
     if not (src / "setup.py").is_file():
-        pytest.fail(f"no vLLM 0.23.0 source tree under {src}: run `make test-venvs`")
-    tree = tmp_path / "vllm-0.23.0"
+        pytest.fail(f"no vLLM {version} source tree under {src}: run `make test-venvs`")
+    tree = tmp_path / f"vllm-{version}"
     shutil.copytree(src, tree, ignore=shutil.ignore_patterns("tests", "docs", "benchmarks"))
     return tree
 
 
-def build_patches(tree: Path, *args: str) -> subprocess.CompletedProcess:
-    """`arcvllm patches ACTION --build` on TREE, its probe run by the build venv's Python."""
+def build_patches(
+    tree: Path, *args: str, version: str = "0.23.0", series_file: Path | None = None
+) -> subprocess.CompletedProcess:
+    """`arcvllm patches ACTION --build` on TREE (or ACTION --series-file SERIES_FILE), its
+    probe run by the build venv's Python."""
     python = VENVS / "vllm-build" / "bin" / "python"
     if not python.exists():
         pytest.fail(f"no build venv at {python}: run `make test-venvs`")
     action, *rest = args
+    which = ["--build"] if series_file is None else ["--series-file", str(series_file)]
     return subprocess.run(
-        [str(ROOT / ".venv" / "bin" / "arcvllm"), "patches", action, "--build",
+        [str(ROOT / ".venv" / "bin" / "arcvllm"), "patches", action, *which,
          "--target", str(tree), "--python", str(python), "--json", *rest],
         capture_output=True,
         text=True,
-        env={**os.environ, "SETUPTOOLS_SCM_PRETEND_VERSION": "0.23.0"},
+        env={**os.environ, "SETUPTOOLS_SCM_PRETEND_VERSION": version},
     )  # fmt: skip
 
 
@@ -530,3 +534,36 @@ def test_the_spinloop_patch_applies_to_023_and_its_probe_passes(tmp_path):
     (row,) = json.loads(applied.stdout)["patches"]
     assert (row["state"], row["probe_result"]) == ("applied", "pass")
     assert "if not _is_xpu():" in (tree / "setup.py").read_text()
+
+
+def test_0320s_own_setup_py_carries_the_spinloop_fix(tmp_path):
+    """0.27.0 and later skip the extension on XPU themselves: on 0.32.0's setup.py the
+    series expects `upstream`, its probe passes, and the tree is left alone."""
+    tree = build_tree(tmp_path, "0.32.0")
+    before = (tree / "setup.py").read_bytes()
+    applied = build_patches(tree, "apply", "--out", str(tmp_path / "m.json"), version="0.32.0")
+    assert applied.returncode == 0, applied.stderr
+    (row,) = json.loads(applied.stdout)["patches"]
+    assert (row["state"], row["probe_result"]) == ("upstream", "pass")
+    assert (tree / "setup.py").read_bytes() == before
+
+
+def test_a_series_that_says_the_bug_stays_where_the_probe_passes_is_refused(tmp_path):
+    """The series once dated the spinloop fix 0.33.0, so 0.32.0 was `unpatched` (the bug
+    stays) unchecked. Its probe now runs on such a release too: 0.32.0's own setup.py
+    passes it, and the build stops naming the wrong claim, the tree untouched."""
+    tree = build_tree(tmp_path, "0.32.0")
+    before = (tree / "setup.py").read_bytes()
+    old = tmp_path / "series"
+    shutil.copytree(ROOT / "patches" / "vllm" / "build", old)
+    text = (old / "series.yaml").read_text()
+    assert 'version: "0.27.0"' in text
+    (old / "series.yaml").write_text(text.replace('version: "0.27.0"', 'version: "0.33.0"'))
+    applied = build_patches(tree, "apply", version="0.32.0", series_file=old / "series.yaml")
+    assert applied.returncode == 1, applied.stdout + applied.stderr
+    assert applied.stderr.strip().splitlines() == [
+        "arcvllm: xpu-no-spinloop: the series says vLLM 0.32.0 carries the bug, but probe "
+        "xpu-build-no-spinloop passes on its code: its `affected` or `upstream` is wrong"
+    ]
+    assert (tree / "setup.py").read_bytes() == before
+    assert not (tree / "arcvllm-patches.json").exists()
