@@ -182,7 +182,7 @@ def test_presets_command_lists_name_model_gpus_and_stacks(capsys):
     out = capsys.readouterr().out
     assert out.splitlines()[0].split() == ["NAME", "MODEL", "GPUS", "STACKS"]
     line = next(ln for ln in out.splitlines() if ln.startswith("qwen3.6-35b-a3b-w4a16-2xb70 "))
-    assert "2x B70" in line and "xpu-0.23,xpu-0.33" in line and "/models/" in line
+    assert "2x B70" in line and "xpu-0.23,xpu-0.32,xpu-0.33" in line and "/models/" in line
 
 
 STACKS = {"xpu-0.20": "0.20.2", "xpu-0.23": "0.23.0", "xpu-0.33": "0.33.0", "cpu": "0.32.0"}

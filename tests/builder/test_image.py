@@ -21,6 +21,7 @@ from support import ROOT
 from support.docker import docker, docker_client, xpu_ci_image
 from support.entrypoint import ENTRYPOINT
 from support.processes import free_port
+from support.stacks import XPU_STACKS, XPU_VERSIONS
 
 from arcvllm import stack as stack_module
 from arcvllm.client.api import WaitTimeout, wait_until
@@ -335,7 +336,6 @@ def test_container_turns_healthy_and_serves_completions(cpu_image):
         docker("rm", "-f", "-v", cid, check=False)  # -v: its anonymous cache volume too
 
 
-XPU_CI_STACKS = [("xpu-0.20", "0.20.2"), ("xpu-0.23", "0.23.0"), ("xpu-0.33", "0.33.0")]
 SITE = "/opt/venv/lib/python3.12/site-packages"
 
 
@@ -363,7 +363,7 @@ def lock_pins(path: Path) -> dict[str, str]:
 
 @pytest.mark.xpu_ci
 @pytest.mark.docker
-@pytest.mark.parametrize("stack,version", XPU_CI_STACKS)
+@pytest.mark.parametrize("stack,version", XPU_VERSIONS)
 def test_the_xpu_venv_holds_exactly_the_locks_versions(engine, stack, version):
     """Everything the lock pins is installed at the lock's version: the wheel build's own
     tools (configs/locks/vllm-build.txt) never reach the runtime's venv. The only departures
@@ -393,7 +393,7 @@ def test_the_xpu_venv_holds_exactly_the_locks_versions(engine, stack, version):
 
 @pytest.mark.xpu_ci
 @pytest.mark.docker
-@pytest.mark.parametrize("stack,version", XPU_CI_STACKS)
+@pytest.mark.parametrize("stack,version", XPU_VERSIONS)
 def test_the_xpu_build_patches_are_the_plan(engine, stack, version):
     """The build series went into the release's source before its wheel was built, each
     patch checked by its probe on the real setup.py (0.23: no spinloop on XPU)."""
@@ -414,7 +414,7 @@ def test_the_xpu_build_patches_are_the_plan(engine, stack, version):
 
 @pytest.mark.xpu_ci
 @pytest.mark.docker
-@pytest.mark.parametrize("stack", [s for s, _ in XPU_CI_STACKS])
+@pytest.mark.parametrize("stack", [s for s, _ in XPU_VERSIONS])
 def test_the_xpu_runtime_user_is_vllm_with_uid_1000_on_the_ubuntu_shaped_base(engine, stack):
     """Ubuntu 24.04 ships `ubuntu` with UID 1000 (so does CI's stand-in base): the runtime
     stage makes the UID vllm's, in the render group."""
@@ -573,7 +573,7 @@ def test_the_rehearsal_builds_every_stage_up_to_models_and_the_runtimes_user(mon
     ]
 
 
-@pytest.mark.parametrize("name", ["xpu-0.20", "xpu-0.23", "xpu-0.33"])
+@pytest.mark.parametrize("name", XPU_STACKS)
 def test_the_rehearsal_runs_the_probes_with_the_locks_torch_version(name):
     """CI's stand-in for torch +xpu where the build runs torch (arcvllm/ci/standins.yaml
     probe-torch): the package index's build of the lock's torch version, every file

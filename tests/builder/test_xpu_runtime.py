@@ -21,13 +21,12 @@ import pytest
 import yaml
 from support import ROOT
 from support.docker import docker, xpu_ci_image
+from support.stacks import INSTALLER_STACKS, XPU_STACKS
 
 from arcvllm import stack
 from arcvllm.builder import facts, index, shell
 from arcvllm.ci import standins
 
-XPU_STACKS = ["xpu-0.20", "xpu-0.23", "xpu-0.33"]
-INSTALLER_STACKS = ["xpu-0.20", "xpu-0.23"]  # ONECCL: installer
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
 COMPOSE = ROOT / "docker" / "compose.yaml"
 SCALE = ROOT / "docker" / "compose.scale.yaml"

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from support import ROOT
+from support.stacks import XPU_STACKS
 
 from arcvllm import stack
 from arcvllm.builder import image, index
@@ -96,7 +97,7 @@ def no_index(monkeypatch):
     monkeypatch.setattr(index, "file_url", lambda *a: "https://mirror.invalid/vllm.tar.gz")
 
 
-@pytest.mark.parametrize("name", ["xpu-0.20", "xpu-0.23", "xpu-0.33"])
+@pytest.mark.parametrize("name", XPU_STACKS)
 def test_ci_args_are_the_stacks_own_but_for_the_standins(name, config, made, no_index):
     real_stack = stack.get(name)
     real = index.build_args(real_stack)

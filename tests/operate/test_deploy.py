@@ -387,7 +387,7 @@ def test_a_preset_named_alone_chooses_its_flavour_and_a_stack_it_runs_on(tmp_pat
         (
             ("--preset", "qwen3.6-35b-a3b-w4a16-1xb70", "--stack", "xpu-0.20"),
             "preset qwen3.6-35b-a3b-w4a16-1xb70 does not run on stack xpu-0.20 "
-            "(its stacks: xpu-0.23, xpu-0.33)",
+            "(its stacks: xpu-0.23, xpu-0.32, xpu-0.33)",
         ),
     ],
 )
