@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 from support import ROOT
+from support.stacks import XPU_STACKS
 from support.venvs import vllm_env
 
 from arcvllm import presets as P
@@ -184,7 +185,7 @@ def test_the_committed_presets_list_only_stacks_whose_kernels_pass(tmp_path):
     # before them names the stack alone.
     kernel_rows = [r for r in rows if len(r) > 2 and r[1].startswith("xpu-") and r[2][:1] == "("]
     xpu_presets = [p for p in P.load_all().values() if p.flavor == "xpu"]
-    assert len(kernel_rows) == len(xpu_presets) * 3, out
+    assert len(kernel_rows) == len(xpu_presets) * len(XPU_STACKS), out
     for row in kernel_rows:
         listed = row[-1] == "yes"
         passed = "pass:" in row
