@@ -346,13 +346,15 @@ class Client:
         prompt: Sequence[int] | str,
         max_tokens: int,
         salt: str | None = None,
+        decoding: Callable[[], None] | None = None,
     ) -> Stream:
         """A greedy, ignore_eos completion, streamed and timed chunk by chunk.
 
         vLLM's `continuous_usage_stats` puts the running completion_tokens in every chunk,
         so a chunk that carries several tokens is counted right (else its token ids, else
         one per chunk with text); `return_token_ids` gives the ids two runs must agree on.
-        SALT is a prefix-cache namespace (vLLM's cache_salt).
+        SALT is a prefix-cache namespace (vLLM's cache_salt). DECODING is called once, when
+        the first token has come (the request's prefill is done: it decodes from then on).
         """
         extra: dict[str, Any] = {"ignore_eos": True, "return_token_ids": True}
         if salt:
@@ -389,6 +391,8 @@ class Client:
             else:
                 n = 1 if choice.text else 0
             if n > 0:
+                if not counted and decoding is not None:
+                    decoding()
                 counted += n
                 out.chunks.append(Chunk(n, at))
         out.text = "".join(parts)

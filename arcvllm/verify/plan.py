@@ -125,8 +125,8 @@ def plan_rows(g: Geometry) -> Plan:
 
 def mixed_prompt(g: Geometry) -> int:
     """The length of the mixed row's first prompt (the others one token shorter each): the
-    STREAMS prompts together need 1.25 prefill chunks, so however the requests arrive the
-    scheduler prefills some beside the others' decode. Each prompt and its decode (a
+    STREAMS prompts together need 1.25 prefill chunks, and the later half arrives while the
+    first half decodes, so the scheduler prefills beside decodes. Each prompt and its decode (a
     quarter block) stay inside one block where that is enough, else the decode stays
     inside the prompt's last block."""
     chunk = g.chunk_tokens or g.block_size

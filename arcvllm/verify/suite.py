@@ -13,6 +13,7 @@ another path (the decode path for the chunked prefill) and says so (plan.NEEDS).
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -186,16 +187,30 @@ class Suite:
 
     def mixed(self) -> Check:
         p, g = self.plan, self.plan.geometry
+        late = P.STREAMS // 2
         self.expect(
-            f"{P.STREAMS} x ~{p.mixed_prompt} tok at once, more than the chunk of "
-            f"{g.chunk_tokens}: prefills beside decodes; each = plain greedy"
+            f"{P.STREAMS} x ~{p.mixed_prompt} tok, together more than the chunk of "
+            f"{g.chunk_tokens}, {late} sent while the others decode: prefills beside decodes; "
+            "each = plain greedy"
         )
         before = self.preemptions()
         streams = [
             Request(f"stream {i}", self.tokens(p.mixed_prompt - i)) for i in range(P.STREAMS)
         ]
+        # Sent all at once, the prompts may be scheduled so that no step prefills beside a
+        # decode; the late ones go once each early one has its first token.
+        early = streams[: P.STREAMS - late]
+        decoding = [threading.Event() for _ in early]
         with ThreadPoolExecutor(max_workers=len(streams)) as pool:
-            done = list(pool.map(lambda t: self._run(t, p.mixed_tokens), streams))
+            running = [
+                pool.submit(self._run, t, p.mixed_tokens, event.set)
+                for t, event in zip(early, decoding, strict=True)
+            ]
+            for event, future in zip(decoding, running, strict=True):
+                while not event.wait(0.05) and not future.done():
+                    pass  # a request that fails before its first token never decodes
+            running += [pool.submit(self._run, t, p.mixed_tokens) for t in streams[len(early) :]]
+            done = [future.result() for future in running]
         return self._judge_streams(P.MIXED, done, before)
 
     def preemption(self) -> Check:
@@ -312,9 +327,9 @@ class Suite:
 
     # ---- concurrency
 
-    def _run(self, request: Request, n: int) -> Request:
+    def _run(self, request: Request, n: int, decoding: Callable[[], None] | None = None) -> Request:
         try:
-            request.stream = self.stream(request.prompt, n)
+            request.stream = self.stream(request.prompt, n, decoding=decoding)
         except Exception as exc:
             request.error = error_line(exc)
         return request

@@ -243,6 +243,16 @@ def test_a_stream_counts_every_token_of_a_held_back_chunk(serve, continuous_usag
     assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
 
 
+def test_a_stream_says_once_when_it_decodes(serve):
+    """`decoding` is called once for the stream's six chunks (its first token)."""
+    calls: list[float] = []
+    out = Client(serve(Server()), KEY).stream(
+        "tiny-hybrid", [5, 6, 7], 8, decoding=lambda: calls.append(time.perf_counter())
+    )
+    assert len(calls) == 1
+    assert len(out.chunks) == 6 and out.completion_tokens == 8
+
+
 def test_decode_rate_and_gaps_of_a_stream():
     s = Stream(prompt_len=4, chunks=[Chunk(1, 0.1), Chunk(1, 0.2), Chunk(2, 0.4)])
     assert s.tokens == 4 and s.ttft == 0.1
