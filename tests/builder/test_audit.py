@@ -10,6 +10,7 @@ import pytest
 import yaml
 from support import ROOT
 from support.processes import free_port
+from support.stacks import XPU_STACKS
 
 from arcvllm import stack
 from arcvllm.builder import audit, facts, lock, sdist, shell
@@ -248,7 +249,7 @@ def test_a_lock_that_is_not_what_stack_lock_writes_fails(tmp_path):
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("name", [n for n, s in stack.load()[0].items() if s.flavor == "xpu"])
+@pytest.mark.parametrize("name", XPU_STACKS)
 def test_every_xpu_stack_matches_its_release_but_for_listed_differences(name):
     """CI's fidelity audit: the release's own Dockerfile.xpu, requirements and lock against
     our Dockerfile and stacks file; every difference is listed with its reason."""
