@@ -340,21 +340,51 @@ class Client:
             extra_body=extra,
         )
 
+    def batch(
+        self, model: str, prompts: Sequence[Sequence[int]], max_tokens: int, salt: str
+    ) -> list[Stream]:
+        """PROMPTS in one greedy, ignore_eos completion request (not streamed), one Stream
+        per prompt in its order, with its token ids and finish reason and no chunks.
+
+        The server hands every prompt of one request to its engine at once: they are
+        scheduled together, whatever else loads the machine."""
+        body = {
+            "model": model,
+            "prompt": [list(p) for p in prompts],
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+            "cache_salt": salt,
+        }
+        choices = sorted(self.completion(body)["choices"], key=lambda c: c["index"])
+        if len(choices) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts got {len(choices)} completions")
+        return [
+            Stream(
+                prompt_len=len(p),
+                text=c["text"],
+                token_ids=list(c.get("token_ids") or []),
+                finish_reason=c["finish_reason"],
+                prompt_tokens=len(p),
+                completion_tokens=len(c.get("token_ids") or []),
+            )
+            for p, c in zip(prompts, choices, strict=True)
+        ]
+
     def stream(
         self,
         model: str,
         prompt: Sequence[int] | str,
         max_tokens: int,
         salt: str | None = None,
-        decoding: Callable[[], None] | None = None,
     ) -> Stream:
         """A greedy, ignore_eos completion, streamed and timed chunk by chunk.
 
         vLLM's `continuous_usage_stats` puts the running completion_tokens in every chunk,
         so a chunk that carries several tokens is counted right (else its token ids, else
         one per chunk with text); `return_token_ids` gives the ids two runs must agree on.
-        SALT is a prefix-cache namespace (vLLM's cache_salt). DECODING is called once, when
-        the first token has come (the request's prefill is done: it decodes from then on).
+        SALT is a prefix-cache namespace (vLLM's cache_salt).
         """
         extra: dict[str, Any] = {"ignore_eos": True, "return_token_ids": True}
         if salt:
@@ -391,8 +421,6 @@ class Client:
             else:
                 n = 1 if choice.text else 0
             if n > 0:
-                if not counted and decoding is not None:
-                    decoding()
                 counted += n
                 out.chunks.append(Chunk(n, at))
         out.text = "".join(parts)

@@ -78,8 +78,9 @@ class Plan:
     resume_shared: int  # its first tokens, just past the cached block boundary ...
     resume_extension: int  # ... extended: resumed from the boundary's state
     resume_tokens: int  # and decoded right after it (inside the block)
-    mixed_prompt: int  # together more than one prefill chunk: later ones prefill while
-    mixed_tokens: int  # the first ones decode (each decode inside the prompt's last block)
+    mixed_short: int  # sent first, prefilled at once: it decodes while the others ...
+    mixed_prompt: int  # ... (the longest of them) together more than one chunk, prefill
+    mixed_tokens: int  # (each decode inside the prompt's last block)
     preempt_prompt: int
     preempt_tokens: int  # per request; 0: the KV cache is too large to run out
     max_len_prompt: int
@@ -113,8 +114,9 @@ def plan_rows(g: Geometry) -> Plan:
         resume_shared=2 * b + 4,
         resume_extension=4,
         resume_tokens=b // 8,
+        mixed_short=16,
         mixed_prompt=mixed_prompt(g),
-        mixed_tokens=b // 4,
+        mixed_tokens=b // 8,
         preempt_prompt=b // 2,
         preempt_tokens=preempt_tokens(g),
         max_len_prompt=b // 2,
@@ -124,16 +126,18 @@ def plan_rows(g: Geometry) -> Plan:
 
 
 def mixed_prompt(g: Geometry) -> int:
-    """The length of the mixed row's first prompt (the others one token shorter each): the
-    STREAMS prompts together need 1.25 prefill chunks, and the later half arrives while the
-    first half decodes, so the scheduler prefills beside decodes. Each prompt and its decode (a
-    quarter block) stay inside one block where that is enough, else the decode stays
-    inside the prompt's last block."""
+    """The length of the longest of the mixed row's STREAMS - 1 long prompts (the others one
+    token shorter each). They go in one request after the short one and together need 1.25
+    prefill chunks: whatever steps the engine splits them into, some of their prefill runs
+    beside the short one's decode. Each prompt and its decode (an eighth of a block) stay
+    inside one block where that is enough, else the decode stays inside the prompt's last
+    block."""
     chunk = g.chunk_tokens or g.block_size
-    need = math.ceil(1.25 * chunk / STREAMS) + STREAMS
-    if need + g.block_size // 4 + 16 <= g.block_size:
+    longs = STREAMS - 1
+    need = math.ceil(1.25 * chunk / longs) + longs
+    if need + g.block_size // 8 + 16 <= g.block_size:
         return need
-    return math.ceil(need / g.block_size) * g.block_size + 16 + STREAMS
+    return math.ceil(need / g.block_size) * g.block_size + 16 + longs
 
 
 def preempt_tokens(g: Geometry) -> int:

@@ -13,11 +13,9 @@ another path (the decode path for the chunked prefill) and says so (plan.NEEDS).
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 from arcvllm.client import metrics as m
@@ -45,7 +43,7 @@ OPEN_TEMPERATURE = 0.8
 
 @dataclass
 class Request:
-    """One request of a concurrent row: its prompt, then its stream or its error."""
+    """One prompt of a batched row: the prompt, then its output or the request's error."""
 
     name: str
     prompt: list[int]
@@ -83,11 +81,11 @@ class Suite:
         self.shift += 17
         return tokens_of(self.base, length, self.shift)
 
-    def stream(self, prompt: list[int], n: int, salt: str | None = None, **kw) -> Stream:
+    def stream(self, prompt: list[int], n: int, salt: str | None = None) -> Stream:
         """A greedy completion of N tokens (a fresh cache namespace unless SALT is given)."""
         if n > 1:
             self.decoding_prompts.append(len(prompt))
-        return self.client.stream(self.model, prompt, n, salt=salt or uuid.uuid4().hex, **kw)
+        return self.client.stream(self.model, prompt, n, salt=salt or uuid.uuid4().hex)
 
     def judge(self, row: str, sequences: list[tuple[str, list[int], list[int]]]) -> GreedyCheck:
         """SEQUENCES against the plain model; kept for the report under ROW."""
@@ -187,31 +185,22 @@ class Suite:
 
     def mixed(self) -> Check:
         p, g = self.plan, self.plan.geometry
-        late = P.STREAMS // 2
+        longs = P.STREAMS - 1
         self.expect(
-            f"{P.STREAMS} x ~{p.mixed_prompt} tok, together more than the chunk of "
-            f"{g.chunk_tokens}, {late} sent while the others decode: prefills beside decodes; "
-            "each = plain greedy"
+            f"{p.mixed_short} tok, then {longs} x ~{p.mixed_prompt} tok (more than the chunk "
+            f"of {g.chunk_tokens}) in one request: the first decodes while the others "
+            "prefill; each = plain greedy"
         )
         before = self.preemptions()
-        streams = [
-            Request(f"stream {i}", self.tokens(p.mixed_prompt - i)) for i in range(P.STREAMS)
+        streams = [Request("short prompt", self.tokens(p.mixed_short))] + [
+            Request(f"long prompt {i}", self.tokens(p.mixed_prompt - i)) for i in range(longs)
         ]
-        # Sent all at once, the prompts may be scheduled so that no step prefills beside a
-        # decode; the late ones go once each early one has its first token.
-        early = streams[: P.STREAMS - late]
-        decoding = [threading.Event() for _ in early]
-        with ThreadPoolExecutor(max_workers=len(streams)) as pool:
-            running = [
-                pool.submit(self._run, t, p.mixed_tokens, event.set)
-                for t, event in zip(early, decoding, strict=True)
-            ]
-            for event, future in zip(decoding, running, strict=True):
-                while not event.wait(0.05) and not future.done():
-                    pass  # a request that fails before its first token never decodes
-            running += [pool.submit(self._run, t, p.mixed_tokens) for t in streams[len(early) :]]
-            done = [future.result() for future in running]
-        return self._judge_streams(P.MIXED, done, before)
+        # One request: the engine takes its prompts in order, at once. The short one is
+        # prefilled in its first step; the long ones need more than one chunk, so some of
+        # their prefill runs in a later step, beside its decode, however the steps fall.
+        # (Sent as separate requests, a loaded server may take each only once the one
+        # before it has finished; prompts of one length may all finish prefill together.)
+        return self._judge_streams(P.MIXED, self._batch(streams, p.mixed_tokens), before)
 
     def preemption(self) -> Check:
         p, g = self.plan, self.plan.geometry
@@ -234,10 +223,10 @@ class Suite:
             self.report.measurements["preemption_rounds"] = rounds
             before = self.preemptions()
             streams = [
-                Request(f"request {i}", self.tokens(p.preempt_prompt + i)) for i in range(P.STREAMS)
+                Request(f"prompt {i}", self.tokens(p.preempt_prompt + i)) for i in range(P.STREAMS)
             ]
-            with ThreadPoolExecutor(max_workers=len(streams)) as pool:
-                done = list(pool.map(lambda t: self._run(t, p.preempt_tokens), streams))
+            # One request, as in the mixed row: the engine has them all at once.
+            done = self._batch(streams, p.preempt_tokens)
             check = self._judge_streams(P.PREEMPTION, done, before, must_preempt=True)
             if check.ok is not None:
                 break
@@ -327,12 +316,18 @@ class Suite:
 
     # ---- concurrency
 
-    def _run(self, request: Request, n: int, decoding: Callable[[], None] | None = None) -> Request:
+    def _batch(self, requests: list[Request], n: int) -> list[Request]:
+        """REQUESTS' prompts in one greedy completion request of N tokens each (a fresh
+        cache namespace): their outputs, or the request's error in each."""
+        self.decoding_prompts += [len(t.prompt) for t in requests]
         try:
-            request.stream = self.stream(request.prompt, n, decoding=decoding)
+            outs = self.client.batch(self.model, [t.prompt for t in requests], n, uuid.uuid4().hex)
+            for t, out in zip(requests, outs, strict=True):
+                t.stream = out
         except Exception as exc:
-            request.error = error_line(exc)
-        return request
+            for t in requests:
+                t.error = error_line(exc)
+        return requests
 
     def _judge_streams(
         self,

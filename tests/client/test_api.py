@@ -41,6 +41,7 @@ class Server:
         self.health_after = 0.0  # /health answers 503 until this monotonic time
         self.bodies: list[dict] = []
         self.limited = 0  # answer this many more requests 429, as a gateway's rate limit
+        self.drop_choices = 0  # a batch's answer leaves out this many of its choices
 
     def handler(self):
         fake = self
@@ -79,6 +80,9 @@ class Server:
                     self.send(200, json.dumps({"tokens": [len(w) for w in body["prompt"].split()]}))
                     return
                 fake.queries += len(body["prompt"])
+                if not body.get("stream"):
+                    self.answer(body)
+                    return
                 self.start_events()
                 base = {"id": "c", "object": "text_completion", "created": 0, "model": "m"}
                 sizes = [1, 1, 3] + [1] * (body["max_tokens"] - 5)
@@ -106,6 +110,21 @@ class Server:
                 usage["total_tokens"] = prompt + done
                 self.event({**base, "choices": [], "usage": usage})
                 self.event("[DONE]")
+
+            def answer(self, body):
+                """A batch of token-id prompts, not streamed: choices out of order, each
+                prompt's tokens counting on from its length (the last dropped if asked)."""
+                n = body["max_tokens"]
+                choices = [
+                    {
+                        "index": i,
+                        "text": "",
+                        "finish_reason": "length",
+                        "token_ids": list(range(len(p), len(p) + n)),
+                    }
+                    for i, p in enumerate(body["prompt"])
+                ][::-1][: len(body["prompt"]) - fake.drop_choices]
+                self.send(200, json.dumps({"id": "c", "choices": choices}))
 
         return Handler
 
@@ -243,14 +262,21 @@ def test_a_stream_counts_every_token_of_a_held_back_chunk(serve, continuous_usag
     assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
 
 
-def test_a_stream_says_once_when_it_decodes(serve):
-    """`decoding` is called once for the stream's six chunks (its first token)."""
-    calls: list[float] = []
-    out = Client(serve(Server()), KEY).stream(
-        "tiny-hybrid", [5, 6, 7], 8, decoding=lambda: calls.append(time.perf_counter())
-    )
-    assert len(calls) == 1
-    assert len(out.chunks) == 6 and out.completion_tokens == 8
+def test_a_batch_is_one_request_and_its_answers_come_back_in_prompt_order(serve):
+    """The server answers the choices out of order; each goes back to its prompt."""
+    fake = Server()
+    client = Client(serve(fake), KEY)
+    outs = client.batch("tiny-hybrid", [[1] * 3, [2] * 5, [3] * 4], 6, salt="abc")
+    assert [o.token_ids for o in outs] == [list(range(k, k + 6)) for k in (3, 5, 4)]
+    assert [o.completion_tokens for o in outs] == [6, 6, 6]
+    assert [o.prompt_len for o in outs] == [3, 5, 4] and outs[0].finish_reason == "length"
+    body = fake.bodies[-1]
+    assert len(fake.bodies) == 1 and body["prompt"] == [[1] * 3, [2] * 5, [3] * 4]
+    assert body["ignore_eos"] is True and body["temperature"] == 0.0
+    assert body["cache_salt"] == "abc" and body["return_token_ids"] is True
+    fake.drop_choices = 1
+    with pytest.raises(ValueError, match="3 prompts got 2 completions"):
+        client.batch("tiny-hybrid", [[1] * 3, [2] * 5, [3] * 4], 6, salt="abc")
 
 
 def test_decode_rate_and_gaps_of_a_stream():

@@ -50,11 +50,15 @@ def test_the_resumed_request_shares_a_cached_block_and_decodes_inside_the_next()
 @pytest.mark.parametrize("geometry", [CPU, B70])
 def test_the_mixed_prompts_outgrow_one_chunk_and_each_decodes_inside_its_last_block(geometry):
     p = P.plan_rows(geometry)
-    prompts = [p.mixed_prompt - i for i in range(P.STREAMS)]
-    assert sum(prompts) >= 1.25 * geometry.chunk_tokens
+    longs = [p.mixed_prompt - i for i in range(P.STREAMS - 1)]
+    # Beyond the chunk even after the short prompt took its share of the first step.
+    assert sum(longs) >= 1.25 * geometry.chunk_tokens > geometry.chunk_tokens + p.mixed_short
     b = geometry.block_size
-    assert all(P.boundaries_crossed(n, n + p.mixed_tokens, b) == 0 for n in prompts)
-    # One block each where that is enough: eight requests fit a small KV cache (CI's).
+    assert all(P.boundaries_crossed(n, n + p.mixed_tokens, b) == 0 for n in longs)
+    assert P.boundaries_crossed(p.mixed_short, p.mixed_short + p.mixed_tokens, b) == 0
+    # The short one decodes over more steps than the longs' prefill can take.
+    assert p.mixed_tokens > sum(longs) / geometry.chunk_tokens + 1
+    # One block each where that is enough: the requests fit a small KV cache (CI's).
     assert geometry is B70 or p.mixed_prompt + p.mixed_tokens < b
 
 

@@ -18,7 +18,7 @@ resume): the server stays up, answers 200, and only the tokens show it.
     resume           the state a new request resumes from the prefix cache  cached prefix resumed
                      is lost
     mixed-batch      decoding requests lose their state from a step that    mixed batches
-                     also prefills a new request on
+                     also prefills another request on
     preemption       a request recomputed after preemption loses its state  preemption
     max-len          the state is lost within 64 tokens of max-model-len    max-model-len
     nan-residue:R    NaN state after the prefill of a prompt whose length   prompt residues mod 64
@@ -163,8 +163,13 @@ def _victims(
         elif name == "resume":
             hit = req_id in new and done > 0 and req_id not in s.resumed
         elif name == "mixed-batch":
-            # from a step that also prefills a new request on, for good
-            if decoding and any(r not in s.resumed for r in new):
+            # from a step that also prefills another request (new, or its next chunk), for
+            # good; not a recompute after preemption (the preemption row's)
+            if decoding and any(
+                requests[r].num_computed_tokens < requests[r].num_prompt_tokens
+                and r not in s.resumed
+                for r in batch.req_ids
+            ):
                 s.poisoned.add(req_id)
             hit = req_id in s.poisoned
         elif name == "preemption":
