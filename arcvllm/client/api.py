@@ -346,8 +346,10 @@ class Client:
         """PROMPTS in one greedy, ignore_eos completion request (not streamed), one Stream
         per prompt in its order, with its token ids and finish reason and no chunks.
 
-        The server hands every prompt of one request to its engine at once: they are
-        scheduled together, whatever else loads the machine."""
+        The server hands a request's prompts to its engine one after the other, in their
+        order, without waiting for anything else (separate requests wait for the server to
+        read each). Traced on the CPU server: the first prompt in one engine step, the
+        other seven in the next."""
         body = {
             "model": model,
             "prompt": [list(p) for p in prompts],
