@@ -362,17 +362,20 @@ class Client:
         choices = sorted(self.completion(body)["choices"], key=lambda c: c["index"])
         if len(choices) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts got {len(choices)} completions")
-        return [
-            Stream(
-                prompt_len=len(p),
-                text=c["text"],
-                token_ids=list(c.get("token_ids") or []),
-                finish_reason=c["finish_reason"],
-                prompt_tokens=len(p),
-                completion_tokens=len(c.get("token_ids") or []),
+        outs = []
+        for p, c in zip(prompts, choices, strict=True):
+            ids = list(c.get("token_ids") or [])
+            # usage is the request's, not each prompt's: completion_tokens are the ids served
+            outs.append(
+                Stream(
+                    prompt_len=len(p),
+                    text=c["text"],
+                    token_ids=ids,
+                    finish_reason=c["finish_reason"],
+                    completion_tokens=len(ids),
+                )
             )
-            for p, c in zip(prompts, choices, strict=True)
-        ]
+        return outs
 
     def stream(
         self,

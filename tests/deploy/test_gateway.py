@@ -644,12 +644,15 @@ def test_a_stream_in_flight_across_compose_stop_completes_with_all_its_tokens(ga
     stop came mid-stream is the server's word (its drain line), not this client's clock;
     where the server says the stop found nothing in flight, the run is repeated once."""
 
-    def stop() -> None:
+    def compose(action: str) -> None:
         done = subprocess.run(
-            [*gateway.compose, "stop"],
+            [*gateway.compose, action],
             capture_output=True, text=True, timeout=300, env=gateway.env,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr[-2000:]
+
+    def stop() -> None:
+        compose("stop")
 
     verify = ssl.create_default_context(cafile=str(gateway.ca_cert))
     seen = drain_stream(gateway.url, MODEL, gateway.key, verify, stop)
@@ -658,11 +661,7 @@ def test_a_stream_in_flight_across_compose_stop_completes_with_all_its_tokens(ga
         # The server says the stop came after the stream was generated (its API process got
         # no CPU to take the SIGTERM sooner): once more, from a start of the same containers.
         MEASURED["drain_repeated"] = True
-        started = subprocess.run(
-            [*gateway.compose, "start"], capture_output=True, text=True, timeout=300,
-            env=gateway.env,
-        )  # fmt: skip
-        assert started.returncode == 0, started.stderr[-2000:]
+        compose("start")
         Client(gateway.url, gateway.key, ca_cert=str(gateway.ca_cert)).wait_healthy(600, 2)
         seen = drain_stream(gateway.url, MODEL, gateway.key, verify, stop)
         log = gateway.logs("vllm-cpu")
