@@ -23,8 +23,9 @@ xpu where this host has a render node, else cpu), the stack (default: the flavou
 default stack), the preset (default: the stack's), the image, the gateway image and the
 port (each: the shell's, else the settings file's, else arcvllm:STACK, the side image of
 configs/stacks.yaml, 8443), and a compose project. `up` checks the settings file, the
-key file and, for a preset whose model is under /models, the model in MODELS_DIR before
-compose starts anything; `smoke` starts a project of its own on its own
+key file, for a preset whose model is under /models the model in MODELS_DIR, and the
+server's and the gateway's images on the engine (a missing one: the command that builds or
+pulls it, exit 3) before compose starts anything; `smoke` starts a project of its own on its own
 port with a throwaway key and self-signed certificate (made here, the one place), runs
 the smoke test through the gateway, saves the server's log beside the report and removes
 the project with its volumes and the secrets, pass or fail. `bench`, `doctor` and
@@ -71,7 +72,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     start = sub.add_parser(
-        "up", help="check the settings, the key file and the model, then compose up -d"
+        "up", help="check the settings, the key file, the model and the images, then compose up -d"
     )
     stop = sub.add_parser("down", help="stop and remove the service (volumes kept unless -v)")
     stop.add_argument(

@@ -18,7 +18,7 @@ import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -210,14 +210,69 @@ def check_model(single: Single) -> None:
         raise CheckFailed(f"{line} (arcvllm model check {preset.name} {folder})")
 
 
+def registry_reference(ref: str) -> bool:
+    """REF names an image in a registry (a digest, or a first component that is a host:
+    `registry.example.org/arcvllm:1`, `localhost:5000/x`, `user/x` on Docker Hub), not one
+    this checkout builds under a local name."""
+    name = ref.split("@", 1)[0]
+    return "@" in ref or "/" in name
+
+
+def image_source(ref: str, gateway: bool, stack_name: str, stacks: Collection[str]) -> str:
+    """The command that puts REF on the engine: `docker pull REF` for a registry reference,
+    else the make target that builds it (the gateway's, or the server's of STACK_NAME, the
+    deployment's stack, unless REF's tag is one of STACKS), its name passed when it is not
+    the target's own default."""
+    if registry_reference(ref):
+        return f"docker pull {ref}"
+    repository, _, tag = ref.partition(":")
+    if gateway:
+        default = stack.side_images()["gateway"].ref
+        return "make gateway-image" + ("" if ref == default else f" GATEWAY_IMAGE={ref}")
+    if repository == "arcvllm" and tag in stacks:
+        return f"make build STACK={tag}"
+    return f"make build STACK={stack_name} IMAGE={ref}"
+
+
+def image_present(ref: str) -> bool:
+    """REF is an image on the Docker engine (`docker image inspect`): Unavailable when the
+    engine does not answer."""
+    argv = [docker_binary(), "image", "inspect", "--format", "{{.Id}}", ref]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        raise Unavailable(f"no Docker client: {argv[0]} not found") from None
+    if done.returncode == 0:
+        return True
+    said = done.stderr.strip().splitlines() or [f"exit {done.returncode}"]
+    if any("No such image" in line or "No such object" in line for line in said):
+        return False
+    raise Unavailable(f"docker image inspect {ref} failed: {said[-1]}")
+
+
+def check_images(single: Single) -> None:
+    """The server's and the gateway's images are on the engine, else one line naming the
+    command that builds or pulls each missing one (compose would stop half-way, with the
+    network and volumes made, or pull a name no registry has)."""
+    stacks, _ = stack.load()
+    missing = [
+        f"no image {ref} on the Docker engine: {image_source(ref, gateway, single.stack, stacks)}"
+        for ref, gateway in ((single.image, False), (single.gateway_image, True))
+        if not image_present(ref)
+    ]
+    if missing:
+        raise Unavailable("; ".join(missing))
+
+
 def check(single: Single, environ: Mapping[str, str] = os.environ, dri_dir: Path = DRI_DIR):
     """Before compose starts the server: a RENDER_GID that is the render nodes' group, a
-    key file compose can hand out (one line each; `arcvllm settings check`'s checks), and
-    the preset's model in MODELS_DIR."""
+    key file compose can hand out (one line each; `arcvllm settings check`'s checks), the
+    preset's model in MODELS_DIR, and the server's and the gateway's images on the engine."""
     source = str(single.env_file)
     settings.check_render_gid(settings.read(single.env_file), render_node_gids(dri_dir), source)
     check_api_key_file(api_key_file(single.settings, compose.docker_dir(), environ))
     check_model(single)
+    check_images(single)
 
 
 def write_gpus(single: Single) -> None:

@@ -329,9 +329,102 @@ def test_make_up_refuses_a_bad_key_file_before_compose_runs(tmp_path):
     assert not calls.exists()
     (tmp_path / "none").write_text("k-1\n")
     done = run_cli("deploy", "up", "--flavor", "cpu", "--env-file", str(mine),
-                   env={"COMPOSE": str(fake)})  # fmt: skip
+                   env={"COMPOSE": str(fake), "DOCKER": fake_docker(tmp_path)})  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert calls.read_text().strip().endswith("--profile cpu up -d vllm-cpu gateway")
+
+
+# ---- make up: the images are on the engine before anything starts ----
+
+# A Docker client whose engine holds the images named in the file HAVE (one a line): what
+# `docker image inspect` says of each, as Docker 26 says it.
+FAKE_DOCKER = """#!/bin/sh
+echo "$*" >> {calls}
+for ref; do :; done
+if grep -qxF "$ref" {have} 2>/dev/null; then echo sha256:0; exit 0; fi
+echo "Error response from daemon: No such image: $ref" >&2
+exit 1
+"""
+
+
+def fake_docker(tmp_path: Path, *have: str) -> str:
+    """A Docker client whose engine holds HAVE (none given: every image)."""
+    fake, listed = tmp_path / "docker", tmp_path / "images"
+    script = FAKE_DOCKER.format(calls=tmp_path / "docker-calls", have=listed)
+    fake.write_text(script if have else "#!/bin/sh\necho sha256:0\n")
+    fake.chmod(0o755)
+    listed.write_text("".join(f"{ref}\n" for ref in have))
+    return str(fake)
+
+
+@pytest.mark.parametrize(
+    ("ref", "gateway", "command"),
+    [
+        ("arcvllm:xpu-0.33", False, "make build STACK=xpu-0.33"),
+        ("arcvllm:cpu", False, "make build STACK=cpu"),
+        ("arcvllm:xpu-0.32", False, "make build STACK=xpu-0.32"),  # a stack's, not the default's
+        ("arcvllm:cpu-a", False, "make build STACK=cpu IMAGE=arcvllm:cpu-a"),
+        ("registry.example.org/arcvllm@sha256:" + "0" * 64, False,
+         "docker pull registry.example.org/arcvllm@sha256:" + "0" * 64),
+        ("localhost:5000/arcvllm:cpu", False, "docker pull localhost:5000/arcvllm:cpu"),
+        ("arcvllm-gateway:1.22.1", True, "make gateway-image"),
+        ("arcvllm-gateway:mine", True, "make gateway-image GATEWAY_IMAGE=arcvllm-gateway:mine"),
+        ("ghcr.io/example/gateway:1", True, "docker pull ghcr.io/example/gateway:1"),
+    ],
+)  # fmt: skip
+def test_a_missing_image_names_the_command_that_builds_or_pulls_it(ref, gateway, command):
+    from arcvllm import stack
+    from arcvllm.operate import single
+
+    if gateway and ref.startswith("arcvllm-gateway:1.22"):
+        assert stack.side_images()["gateway"].ref == ref  # the default gateway image
+    stacks, _ = stack.load()
+    assert single.image_source(ref, gateway, "cpu", stacks) == command
+
+
+def test_make_up_without_the_image_is_one_line_exit_3_and_compose_never_runs(tmp_path):
+    from arcvllm.stack import side_images
+
+    calls, fake = tmp_path / "calls", tmp_path / "compose"
+    fake.write_text(FAKE_COMPOSE.format(calls=calls))
+    fake.chmod(0o755)
+    key = tmp_path / "key"
+    key.write_text("k-1\n")
+    mine = tmp_path / "mine.env"
+    mine.write_text(f"VLLM_API_KEY_FILE={key}\nIMAGE=\n")
+    gateway = side_images()["gateway"].ref
+    up = ("deploy", "up", "--flavor", "cpu", "--stack", "cpu", "--env-file", str(mine))
+    docker = fake_docker(tmp_path, gateway)
+    done = run_cli(*up, env={"COMPOSE": str(fake), "DOCKER": docker})
+    assert done.returncode == 3, done.stderr
+    assert done.stderr.splitlines() == [
+        "arcvllm: no image arcvllm:cpu on the Docker engine: make build STACK=cpu"
+    ]
+    assert not calls.exists()
+    docker = fake_docker(tmp_path, "arcvllm:cpu")
+    done = run_cli(*up, env={"COMPOSE": str(fake), "DOCKER": docker})
+    assert done.returncode == 3 and done.stderr.splitlines() == [
+        f"arcvllm: no image {gateway} on the Docker engine: make gateway-image"
+    ], done.stderr
+    assert not calls.exists()
+    docker = fake_docker(tmp_path, "arcvllm:cpu", gateway)
+    done = run_cli(*up, env={"COMPOSE": str(fake), "DOCKER": docker})
+    assert done.returncode == 0, done.stderr
+    assert calls.read_text().strip().endswith("--profile cpu up -d vllm-cpu gateway")
+
+
+def test_an_engine_that_does_not_answer_is_one_line_exit_3(tmp_path):
+    key = tmp_path / "key"
+    key.write_text("k-1\n")
+    mine = tmp_path / "mine.env"
+    mine.write_text(f"VLLM_API_KEY_FILE={key}\n")
+    done = run_cli("deploy", "up", "--flavor", "cpu", "--env-file", str(mine),
+                   env={"COMPOSE": "false", "DOCKER_HOST": "unix:///nonexistent.sock"})  # fmt: skip
+    assert done.returncode == 3, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("arcvllm: docker image inspect arcvllm:cpu failed: ") and (
+        "Cannot connect to the Docker daemon" in line
+    ), line
 
 
 # ---- the preset named is the preset served (issue: `deploy up --preset X`) ----
@@ -457,3 +550,40 @@ def test_the_key_deploy_key_makes_is_read_in_a_container_as_uid_1000_and_a_priva
         assert read_in_container(private) != 0
         with pytest.raises(Unavailable, match="not readable by UID 1000"):
             host.check_api_key_file(private)
+
+
+def made_by(project: str) -> dict[str, list[str]]:
+    """What the engine holds of compose project PROJECT: containers, networks, volumes."""
+    label = f"label=com.docker.compose.project={project}"
+    return {
+        "containers": docker("ps", "-aq", "--filter", label).stdout.split(),
+        "networks": docker("network", "ls", "-q", "--filter", label).stdout.split(),
+        "volumes": docker("volume", "ls", "-q", "--filter", label).stdout.split(),
+    }
+
+
+@pytest.mark.docker
+def test_make_up_without_its_images_creates_nothing_on_the_engine(engine, tmp_path):
+    """`make up` naming images the engine has not: one line naming the commands that make
+    them, a non-zero exit, and no container, network or volume of the project."""
+    key = tmp_path / "api-key"
+    key.write_text(f"{KEY}\n")
+    mine = tmp_path / "mine.env"
+    mine.write_text(TEMPLATE.read_text().replace(
+        "\nVLLM_API_KEY_FILE=../secrets/api-key\n", f"\nVLLM_API_KEY_FILE={key}\n"))  # fmt: skip
+    project = f"arcvllm-noimage-{free_port()}"
+    image, gateway = "arcvllm:cpu-never-built", "arcvllm-gateway:never-built"
+    assert docker("image", "inspect", image, check=False).returncode != 0
+    args = ["FLAVOR=cpu", "STACK=cpu", f"IMAGE={image}", f"GATEWAY_IMAGE={gateway}",
+            f"ENV_FILE={mine}", f"PROJECT={project}", f"PORT={free_port()}"]  # fmt: skip
+    up = make("up", *args)
+    try:
+        assert up.returncode != 0, up.stdout + up.stderr
+        said = [line for line in up.stderr.splitlines() if line.startswith("arcvllm:")]
+        assert said == [
+            f"arcvllm: no image {image} on the Docker engine: make build STACK=cpu IMAGE={image}; "
+            f"no image {gateway} on the Docker engine: make gateway-image GATEWAY_IMAGE={gateway}"
+        ], up.stderr
+        assert made_by(project) == {"containers": [], "networks": [], "volumes": []}
+    finally:
+        make("down", *args, "DOWN_FLAGS=-v")  # nothing to remove, unless the check is gone

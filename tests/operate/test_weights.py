@@ -218,7 +218,7 @@ def deploy_up(tmp_path: Path, models: Path, *args: str) -> subprocess.CompletedP
     return subprocess.run(
         [sys.executable, "-m", "arcvllm", "deploy", "up", "--env-file", str(mine), *args],
         capture_output=True, text=True, timeout=120, cwd=ROOT,
-        env={**os.environ, "COMPOSE": str(compose)},
+        env={**os.environ, "COMPOSE": str(compose), "DOCKER": "true"},  # every image there
     )  # fmt: skip
 
 
