@@ -482,7 +482,7 @@ def test_make_up_refuses_a_missing_key_file_before_compose_runs(tmp_path):
 
     def up() -> subprocess.CompletedProcess:
         # (FLAVOR=xpu would stop first at `arcvllm gpus`: no B70 here)
-        settings = [f"ENV_FILE={mine}", "FLAVOR=cpu", "COMPOSE=echo RAN"]
+        settings = [f"ENV_FILE={mine}", "FLAVOR=cpu", "COMPOSE=echo RAN", "DOCKER=true"]
         return subprocess.run(
             ["make", "-s", "-C", str(ROOT), "-o", ".venv/.stamp", "up", *settings],
             capture_output=True,
