@@ -213,3 +213,32 @@ def test_extra_vllm_arguments_of_the_wrong_shape_are_one_line(tmp_path, capsys, 
     rc, err = check_file(tmp_path, f"PORT=1\nVLLM_EXTRA_ARGS={value}\n", capsys)
     assert rc == 1 and err.count("\n") == 1, err
     assert "mine.env:2: VLLM_EXTRA_ARGS: " in err and words in err, err
+
+
+# ---- IMAGE: the line docs/upgrade.md edits to upgrade and roll back ----
+
+
+def test_the_settings_file_has_the_image_line_upgrade_edits_empty_for_each_flavours_default(
+    tmp_path,
+):
+    """docs/upgrade.md upgrades with `sed -i 's|^IMAGE=.*|IMAGE=NEW|'` and reads the line
+    with `grep '^IMAGE='`: without the line the sed changes nothing and `make up` keeps the
+    old image. Empty, each flavour runs its default image (one file for both)."""
+    import subprocess
+
+    from arcvllm.operate import single
+    from arcvllm.stack import load
+
+    (line,) = [s for s in settings.read(TEMPLATE) if s.key == "IMAGE"]
+    assert line.value == "", "IMAGE= empty: each flavour's default image"
+    defaults = load()[1]
+    for flavor in ("xpu", "cpu"):
+        names = single.Names(env_file=TEMPLATE, flavor=flavor)
+        named = single.resolve(names, environ={}, dri_dir=tmp_path)
+        assert named.image == f"arcvllm:{defaults[flavor]}"
+    mine = tmp_path / "mine.env"
+    mine.write_text(TEMPLATE.read_text())
+    new = "registry.example.org/arcvllm@sha256:" + "1" * 64
+    subprocess.run(["sed", "-i", f"s|^IMAGE=.*|IMAGE={new}|", str(mine)], check=True)
+    names = single.Names(env_file=mine, flavor="cpu")
+    assert single.resolve(names, environ={}, dri_dir=tmp_path).image == new
