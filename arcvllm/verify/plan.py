@@ -92,6 +92,25 @@ class Plan:
         """Whether this server chunks any prompt it can hold."""
         return self.chunked_total > 0
 
+    def prompt_lengths(self) -> dict[str, list[int]]:
+        """The length of every prompt each row sends (its own text, not the plain model's
+        prefill of what came back), by row: what the prompt corpus must hold."""
+        return {
+            DECODE: [self.decode_prompt],
+            CHUNKED: [self.chunked_prompt] if self.chunked else [],
+            RESUME: [self.resume_prompt, self.resume_shared + self.resume_extension],
+            MIXED: [self.mixed_short] + [self.mixed_prompt - i for i in range(STREAMS - 1)],
+            PREEMPTION: [self.preempt_prompt + i for i in range(STREAMS)]
+            if self.preempt_tokens
+            else [],
+            MAX_LEN: [self.max_len_prompt],
+            RESIDUES: [self.residue_base + r for r in range(64)],
+            DEGENERATION: [],  # the open prompts, text of their own
+        }
+
+    def longest_prompt(self, rows: Sequence[str] = ROWS) -> int:
+        return max((n for row in rows for n in self.prompt_lengths()[row]), default=0)
+
 
 def plan_rows(g: Geometry) -> Plan:
     """The rows' token counts; an ArcvllmError when the context cannot hold them."""

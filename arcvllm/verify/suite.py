@@ -23,19 +23,18 @@ from arcvllm.client.api import Client, Stream, WaitTimeout, wait_until
 from arcvllm.client.discovery import chunk_tokens, discover, requested_model
 from arcvllm.client.log import LOG_TAIL_LINES, find_crash
 from arcvllm.client.oracle import (
-    PROMPT_TEXT,
     GreedyCheck,
     check_against_plain,
     greedy_check,
     plain_logprobs,
     token_id,
-    tokens_of,
 )
 from arcvllm.client.report import Check, Report
 from arcvllm.client.server import ServerOptions
 from arcvllm.errors import Unavailable
 from arcvllm.text import error_line
 from arcvllm.verify import plan as P
+from arcvllm.verify.prompts import Prompts, corpus_text, fresh
 
 PREEMPTIONS = "vllm:num_preemptions"
 OPEN_TEMPERATURE = 0.8
@@ -67,8 +66,12 @@ class Suite:
     _expected: str = ""
 
     def __post_init__(self) -> None:
-        self.base = self.client.tokenize(self.model, PROMPT_TEXT * 4)
-        self.shift = 0
+        # Natural text, cut from the corpus in the server's own tokenizer; refused in one
+        # line before anything runs when a row's prompt would repeat an 8-gram of it.
+        self.prompts = Prompts(self.client.tokenize(self.model, corpus_text()))
+        self.prompts.refuse_beyond(self.plan.longest_prompt(self.rows))
+        self.report.server["corpus_tokens"] = len(self.prompts.tokens)
+        self.report.server["corpus_reach"] = self.prompts.reach
 
     # ---- helpers
 
@@ -77,9 +80,8 @@ class Suite:
         return self.plan.geometry.block_size
 
     def tokens(self, length: int) -> list[int]:
-        """A prompt of LENGTH tokens unlike every other prompt of the run."""
-        self.shift += 17
-        return tokens_of(self.base, length, self.shift)
+        """A prompt of LENGTH tokens of natural text, unlike every other prompt of the run."""
+        return self.prompts.take(length)
 
     def stream(self, prompt: list[int], n: int, salt: str | None = None) -> Stream:
         """A greedy completion of N tokens (a fresh cache namespace unless SALT is given)."""
@@ -174,6 +176,7 @@ class Suite:
         self.stream(first, 1, salt)
         before = m.prefix_cache(self.client.metrics(), self.model)
         second = first[: p.resume_shared] + self.tokens(p.resume_extension)
+        fresh(second)
         out = self.stream(second, p.resume_tokens, salt)
         hits = (self.client.prefix_cache_after(before, self.model) - before).hits
         greedy = self.judge(P.RESUME, [("resumed", second, out.token_ids)])
@@ -395,6 +398,7 @@ class Suite:
             return Check(name, "its path's other rows pass", seen, None)
         else:
             self._expected = name
+            self.prompts.seek(P.ROWS.index(name), len(P.ROWS))
             start = time.perf_counter()
             try:
                 check = row()
