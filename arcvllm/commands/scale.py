@@ -22,13 +22,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     start = sub.add_parser(
         "up",
         help="start N replicas + the router; wait until they serve",
-        description="Start N replicas (one Arc Pro B70 each) and the gateway, wait until "
+        description="Start N replicas (K Arc Pro B70s each, K the preset's "
+        "tensor-parallel-size) and the gateway, wait until "
         "they are healthy, then start the router with the healthy ones and wait until it "
         "serves. A replica that is not healthy by --timeout while another is gets stopped "
         "alone and named (exit 4); with none healthy, everything started is stopped (exit 3).",
         exit_rows=scale.EXIT_ROWS,
     )
-    start.add_argument("--replicas", type=int, default=2, help="how many, one Arc Pro B70 each (2)")
+    start.add_argument("--replicas", type=int, default=2, help="how many (2)")
+    gpus_per_replica(start)
     start.add_argument("--cpu", action="store_true", help="two CPU replicas of the tiny model")
     start.add_argument(
         "--monitoring",
@@ -41,11 +43,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     made = sub.add_parser(
         "render",
         help="write the XPU replicas' compose file for this host's B70s (compose by hand)",
-        description="Write the compose file of N XPU replicas, one Arc Pro B70 of this host "
-        "each (its render node, by-path entry and GID only), to use after compose.yaml and "
-        "compose.scale.yaml. `scale up` writes the same file for itself.",
+        description="Write the compose file of N XPU replicas, K Arc Pro B70s of this host "
+        "each (their render nodes, by-path entries and GID only), to use after compose.yaml "
+        "and compose.scale.yaml. `scale up` writes the same file for itself.",
     )
     made.add_argument("--replicas", type=int, default=2, help="how many (2)")
+    gpus_per_replica(made)
     made.add_argument("--out", type=Path, required=True, help="the file to write")
     made.add_argument("--dev-root", default="/", help=argparse.SUPPRESS)
     options.add_json(made)
@@ -82,6 +85,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     stop.set_defaults(func=_down)
 
 
+def gpus_per_replica(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--gpus-per-replica",
+        type=int,
+        default=1,
+        metavar="K",
+        help="Arc Pro B70s per replica, its TP group: must divide the host's B70s and equal "
+        "the preset's tensor-parallel-size (1)",
+    )
+
+
 def start_of(args: argparse.Namespace) -> scale.Start:
     """What `scale up`'s ARGS ask to start."""
     return scale.Start(
@@ -93,6 +107,7 @@ def start_of(args: argparse.Namespace) -> scale.Start:
         timeout=args.timeout,
         router_timeout=args.router_timeout,
         dev_root=Path(args.dev_root),
+        gpus_per_replica=args.gpus_per_replica,
     )
 
 
@@ -121,16 +136,23 @@ def _up(args: argparse.Namespace) -> int:
 
 def _render(args: argparse.Namespace) -> int:
     out = args.out.resolve()
-    cards = scale.write_replicas_file(args.replicas, out, Path(args.dev_root))
+    groups = scale.write_replicas_file(
+        args.replicas, out, Path(args.dev_root), args.gpus_per_replica
+    )
     if args.json:
         rows = [
-            {"replica": replicas.name(i), "slot": c.slot, "render": c.path, "gid": c.gid}
-            for i, c in enumerate(cards)
+            {
+                "replica": replicas.name(i),
+                "gpus": [{"slot": c.slot, "render": c.path, "gid": c.gid} for c in group],
+                "mask": replicas.mask(group),
+            }
+            for i, group in enumerate(groups)
         ]
         print(json.dumps({"file": str(out), "replicas": rows}, indent=2))
         return 0
-    for i, card in enumerate(cards):
-        print(f"{replicas.name(i)}: {card.slot} {card.path} (GID {card.gid})")
+    for i, group in enumerate(groups):
+        gpus = ", ".join(f"{c.slot} {c.path} (GID {c.gid})" for c in group)
+        print(f"{replicas.name(i)}: {gpus}")
     print(f"wrote {out}")
     return 0
 

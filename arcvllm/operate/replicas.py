@@ -1,9 +1,14 @@
-"""The XPU replicas of a scale-out: one Arc Pro B70 each, and nothing of the others.
+"""The XPU replicas of a scale-out: K Arc Pro B70s each (one by default), and nothing of
+the others.
 
 Which GPUs: the B70s (8086:e223) in sysfs, as `arcvllm doctor` counts them; an iGPU or
-another Intel GPU never counts. Each replica's container gets only its own render node,
-its own /dev/dri/by-path entry (compute-runtime finds devices through by-path) and the
-node's own GID, so it cannot open another GPU whatever ZE_AFFINITY_MASK says.
+another Intel GPU never counts, so the K of a replica are always the same kind. Replica i
+gets the i-th K of them in PCI order, never a GPU of another replica; K must divide the
+host's B70s (none left over) and equal the preset's tensor-parallel-size (its TP group is
+the replica's GPUs). Each replica's container gets only its own render nodes, their own
+/dev/dri/by-path entries (compute-runtime finds devices through by-path) and the nodes'
+GID, so it cannot open another GPU whatever ZE_AFFINITY_MASK says; the mask is 0..K-1,
+every GPU it sees.
 
 `compose_services` turns the cards into the compose file of replicas vllm-0 .. vllm-(N-1), made
 from docker/compose.scale.yaml's `x-xpu-replica` (its one definition), with the router
@@ -21,6 +26,7 @@ import yaml
 
 from arcvllm.errors import Unavailable, UsageError
 from arcvllm.operate.host import Host, RenderNode, b70s
+from arcvllm.presets import Preset, load_all
 
 TEMPLATE_KEY = "x-xpu-replica"
 # The variable vLLM's XPU platform reads to pick its GPUs (vllm/platforms/xpu.py,
@@ -31,18 +37,61 @@ CANARY_KEY = "x-canary-command"
 METRICS_URL = "--metrics-url="
 
 
-def pick(host: Host, replicas: int) -> list[RenderNode]:
-    """The first REPLICAS B70s, or one line saying how many this host has."""
+Replica = tuple[RenderNode, ...]  # the B70s of one replica, its TP group in mask order
+
+
+def divisors(count: int) -> list[int]:
+    """The replica sizes that use all COUNT GPUs with none left over."""
+    return [k for k in range(1, count + 1) if count % k == 0]
+
+
+def pick(host: Host, replicas: int, per_replica: int = 1) -> list[Replica]:
+    """REPLICAS groups of PER_REPLICA B70s (the first ones, in PCI order; no GPU in two), or
+    one line: a size that leaves GPUs over (wrong use), too few GPUs (the host)."""
     if replicas < 1:
         raise UsageError(f"--replicas must be 1 or more, not {replicas}")
+    if per_replica < 1:
+        raise UsageError(f"--gpus-per-replica must be 1 or more, not {per_replica}")
     cards = b70s(host)
-    if replicas > len(cards):
+    if cards and len(cards) % per_replica:
+        sizes = ", ".join(map(str, divisors(len(cards))))
+        raise UsageError(
+            f"--gpus-per-replica {per_replica} does not divide this host's {len(cards)} "
+            f"Arc Pro B70s (it can be {sizes})"
+        )
+    need = replicas * per_replica
+    if need > len(cards):
         seen = ", ".join(f"{c.slot} {c.path}" for c in cards) or "none"
+        each = "" if per_replica == 1 else f" of {per_replica}"
         raise Unavailable(
-            f"{replicas} replicas need {replicas} Arc Pro B70s; this host has {len(cards)} "
+            f"{replicas} replicas{each} need {need} Arc Pro B70s; this host has {len(cards)} "
             f"with a render node ({seen}; `arcvllm doctor` says more)"
         )
-    return cards[:replicas]
+    return [tuple(cards[i * per_replica : (i + 1) * per_replica]) for i in range(replicas)]
+
+
+def tensor_parallel(preset: Preset) -> int:
+    """The GPUs one server of PRESET spans: its tensor-parallel-size (1 unless set)."""
+    return int(preset.vllm_args.get("tensor-parallel-size", 1))
+
+
+def check_preset(preset: Preset, per_replica: int) -> None:
+    """A replica of PER_REPLICA GPUs serves a preset whose TP group is exactly those GPUs:
+    a smaller one leaves GPUs idle, a larger one cannot start. One line naming the presets
+    that fit."""
+    tp = tensor_parallel(preset)
+    if tp == per_replica:
+        return
+    fits = [
+        p.name
+        for p in load_all().values()
+        if p.flavor == "xpu" and tensor_parallel(p) == per_replica
+    ]
+    raise UsageError(
+        f"preset {preset.name} has tensor-parallel-size {tp}, but --gpus-per-replica is "
+        f"{per_replica}: set ARCVLLM_PRESET to one of TP={per_replica} "
+        f"({', '.join(fits) or 'none here'})"
+    )
 
 
 def template(scale_file: Path) -> dict:
@@ -113,32 +162,38 @@ def write_server(cards: list[RenderNode], out: Path) -> Path:
     return out
 
 
-def compose_services(cards: list[RenderNode], base: dict, state: Path) -> dict:
-    """The compose file of the replicas (absolute paths only: compose reads relative ones
-    from the first file's folder). Writes each replica's by-path folder under STATE."""
+def mask(group: Replica) -> str:
+    """ZE_AFFINITY_MASK inside a replica's container: every GPU it sees (0, or 0,1,...)."""
+    return ",".join(str(i) for i in range(len(group)))
+
+
+def compose_services(groups: list[Replica], base: dict, state: Path) -> dict:
+    """The compose file of the replicas, one per group of GROUPS (absolute paths only:
+    compose reads relative ones from the first file's folder). Writes each replica's
+    by-path folder under STATE."""
     services: dict[str, dict] = {}
     base = dict(base)
     canary = base.pop(CANARY_KEY)
-    for i, card in enumerate(cards):
-        by_path = by_path_folder([card], state / "by-path" / name(i))
+    for i, group in enumerate(groups):
+        by_path = by_path_folder(list(group), state / "by-path" / name(i))
         service = copy.deepcopy(base)
-        service["devices"] = [f"{card.path}:{card.path}"]
-        service["group_add"] = [str(card.gid)]
+        service["devices"] = [f"{c.path}:{c.path}" for c in group]
+        service["group_add"] = sorted({str(c.gid) for c in group})
         service["volumes"] = [*service.get("volumes", []), f"{by_path}:/dev/dri/by-path:ro"]
-        # The one GPU the container sees is device 0 (over the settings file's value).
-        service["environment"] = {**service.get("environment", {}), AFFINITY_ENV: "0"}
+        # The GPUs the container sees are devices 0..K-1 (over the settings file's value).
+        service["environment"] = {**service.get("environment", {}), AFFINITY_ENV: mask(group)}
         service["labels"] = {
-            "org.arcvllm.gpu.slot": card.slot,
-            "org.arcvllm.gpu.render": card.path,
+            "org.arcvllm.gpu.slots": " ".join(c.slot for c in group),
+            "org.arcvllm.gpu.render": " ".join(c.path for c in group),
         }
         services[name(i)] = service
-    workers = " ".join(f"http://{name(i)}:8000" for i in range(len(cards)))
+    workers = " ".join(f"http://{name(i)}:8000" for i in range(len(groups)))
     # All N by default; `scale up` names only the healthy ones (ROUTER_WORKER_URLS).
     services["router"] = {"command": f"--worker-urls ${{ROUTER_WORKER_URLS:-{workers}}}"}
     targets_file = state / "targets.yml"
-    targets_file.write_text(yaml.safe_dump(targets(len(cards)), sort_keys=False))
+    targets_file.write_text(yaml.safe_dump(targets(len(groups)), sort_keys=False))
     services["prometheus"] = {"volumes": [f"{targets_file}:{TARGETS_IN_CONTAINER}:ro"]}
-    services["canary"] = {"command": canary_command(canary, len(cards))}
+    services["canary"] = {"command": canary_command(canary, len(groups))}
     return {"services": services}
 
 
@@ -150,13 +205,14 @@ def canary_command(command: list[str], count: int) -> list[str]:
     return rest[:at] + urls + rest[at:]
 
 
-def write(cards: list[RenderNode], scale_file: Path, state: Path) -> Path:
-    """STATE/replicas.yaml for CARDS; its path."""
+def write(groups: list[Replica], scale_file: Path, state: Path) -> Path:
+    """STATE/replicas.yaml for GROUPS (one replica each); its path."""
     state.mkdir(parents=True, exist_ok=True)
-    doc = compose_services(cards, template(scale_file), state)
+    doc = compose_services(groups, template(scale_file), state)
     out = state / "replicas.yaml"
+    each = "one Arc Pro B70" if all(len(g) == 1 for g in groups) else "their own Arc Pro B70s"
     head = (
-        "# The XPU replicas of this scale-out, one Arc Pro B70 each: written by `arcvllm scale`\n"
+        f"# The XPU replicas of this scale-out, {each} each: written by `arcvllm scale`\n"
         f"# from {scale_file.name}'s {TEMPLATE_KEY}; after compose.yaml and {scale_file.name}.\n"
     )
     out.write_text(head + yaml.safe_dump(doc, sort_keys=False))

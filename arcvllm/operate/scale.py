@@ -1,13 +1,15 @@
 """N replicas behind vLLM's router, started so that a failure is one line and stops what started.
 
-`arcvllm scale up` runs docker/compose.scale.yaml's profiles with one XPU replica per Arc
-Pro B70 the host has (any N; each container gets only its own GPU: arcvllm/operate/replicas.py),
-refuses more replicas than B70s before anything starts, waits for every replica's own
-healthcheck and then for the router's /readiness. A replica that never gets healthy while
-another does is stopped alone and named: the router serves the healthy ones (degraded,
-exit 4). Any other failure is named in one line and the project is taken down again.
-`arcvllm scale down` stops it: each server drains its requests (the preset's
-shutdown_timeout). Named volumes (compile caches, Prometheus history) stay unless --purge.
+`arcvllm scale up` runs docker/compose.scale.yaml's profiles with XPU replicas of K Arc Pro
+B70s each (--gpus-per-replica, 1 by default; any N; each container gets only its own GPUs:
+arcvllm/operate/replicas.py), refuses more GPUs than the host's B70s, a K that leaves some
+over or a preset whose tensor-parallel-size is not K before anything starts, waits for
+every replica's own healthcheck and then for the router's /readiness. A replica that
+never gets healthy while another does is stopped alone and named: the router serves the
+healthy ones (degraded, exit 4). Any other failure is named in one line and the project is
+taken down again. `arcvllm scale down` stops it: each server drains its requests (the
+preset's shutdown_timeout). Named volumes (compile caches, Prometheus history) stay unless
+--purge.
 """
 
 from __future__ import annotations
@@ -29,12 +31,12 @@ from arcvllm.operate import compose, replicas
 from arcvllm.operate.host import (
     DEFAULT_PORT,
     Host,
-    RenderNode,
     api_key_file,
     check_api_key_file,
     effective,
 )
 from arcvllm.operate.settings import load as load_settings
+from arcvllm.presets import DEFAULT_XPU_PRESET, get_preset
 
 PROJECT = "arcvllm-scale"
 DEGRADED = Degraded.exit_code  # exit status: serving, with fewer replicas than asked
@@ -259,12 +261,13 @@ class Start:
 
     env_file: Path  # the settings file
     project: str
-    replicas: int  # one B70 each (XPU), or the CPU profile's 2
+    replicas: int  # K B70s each (XPU), or the CPU profile's 2
     cpu: bool
     monitoring: bool  # Prometheus and Alertmanager too
     timeout: float  # seconds for every replica's health
     router_timeout: float  # seconds for the router's readiness
     dev_root: Path = Path("/")  # the host's /sys and /dev under it
+    gpus_per_replica: int = 1  # K: the preset's tensor-parallel-size
 
 
 @dataclass(frozen=True)
@@ -292,9 +295,15 @@ def checked(start: Start) -> dict[str, str]:
     check_api_key_file(api_key_file(values, docker_dir(), os.environ))
     if start.monitoring:
         check_alert_receiver(env_file)
-    if not start.cpu:
-        cards = replicas.pick(Host(root=start.dev_root), start.replicas)
-        replicas.write(cards, docker_dir() / "compose.scale.yaml", state_dir(start.project))
+    if start.cpu:
+        if start.gpus_per_replica != 1:
+            raise UsageError("--gpus-per-replica is for XPU replicas; the CPU ones have none")
+        return values
+    groups = replicas.pick(Host(root=start.dev_root), start.replicas, start.gpus_per_replica)
+    # The replicas serve the preset compose gives them (compose.scale.yaml's command).
+    name = effective("ARCVLLM_PRESET", values, os.environ, DEFAULT_XPU_PRESET)
+    replicas.check_preset(get_preset(name), start.gpus_per_replica)
+    replicas.write(groups, docker_dir() / "compose.scale.yaml", state_dir(start.project))
     return values
 
 
@@ -346,15 +355,18 @@ def compose_up(dep: Deployment, profiles: tuple[str, ...], *services: str) -> No
     dep.compose().up(*services, profiles=profiles)
 
 
-def write_replicas_file(count: int, out: Path, dev_root: Path = Path("/")) -> list[RenderNode]:
-    """`scale render`: the replicas' file of COUNT B70s of the host (its /sys and /dev under
-    DEV_ROOT) at OUT, their by-path folders beside it: the B70s, in the replicas' order."""
-    cards = replicas.pick(Host(root=dev_root), count)
+def write_replicas_file(
+    count: int, out: Path, dev_root: Path = Path("/"), per_replica: int = 1
+) -> list[replicas.Replica]:
+    """`scale render`: the replicas' file of COUNT replicas of PER_REPLICA B70s of the host
+    (its /sys and /dev under DEV_ROOT) at OUT, their by-path folders beside it: each
+    replica's B70s, in the replicas' order."""
+    groups = replicas.pick(Host(root=dev_root), count, per_replica)
     out = out.resolve()
-    made = replicas.write(cards, docker_dir() / "compose.scale.yaml", out.parent)
+    made = replicas.write(groups, docker_dir() / "compose.scale.yaml", out.parent)
     if made != out:
         made.replace(out)
-    return cards
+    return groups
 
 
 ALL_PROFILES = ("scale", "cpu-scale", "monitoring")

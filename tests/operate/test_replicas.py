@@ -1,4 +1,4 @@
-"""arcvllm/operate/replicas.py: one XPU replica per Arc Pro B70, each seeing only its own GPU.
+"""arcvllm/operate/replicas.py: XPU replicas of K Arc Pro B70s, each seeing only its own GPUs.
 
 A fake host under tmp_path (sysfs, /dev/dri and its by-path links, as the kernel lays
 them out); the replicas' file is validated by the compose tool itself."""
@@ -19,7 +19,7 @@ from support.hosts import B70, B580, FOUR, IGPU, fake_host
 from support.venvs import release_root
 
 from arcvllm import stack
-from arcvllm.errors import Unavailable
+from arcvllm.errors import Unavailable, UsageError
 from arcvllm.operate import host as hosts
 from arcvllm.operate import replicas
 
@@ -85,6 +85,95 @@ def test_n_replicas_each_get_only_their_own_gpu(tmp_path, count):
     assert [t["labels"]["replica"] for t in targets] == names
 
 
+def test_two_replicas_of_two_gpus_each_get_two_render_nodes_of_their_own(tmp_path):
+    """4 B70s, K=2: vllm-0 has renderD128-129, vllm-1 renderD130-131, each with both
+    by-path links and the mask 0,1; no GPU is in two replicas."""
+    state = tmp_path / "state"
+    groups = replicas.pick(fake_host(tmp_path, FOUR), 2, per_replica=2)
+    doc = replicas.compose_services(groups, replicas.template(SCALE), state)
+    assert [s for s in doc["services"] if s.startswith("vllm-")] == ["vllm-0", "vllm-1"]
+    seen: list[str] = []
+    for i in range(2):
+        service = doc["services"][f"vllm-{i}"]
+        nodes = [f"/dev/dri/renderD{128 + 2 * i + j}" for j in range(2)]
+        assert service["devices"] == [f"{n}:{n}" for n in nodes]
+        assert service["environment"][replicas.AFFINITY_ENV] == "0,1"
+        assert service["group_add"] == ["992"]
+        assert service["labels"]["org.arcvllm.gpu.render"] == " ".join(nodes)
+        links = sorted((state / "by-path" / f"vllm-{i}").iterdir())
+        assert [(p.name, os.readlink(p)) for p in links] == [
+            (f"pci-0000:0{3 + 2 * i + j}:00.0-render", f"../renderD{128 + 2 * i + j}")
+            for j in range(2)
+        ]
+        seen += nodes
+    assert len(seen) == len(set(seen)) == 4
+    assert doc["services"]["router"]["command"].endswith("http://vllm-0:8000 http://vllm-1:8000}")
+
+
+def test_one_replica_of_four_gpus_sees_all_four(tmp_path):
+    (group,) = replicas.pick(fake_host(tmp_path, FOUR), 1, per_replica=4)
+    assert [c.path for c in group] == [f"/dev/dri/renderD{128 + i}" for i in range(4)]
+    assert replicas.mask(group) == "0,1,2,3"
+
+
+def test_a_replica_size_that_leaves_gpus_over_is_a_usage_error(tmp_path):
+    with pytest.raises(UsageError) as failure:
+        replicas.pick(fake_host(tmp_path, FOUR), 1, per_replica=3)
+    assert str(failure.value) == (
+        "--gpus-per-replica 3 does not divide this host's 4 Arc Pro B70s (it can be 1, 2, 4)"
+    )
+    assert failure.value.exit_code == 2
+
+
+def test_more_replicas_of_k_than_the_host_holds_is_one_line_exit_3(tmp_path):
+    with pytest.raises(Unavailable) as failure:
+        replicas.pick(fake_host(tmp_path, FOUR), 3, per_replica=2)
+    assert str(failure.value).startswith(
+        "3 replicas of 2 need 6 Arc Pro B70s; this host has 4 with a render node (0000:03:00.0"
+    )
+    assert failure.value.exit_code == 3
+
+
+def test_an_igpu_beside_the_b70s_is_never_in_a_replica(tmp_path):
+    """Same kind: the K of a replica are B70s, whatever else Level Zero enumerates."""
+    host = fake_host(
+        tmp_path,
+        [
+            ("0000:00:02.0", IGPU, "renderD128"),
+            *[(slot, B70, f"renderD{129 + i}") for i, (slot, _, _) in enumerate(FOUR)],
+        ],
+    )
+    groups = replicas.pick(host, 2, per_replica=2)
+    assert [[c.slot for c in g] for g in groups] == [
+        ["0000:03:00.0", "0000:04:00.0"], ["0000:05:00.0", "0000:06:00.0"]]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("preset", "k", "fits"),
+    [
+        ("qwen3.6-35b-a3b-w4a16-1xb70", 1, True),
+        ("qwen3.6-35b-a3b-w4a16-2xb70", 2, True),
+        ("qwen3-next-80b-a3b-w4a16-4xb70", 4, True),
+        ("qwen3.6-35b-a3b-w4a16-1xb70", 2, False),
+        ("qwen3.6-35b-a3b-w4a16-2xb70", 1, False),
+        ("qwen3-next-80b-a3b-w4a16-2xb70", 4, False),
+    ],
+)
+def test_the_presets_tensor_parallel_size_must_be_the_replicas_gpus(preset, k, fits):
+    from arcvllm.presets import get_preset
+
+    if fits:
+        replicas.check_preset(get_preset(preset), k)
+        return
+    with pytest.raises(UsageError) as failure:
+        replicas.check_preset(get_preset(preset), k)
+    assert str(failure.value).startswith(
+        f"preset {preset} has tensor-parallel-size {replicas.tensor_parallel(get_preset(preset))}"
+        f", but --gpus-per-replica is {k}: set ARCVLLM_PRESET to one of TP={k} ("
+    )
+    assert preset not in str(failure.value).split("(")[1]
+
+
 def test_rendering_again_for_fewer_replicas_leaves_no_link_of_before(tmp_path):
     state = tmp_path / "state"
     host = fake_host(tmp_path, FOUR)
@@ -106,17 +195,22 @@ def compose_config(*files: Path, profiles=("scale", "monitoring"), env=None):
     )  # fmt: skip
 
 
-def gpu_problems(svc: dict, count: int) -> list[str]:
-    """What in compose's view of the replicas is not `one render node of its own each`."""
+def gpu_problems(svc: dict, count: int, per_replica: int = 1) -> list[str]:
+    """What in compose's view of the replicas is not `PER_REPLICA render nodes of its own
+    each`."""
     problems = []
     for i in range(count):
-        replica, node = svc[f"vllm-{i}"], f"/dev/dri/renderD{128 + i}"
+        replica = svc[f"vllm-{i}"]
+        nodes = [f"/dev/dri/renderD{128 + i * per_replica + j}" for j in range(per_replica)]
         devices = [
             d if isinstance(d, str) else f"{d['source']}:{d['target']}"
             for d in replica.get("devices", [])
         ]
-        if devices != [f"{node}:{node}"]:
+        if devices != [f"{n}:{n}" for n in nodes]:
             problems.append(f"vllm-{i} devices {devices}")
+        mask = (replica.get("environment") or {}).get(replicas.AFFINITY_ENV)
+        if mask != ",".join(map(str, range(per_replica))):
+            problems.append(f"vllm-{i} {replicas.AFFINITY_ENV} {mask}")
         if replica.get("group_add") != ["992"]:
             problems.append(f"vllm-{i} group_add {replica.get('group_add')}")
     return problems
@@ -157,6 +251,19 @@ def test_the_written_file_is_valid_compose_with_one_gpu_per_replica(tmp_path):
     ]
     assert canary[:3] == ["arcvllm", "canary", "--base-url=https://gateway:8443"]
     assert "--api-key-file=/run/secrets/api-key" in canary
+
+
+@pytest.mark.compose
+def test_the_written_file_for_two_replicas_of_two_is_valid_compose(tmp_path):
+    state = tmp_path / "state"
+    out = replicas.write(replicas.pick(fake_host(tmp_path, FOUR), 2, 2), SCALE, state)
+    result = compose_config(out, env={"ARCVLLM_PRESET": "qwen3.6-35b-a3b-w4a16-2xb70"})
+    assert result.returncode == 0, result.stderr
+    svc = yaml.safe_load(result.stdout)["services"]
+    assert gpu_problems(svc, 2, per_replica=2) == []
+    assert gpu_problems(svc, 2, per_replica=1) != []  # the check can fail
+    assert "vllm-2" not in svc
+    assert svc["vllm-0"]["command"][0] == "qwen3.6-35b-a3b-w4a16-2xb70"
 
 
 @pytest.mark.compose

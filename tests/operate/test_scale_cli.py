@@ -163,6 +163,76 @@ def test_any_n_up_to_the_b70s_starts_that_many_from_their_own_file(tmp_path, sta
     assert not state.exists()  # nothing left of a failed start
 
 
+def test_two_replicas_of_two_b70s_each_start_from_their_own_file(tmp_path, state):
+    """`scale up --gpus-per-replica 2` on 4 B70s with a TP=2 preset: compose is given a
+    file of vllm-0 (renderD128, 129) and vllm-1 (renderD130, 131), mask 0,1 each."""
+    host = fake_host(tmp_path, FOUR)
+    calls = tmp_path / "compose-calls"
+    copy = tmp_path / "replicas-seen.yaml"
+    stand_in = (
+        f'sh -c \'echo "$*" >> {calls}; cp {state}/replicas.yaml {copy} 2>/dev/null; '
+        'case "$*" in *" up "*) exit 1;; esac\' compose'
+    )
+    result = arcvllm(
+        "scale", "up", "--gpus-per-replica", "2", "--dev-root", str(host.root),
+        env={"COMPOSE": stand_in, "ARCVLLM_PRESET": "qwen3.6-35b-a3b-w4a16-2xb70"},
+    )  # fmt: skip
+    assert result.returncode == 3 and "compose up failed" in result.stderr
+    up = calls.read_text().splitlines()[0]
+    assert up.split(" up -d ")[1].split() == ["vllm-0", "vllm-1", "gateway"]
+    seen = yaml.safe_load(copy.read_text())["services"]
+    for i in range(2):
+        nodes = [f"/dev/dri/renderD{128 + 2 * i + j}" for j in range(2)]
+        assert seen[f"vllm-{i}"]["devices"] == [f"{n}:{n}" for n in nodes]
+        assert seen[f"vllm-{i}"]["environment"]["ZE_AFFINITY_MASK"] == "0,1"
+    assert "vllm-2" not in seen
+
+
+@pytest.mark.parametrize(
+    ("args", "preset", "line"),
+    [
+        (["--gpus-per-replica", "2"], "qwen3.6-35b-a3b-w4a16-1xb70",
+         "preset qwen3.6-35b-a3b-w4a16-1xb70 has tensor-parallel-size 1, but "
+         "--gpus-per-replica is 2: set ARCVLLM_PRESET to one of TP=2 ("),
+        (["--gpus-per-replica", "1"], "qwen3.6-35b-a3b-w4a16-2xb70",
+         "preset qwen3.6-35b-a3b-w4a16-2xb70 has tensor-parallel-size 2, but "
+         "--gpus-per-replica is 1: set ARCVLLM_PRESET to one of TP=1 ("),
+        (["--replicas", "1", "--gpus-per-replica", "3"], None,
+         "--gpus-per-replica 3 does not divide this host's 4 Arc Pro B70s (it can be 1, 2, 4)"),
+        (["--gpus-per-replica", "0"], None, "--gpus-per-replica must be 1 or more, not 0"),
+        (["--cpu", "--gpus-per-replica", "2"], None,
+         "--gpus-per-replica is for XPU replicas; the CPU ones have none"),
+    ],
+)  # fmt: skip
+def test_a_replica_size_the_host_or_preset_does_not_fit_is_refused_in_one_line(
+    tmp_path, state, args, preset, line
+):
+    host = fake_host(tmp_path, FOUR)
+    called = tmp_path / "compose-was-called"
+    env = {"COMPOSE": f"touch {called}"}
+    if preset:
+        env["ARCVLLM_PRESET"] = preset
+    result = arcvllm("scale", "up", *args, "--dev-root", str(host.root), env=env)
+    (said,) = result.stderr.strip().splitlines()
+    assert said.startswith(f"arcvllm: {line}"), said
+    assert result.returncode == 2
+    assert not called.exists() and not state.exists()
+
+
+def test_scale_render_names_each_replicas_gpus(tmp_path):
+    host = fake_host(tmp_path, FOUR)
+    out = tmp_path / "replicas.yaml"
+    made = arcvllm(
+        "scale", "render", "--replicas", "1", "--gpus-per-replica", "4", "--out", str(out),
+        "--dev-root", str(host.root), "--json",
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    (replica,) = json.loads(made.stdout)["replicas"]
+    assert replica["mask"] == "0,1,2,3"
+    renders = [g["render"] for g in replica["gpus"]]
+    assert renders == [f"/dev/dri/renderD{128 + i}" for i in range(4)]
+
+
 def test_a_replica_count_below_one_is_a_usage_error():
     result = arcvllm("scale", "up", "--replicas", "0")
     assert result.returncode == 2
@@ -254,7 +324,7 @@ def actions(calls: Path) -> list[list[str]]:
 def up_args(**overrides) -> argparse.Namespace:
     args = {
         "replicas": 2, "cpu": True, "monitoring": False, "timeout": 1.0,
-        "router_timeout": 1.0, "dev_root": "/", "json": False,
+        "router_timeout": 1.0, "dev_root": "/", "json": False, "gpus_per_replica": 1,
         "env_file": ROOT / "docker" / "arcvllm.env", "project": scale.PROJECT,
     }  # fmt: skip
     return argparse.Namespace(**{**args, **overrides})
