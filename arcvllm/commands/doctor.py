@@ -21,7 +21,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "doctor",
         help="host preflight: can this host serve a preset?",
-        description="Check GPU nodes, driver, runtime, shared memory, RAM and disk for a preset.",
+        description="Check the GPU, its kernel driver and firmware, resizable BAR, the render "
+        "group, shared memory, RAM and the model for a preset. A failing host item prints the "
+        "fix line for this host's distribution (docs/host.md); doctor changes nothing.",
     )
     parser.add_argument(
         "--preset",

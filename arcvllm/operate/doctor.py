@@ -20,6 +20,7 @@ from arcvllm.errors import CheckFailed
 from arcvllm.operate import weights
 from arcvllm.operate.host import (
     B70,
+    BMG_G31,
     Host,
     intel_gpus,
     level_zero_devices,
@@ -31,9 +32,15 @@ from arcvllm.presets import DEFAULT_XPU_PRESET, Preset, get_preset
 GIB = 1024**3
 DEFAULT_PRESET = DEFAULT_XPU_PRESET
 
-# What the stack needs from the host and the image.
-# xe enables Battlemage from Linux 6.12; whether a kernel knows a given device is read from
-# its own module aliases (6.12.25's xe, for one, has no 8086:e223).
+# What the stack needs from the host and the image (docs/host.md, its one home).
+# The first mainline Linux whose xe driver lists the Arc Pro B70 (8086:e223, with the other
+# BMG-G31 IDs e220-e222): 6.17, by "drm/xe/xe2_hpg: Add PCI IDs for xe2_hpg" (9b779ff0e1d1,
+# beside "Define additional Xe2_HPG GMD_ID" and "Add set of workarounds") in the drm pull
+# for 6.17-rc1 (drm-next-2025-07-30, include/drm/intel/pciids.h). A distribution can carry
+# the IDs to an older kernel, so a kernel's own modules.alias decides where it is readable
+# (Debian 13's 6.12.117 lists no e22x: read from its xe.ko).
+MIN_KERNEL_B70 = (6, 17)
+# xe drives Battlemage (BMG-G21) by default from Linux 6.12: nothing older can serve.
 MIN_KERNEL = (6, 12)
 # compute-runtime knows the G31 device IDs from 25.27.34303.5 (intel/compute-runtime
 # ff380058, "feature: add support for release 20.2 (BMG G31)", 2025-06-13).
@@ -46,6 +53,74 @@ FIRMWARE_DIRS = ("/lib/firmware", "/usr/lib/firmware")
 FULL_BAR = 16 * GIB
 
 OK, WARN, FAIL = "ok", "warn", "fail"
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """The fix lines of one distribution for what docs/host.md prepares (its sources are
+    there): a kernel whose xe lists the B70, and the GPU firmware. Each line says when it
+    needs a reboot; doctor prints them and never runs them."""
+
+    name: str
+    kernel: str
+    firmware: str
+
+
+HOST_DOC = "docs/host.md"
+DISTRIBUTIONS = {
+    ("ubuntu", "24.04"): Distribution(
+        "Ubuntu 24.04",
+        kernel="sudo apt install --install-recommends linux-generic-hwe-24.04 (the HWE "
+        "kernel, 6.17), then reboot",
+        firmware="sudo apt install linux-firmware (linux-firmware-intel-graphics), then "
+        f"reboot; still missing: {HOST_DOC}#firmware",
+    ),
+    ("ubuntu", "25.10"): Distribution(
+        "Ubuntu 25.10",
+        kernel="sudo apt install linux-generic && sudo apt full-upgrade (25.10's kernel is "
+        "6.17), then reboot",
+        firmware="sudo apt install linux-firmware (linux-firmware-intel-graphics), then reboot",
+    ),
+    ("ubuntu", "26.04"): Distribution(
+        "Ubuntu 26.04",
+        kernel="sudo apt install linux-generic && sudo apt full-upgrade (26.04's kernel is "
+        "7.0), then reboot",
+        firmware="sudo apt install linux-firmware (linux-firmware-intel-graphics), then reboot",
+    ),
+    ("debian", "13"): Distribution(
+        "Debian 13",
+        kernel="trixie's 6.12 does not know the B70: add trixie-backports to apt's sources "
+        f"({HOST_DOC}#debian-13), sudo apt install -t trixie-backports linux-image-amd64, "
+        "then reboot",
+        firmware="trixie-backports with non-free-firmware in apt's sources "
+        f"({HOST_DOC}#debian-13), sudo apt install -t trixie-backports "
+        "firmware-intel-graphics, then reboot",
+    ),
+}
+# Any other system, and inside a container (whose os-release is the image's, not the
+# host's): what to get, and where the steps are.
+GENERIC = Distribution(
+    "",
+    kernel="a kernel whose xe lists 8086:e223 (Linux 6.17 or newer), then reboot: "
+    f"{HOST_DOC} has the steps per distribution",
+    firmware="xe/bmg_guc_70.bin and xe/bmg_huc.bin (linux-firmware 20250410 or newer), then "
+    f"reboot: {HOST_DOC} has the steps per distribution",
+)
+
+
+def distribution(host: Host) -> Distribution | None:
+    """This host's distribution among those docs/host.md prepares, or None (another one, or
+    inside a container: the kernel and firmware are the host's, os-release the image's)."""
+    if host.in_container():
+        return None
+    info = host.os_release()
+    return DISTRIBUTIONS.get((info.get("ID", ""), info.get("VERSION_ID", "")))
+
+
+def fixes(host: Host) -> Distribution:
+    """The fix lines for this host: its distribution's, else the generic ones."""
+    return distribution(host) or GENERIC
+
 
 # dpkg package names of the GPU user-space stack, as the release debs name them.
 COMPUTE_RUNTIME_PKGS = ("libze-intel-gpu1", "intel-level-zero-gpu", "intel-opencl-icd")
@@ -160,7 +235,8 @@ def check_render_nodes(host: Host, preset: Preset) -> Finding:
         "pass the B70s' nodes into the container, not all of /dev/dri (an iGPU would be"
         " device 0): `arcvllm gpus --compose FILE`, or --device /dev/dri/renderD<B70>"
         if host.in_container()
-        else "no Intel GPU node: install the GPU and a kernel with the xe driver"
+        else f"the GPU in a slot and a kernel whose xe driver knows it ({HOST_DOC}): the "
+        "GPU, kernel and driver rows say which is missing"
     )
     return Finding("render node", FAIL, "no /dev/dri/renderD*: no XPU visible", fix)
 
@@ -184,8 +260,8 @@ def check_render_access(host: Host, preset: Preset) -> Finding:
             FAIL,
             f"{text}; uid {host.uid} cannot open it",
             f"add the serving user to GID {gid}: `--group-add {gid}` (docker), "
-            f'`group_add: ["{gid}"]` (compose), `usermod -aG {names.get(gid, gid)} USER` '
-            "(host)",
+            f'`group_add: ["{gid}"]` (compose), `sudo usermod -aG {names.get(gid, gid)} USER` '
+            "and log in again (host)",
         )
     if host.uid == 0:
         gid = host.stat(nodes[0]).st_gid
@@ -261,8 +337,9 @@ def check_driver(host: Host, preset: Preset) -> Finding:
             "kernel driver",
             FAIL,
             seen,
-            "no driver bound: load xe (`modprobe xe`) on a kernel with Battlemage support "
-            "(6.12 or newer)",
+            "no driver bound: the kernel row says whether this kernel's xe knows the GPU "
+            f"({fixes(host).kernel}); it does: sudo modprobe xe, and dmesg | grep xe says why "
+            "it did not bind",
         )
     wrong = next((g for g in gpus if g.is_battlemage and g.driver != "xe"), None)
     if wrong is not None:
@@ -283,7 +360,7 @@ def check_runtime(host: Host, preset: Preset) -> Finding:
     cr = next((f"{p} {pkgs[p]}" for p in COMPUTE_RUNTIME_PKGS if p in pkgs), None)
     l0 = next((f"{p} {pkgs[p]}" for p in LEVEL_ZERO_PKGS if p in pkgs), None)
     seen = f"compute-runtime: {cr or 'absent'}; level-zero: {l0 or 'absent'}"
-    if cr and l0 and preset.flavor != "cpu":
+    if cr and l0 and preset.flavor != "cpu" and host.in_container():
         version = version_tuple(cr.split(" ", 1)[1])
         if version < MIN_COMPUTE_RUNTIME_G31:
             want = ".".join(map(str, MIN_COMPUTE_RUNTIME_G31))
@@ -305,12 +382,8 @@ def check_runtime(host: Host, preset: Preset) -> Finding:
             seen,
             "this image has no GPU user-space driver: use the XPU image",
         )
-    return Finding(
-        "GPU user-space",
-        WARN,
-        f"{seen} on the host",
-        "the XPU image carries them; run `arcvllm doctor` inside the container to check",
-    )
+    return Finding("GPU user-space", OK, f"{seen} (not needed on the host: the XPU image "
+                   "carries its own; doctor inside the container checks it)")  # fmt: skip
 
 
 # How the devices are checked where sycl-ls and xpu-smi are not (the XPU image has neither).
@@ -499,39 +572,41 @@ def check_model(host: Host, preset: Preset) -> Finding:
 
 
 def check_kernel(host: Host, preset: Preset) -> Finding:
-    """The running kernel against what Battlemage needs: xe from 6.12, and an xe that
-    lists each Battlemage device present (read from its own modules.alias)."""
+    """The running kernel against what the B70 needs: an xe that lists each Battlemage GPU
+    present (the B70 when none is: the presets are sized for it), read from the kernel's
+    own modules.alias; without one (a container), its version against MIN_KERNEL_B70. A
+    failure's fix is the line for this host's distribution (docs/host.md)."""
     release = host.kernel_release()
     if release is None:
         return Finding("kernel", WARN, "cannot read /proc/sys/kernel/osrelease")
-    gpus = [g for g in intel_gpus(host) if g.is_battlemage]
     seen = f"Linux {release}"
     if preset.flavor == "cpu":
         return Finding("kernel", OK, f"{seen} (not needed: CPU preset)")
-    if version_tuple(release)[:2] < MIN_KERNEL:
-        return Finding(
-            "kernel",
-            FAIL,
-            seen,
-            "Battlemage needs the xe driver of Linux 6.12 or newer (the B70 a newer one still)",
-        )
+    gpus = [g for g in intel_gpus(host) if g.is_battlemage]
+    wanted = sorted({g.device for g in gpus if g.driver != "xe"} or ({B70} if not gpus else set()))
+    ids = ", ".join(f"8086:{device:04x}" for device in wanted)
+    version = version_tuple(release)[:2]
+    fix = fixes(host).kernel
+    if version < MIN_KERNEL:
+        return Finding("kernel", FAIL, f"{seen}: xe drives Battlemage from 6.12, the B70 "
+                       "from 6.17", fix)  # fmt: skip
     aliases = xe_aliases(host)
-    unknown = [g for g in gpus if g.driver != "xe" and (aliases is None or g.device not in aliases)]
-    if unknown and aliases is not None:
-        ids = ", ".join(f"8086:{g.device:04x}" for g in unknown)
-        return Finding(
-            "kernel",
-            FAIL,
-            f"{seen}: its xe does not list {ids}",
-            "install a kernel whose xe driver knows this GPU (e.g. 6.12.25 has no 8086:e223)",
-        )
-    if unknown:
-        return Finding(
-            "kernel", WARN, f"{seen}; no modules.alias to check", "run doctor on the host"
-        )
-    return Finding(
-        "kernel", OK, seen + (f"; xe knows {len(gpus)} Battlemage GPU(s)" if gpus else "")
-    )
+    if aliases is not None:
+        unknown = [device for device in wanted if device not in aliases]
+        if unknown:
+            missing = ", ".join(f"8086:{device:04x}" for device in unknown)
+            return Finding("kernel", FAIL, f"{seen}: its xe does not list {missing}", fix)
+        if not wanted:
+            return Finding("kernel", OK, f"{seen}; xe drives {len(gpus)} Battlemage GPU(s)")
+        back = " (carried back: mainline lists it from 6.17)" if version < MIN_KERNEL_B70 else ""
+        return Finding("kernel", OK, f"{seen}; its xe lists {ids}{back}")
+    if not wanted:
+        return Finding("kernel", OK, f"{seen}; xe drives {len(gpus)} Battlemage GPU(s)")
+    if version < MIN_KERNEL_B70 and (not gpus or any(g.device in BMG_G31 for g in gpus)):
+        return Finding("kernel", FAIL, f"{seen}: older than 6.17, the first whose xe lists "
+                       "the B70; no modules.alias to read", fix)  # fmt: skip
+    return Finding("kernel", WARN, f"{seen}; no modules.alias to check {ids}",
+                   "run doctor on the host")  # fmt: skip
 
 
 def firmware_file(host: Host, name: str) -> str | None:
@@ -558,8 +633,8 @@ def check_firmware(host: Host, preset: Preset) -> Finding:
             "GPU firmware",
             status,
             seen,
-            f"install linux-firmware with {', '.join(missing)}: without GuC the GPU runs no "
-            "compute work",
+            f"{', '.join(missing)} missing (without GuC the GPU runs no compute work): "
+            + fixes(host).firmware,
         )
     return Finding("GPU firmware", OK, seen)
 
@@ -580,7 +655,8 @@ def check_bar(host: Host, preset: Preset) -> Finding:
         "resizable BAR",
         status,
         f"largest BAR {seen}: VRAM only partly CPU-visible",
-        "enable Above 4G Decoding and Re-Size BAR Support in the firmware setup",
+        "in the firmware (BIOS/UEFI) setup: Above 4G Decoding and Re-Size BAR Support on, "
+        f"then boot ({HOST_DOC}#resizable-bar)",
     )
 
 
@@ -670,11 +746,22 @@ def render_table(rows: Sequence[Finding]) -> str:
     )
 
 
+def where(host: Host) -> str:
+    """Container, or host with its distribution as doctor knows it (the fix lines' source)."""
+    if host.in_container():
+        return "container"
+    known = distribution(host)
+    name = host.os_release().get("PRETTY_NAME") or "unknown system"
+    return f"host ({known.name if known else f'{name}: generic fix lines, {HOST_DOC}'})"
+
+
 def report(host: Host, preset: Preset, rows: Sequence[Finding]) -> dict:
     """What --json prints: enough to read without the table."""
+    known = distribution(host)
     return {
         "preset": preset.name,
         "where": "container" if host.in_container() else "host",
+        "distribution": known.name if known else None,
         "root": str(host.root),
         "kernel": host.kernel_release(),
         "ok": not any(r.status == FAIL for r in rows),
@@ -691,8 +778,7 @@ def preflight(host: Host, preset_name: str | None, as_json: bool = False) -> int
     if as_json:
         print(json.dumps(report(host, preset, rows), indent=2))
     else:
-        where = "container" if host.in_container() else "host"
-        print(f"arcvllm doctor: {where}, preset {preset.name}")
+        print(f"arcvllm doctor: {where(host)}, preset {preset.name}")
         print(render_table(rows))
     failed = [r.check for r in rows if r.status == FAIL]
     if failed:

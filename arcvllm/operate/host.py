@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shlex
 import shutil
 import stat
 import subprocess
@@ -109,6 +110,31 @@ class Host:
     def kernel_release(self) -> str | None:
         text = self.read("/proc/sys/kernel/osrelease")
         return text.strip() if text else None
+
+    def os_release(self) -> dict[str, str]:
+        """The operating system's identification (os-release(5): /etc/os-release, else
+        /usr/lib/os-release); empty when neither is readable."""
+        for name in ("/etc/os-release", "/usr/lib/os-release"):
+            text = self.read(name)
+            if text is not None:
+                return parse_os_release(text)
+        return {}
+
+
+def parse_os_release(text: str) -> dict[str, str]:
+    """KEY=value lines of an os-release file, values unquoted as a shell would (os-release(5)
+    allows shell quoting); comments, blank and malformed lines are skipped."""
+    values = {}
+    for line in text.splitlines():
+        key, eq, raw = line.strip().partition("=")
+        if not eq or not key.isidentifier():
+            continue
+        try:
+            words = shlex.split(raw)
+        except ValueError:
+            continue
+        values[key] = " ".join(words)
+    return values
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from support import ROOT
+
 from arcvllm.operate import doctor as D
 from arcvllm.operate import host as H
 from arcvllm.presets import get_preset
@@ -48,6 +51,7 @@ def build(
     firmware: tuple[str, ...] = ("xe/bmg_guc_70.bin.zst", "xe/bmg_huc.bin.zst"),
     bar_gib: float = 32,
     model: bool = True,
+    os_release: str | None = None,
 ) -> H.Host:
     """A fake machine under tmp_path/root: the files doctor reads, and nothing else; MODEL:
     XPU1's checkpoint at /models (MODELS_DIR's default, and the container's mount)."""
@@ -87,6 +91,8 @@ def build(
         (pci / slot / "class").write_text(klass)
     (root / "etc").mkdir()
     (root / "etc/group").write_text(f"root:x:0:\nvideo:x:44:\nrender:x:{RENDER_GID}:\n")
+    if os_release is not None:
+        (root / "etc/os-release").write_text(os_release)
     (root / "proc").mkdir()
     (root / "proc/meminfo").write_text(
         f"MemTotal:       {int(mem_total_gib * 1024 * 1024)} kB\n"
@@ -352,10 +358,15 @@ def test_runtime_ok_reports_both_versions(tmp_path):
     assert r.status == D.OK and "25.48.36300.8" in r.seen and "1.26.0" in r.seen
 
 
-def test_runtime_fails_in_a_container_without_it_and_warns_on_the_host(tmp_path):
+def test_runtime_fails_in_a_container_without_it_and_is_not_needed_on_the_host(tmp_path):
+    """The XPU image carries compute-runtime and Level Zero (docs/host.md): on the host their
+    absence, or an old one, is no finding."""
     assert finding(build(tmp_path / "a", packages={}), D.check_runtime).status == D.FAIL
     host = finding(build(tmp_path / "b", packages={}, container=False), D.check_runtime)
-    assert host.status == D.WARN and "inside the container" in host.fix
+    assert host.status == D.OK and "not needed on the host" in host.seen
+    old = {"libze-intel-gpu1": "25.18.33578.6-0", "level-zero": "1.21.9"}
+    on_host = finding(build(tmp_path / "c", packages=old, container=False), D.check_runtime)
+    assert on_host.status == D.OK
 
 
 # ---- sycl-ls and xpu-smi (real processes from a fake PATH) ----
@@ -615,7 +626,7 @@ def test_another_battlemage_warns_and_needs_xe(tmp_path):
 
 def test_kernel_too_old_fails(tmp_path):
     r = finding(build(tmp_path, kernel="6.8.0-51-generic"), D.check_kernel)
-    assert r.status == D.FAIL and "6.12" in r.fix
+    assert r.status == D.FAIL and "6.12" in r.seen and r.fix == D.GENERIC.kernel
 
 
 def test_kernel_whose_xe_does_not_list_the_b70_fails(tmp_path):
@@ -701,3 +712,154 @@ def test_level_zero_warns_for_a_mask_naming_a_device_that_is_not_there(tmp_path)
     row = finding(host, D.check_level_zero)
     assert row.status == D.WARN and row.seen.endswith("no device 1 here")
     assert finding(host, D.check_level_zero, CPU).status == D.OK
+
+
+# ---- host preparation (docs/host.md): each item, and the fix line for the distribution ----
+
+# What each distribution's /etc/os-release says (the fields doctor reads, as they ship them).
+OS_RELEASE = {
+    "Ubuntu 24.04": 'PRETTY_NAME="Ubuntu 24.04.3 LTS"\nNAME="Ubuntu"\nVERSION_ID="24.04"\n'
+    'VERSION="24.04.3 LTS (Noble Numbat)"\nVERSION_CODENAME=noble\nID=ubuntu\nID_LIKE=debian\n',
+    "Ubuntu 25.10": 'PRETTY_NAME="Ubuntu 25.10"\nNAME="Ubuntu"\nVERSION_ID="25.10"\n'
+    "VERSION_CODENAME=questing\nID=ubuntu\nID_LIKE=debian\n",
+    "Ubuntu 26.04": 'PRETTY_NAME="Ubuntu 26.04 LTS"\nNAME="Ubuntu"\nVERSION_ID="26.04"\n'
+    "VERSION_CODENAME=resolute\nID=ubuntu\nID_LIKE=debian\n",
+    "Debian 13": 'PRETTY_NAME="Debian GNU/Linux 13 (trixie)"\nNAME="Debian GNU/Linux"\n'
+    'VERSION_ID="13"\nVERSION="13 (trixie)"\nVERSION_CODENAME=trixie\nID=debian\n',
+}
+FEDORA = 'NAME="Fedora Linux"\nVERSION_ID=43\nID=fedora\nPRETTY_NAME="Fedora Linux 43"\n'
+DISTROS = sorted(OS_RELEASE)
+# A B70 that no driver took, on a kernel whose xe knows only BMG-G21: trixie's own 6.12.
+NO_B70_KERNEL = {
+    "kernel": "6.12.117+deb13-amd64",
+    "xe_ids": frozenset({0xE202, 0xE20B, 0xE20C, 0xE20D, 0xE212}),
+    "gpus": (("0000:03:00.0", H.B70, None),),
+}
+
+
+def distro(name: str) -> D.Distribution:
+    return next(d for d in D.DISTRIBUTIONS.values() if d.name == name)
+
+
+def test_every_distribution_of_docs_host_md_has_its_os_release_here():
+    assert sorted(d.name for d in D.DISTRIBUTIONS.values()) == DISTROS
+
+
+def test_os_release_is_read_as_a_shell_reads_it():
+    text = '# comment\nID=ubuntu\nVERSION_ID="24.04"\nNAME=\'Ubuntu\'\nBROKEN\nX="unclosed\n'
+    assert H.parse_os_release(text) == {"ID": "ubuntu", "VERSION_ID": "24.04", "NAME": "Ubuntu"}
+
+
+@pytest.mark.parametrize("name", DISTROS)
+def test_a_prepared_host_of_each_distribution_passes_kernel_driver_and_firmware(tmp_path, name):
+    host = build(tmp_path, container=False, os_release=OS_RELEASE[name])
+    assert D.distribution(host) == distro(name)
+    for check in (D.check_kernel, D.check_driver, D.check_firmware, D.check_bar):
+        row = finding(host, check)
+        assert row.status == D.OK, row
+
+
+@pytest.mark.parametrize("name", DISTROS)
+def test_a_kernel_that_does_not_know_the_b70_fails_with_the_distributions_line(tmp_path, name):
+    host = build(tmp_path, container=False, os_release=OS_RELEASE[name], **NO_B70_KERNEL)
+    row = finding(host, D.check_kernel)
+    assert row.status == D.FAIL and row.seen.endswith("its xe does not list 8086:e223")
+    assert row.fix == distro(name).kernel and "reboot" in row.fix
+    unbound = finding(host, D.check_driver)
+    assert unbound.status == D.FAIL and distro(name).kernel in unbound.fix
+
+
+@pytest.mark.parametrize("name", DISTROS)
+def test_missing_firmware_fails_with_the_distributions_line(tmp_path, name):
+    host = build(tmp_path, container=False, os_release=OS_RELEASE[name], firmware=())
+    row = finding(host, D.check_firmware)
+    assert row.status == D.FAIL and row.seen == "GuC: missing; HuC: missing"
+    assert row.fix.endswith(distro(name).firmware) and "reboot" in row.fix
+
+
+def test_the_lines_name_each_distributions_own_packages():
+    """Not one line for all: the HWE kernel on 24.04, backports on Debian 13, Debian's
+    non-free-firmware package name."""
+    assert "linux-generic-hwe-24.04" in distro("Ubuntu 24.04").kernel
+    assert "-t trixie-backports linux-image-amd64" in distro("Debian 13").kernel
+    assert "firmware-intel-graphics" in distro("Debian 13").firmware
+    assert "linux-firmware" in distro("Ubuntu 26.04").firmware
+    assert len({d.kernel for d in D.DISTRIBUTIONS.values()}) == len(D.DISTRIBUTIONS)
+
+
+def test_docs_host_md_carries_every_command_doctor_prints():
+    """One home for the steps: each `sudo apt ...` of a fix line is written in docs/host.md."""
+    text = (ROOT / "docs/host.md").read_text()
+    for line in [d.kernel for d in D.DISTRIBUTIONS.values()] + [
+        d.firmware for d in D.DISTRIBUTIONS.values()
+    ]:
+        for command in re.findall(r"sudo apt [^,(;]+", line):
+            assert command.strip() in text, command
+    for heading in ("## Firmware", "## Debian 13", "## Resizable BAR"):  # the lines' anchors
+        assert f"\n{heading}\n" in text
+
+
+@pytest.mark.parametrize("os_release", [FEDORA, None], ids=["fedora", "no-os-release"])
+def test_an_unknown_distribution_gets_the_generic_line_pointing_at_docs_host_md(
+    tmp_path, os_release
+):
+    host = build(tmp_path, container=False, os_release=os_release, firmware=(), **NO_B70_KERNEL)
+    assert D.distribution(host) is None
+    kernel = finding(host, D.check_kernel)
+    assert kernel.status == D.FAIL and kernel.fix == D.GENERIC.kernel
+    assert "docs/host.md" in kernel.fix and "6.17" in kernel.fix
+    firmware = finding(host, D.check_firmware)
+    assert firmware.status == D.FAIL and firmware.fix.endswith(D.GENERIC.firmware)
+
+
+def test_in_a_container_the_images_os_release_names_no_host_distribution(tmp_path):
+    """The XPU image is Ubuntu 24.04; the kernel is the host's, whatever it runs."""
+    host = build(tmp_path, os_release=OS_RELEASE["Ubuntu 24.04"], **NO_B70_KERNEL)
+    assert D.distribution(host) is None
+    assert finding(host, D.check_kernel).fix == D.GENERIC.kernel
+
+
+def test_the_b70_needs_6_17_where_no_modules_alias_says_otherwise(tmp_path):
+    old = build(tmp_path / "a", kernel="6.14.0-37-generic", xe_ids=None,
+                gpus=(("0000:03:00.0", H.B70, None),))  # fmt: skip
+    row = finding(old, D.check_kernel)
+    assert row.status == D.FAIL and "older than 6.17" in row.seen
+    assert D.MIN_KERNEL_B70 == (6, 17) and D.version_tuple("6.17.0-35-generic")[:2] >= (6, 17)
+    carried = build(tmp_path / "b", kernel="6.14.0-1006-intel", container=False,
+                    gpus=(("0000:03:00.0", H.B70, None),))  # fmt: skip
+    row = finding(carried, D.check_kernel)
+    assert row.status == D.OK and "carried back" in row.seen  # its own xe lists the B70
+    b580 = build(tmp_path / "c", kernel="6.12.117+deb13-amd64", xe_ids=None,
+                 gpus=(("0000:03:00.0", 0xE20B, None),))  # fmt: skip
+    assert finding(b580, D.check_kernel).status == D.WARN  # 6.12 is enough for a G21
+
+
+def test_resizable_bar_and_render_group_lines_say_where_and_what_follows(tmp_path):
+    bar = finding(build(tmp_path / "a", container=False, bar_gib=0.25), D.check_bar)
+    assert bar.status == D.FAIL and "docs/host.md#resizable-bar" in bar.fix
+    group = finding(build(tmp_path / "b", gids=frozenset({1000})), D.check_render_access)
+    assert group.status == D.FAIL and "log in again" in group.fix
+
+
+def tree(root: Path) -> dict[str, tuple[int, int]]:
+    return {str(p): (p.lstat().st_mtime_ns, p.lstat().st_size) for p in root.rglob("*")}
+
+
+def test_doctor_names_the_distribution_and_changes_nothing_on_a_broken_host(tmp_path):
+    host = build(tmp_path, container=False, os_release=OS_RELEASE["Debian 13"], firmware=(),
+                 **NO_B70_KERNEL)  # fmt: skip
+    before = tree(host.root)
+    done = run_cli("--root", str(host.root))
+    assert done.returncode == 1
+    assert done.stdout.splitlines()[0].startswith("arcvllm doctor: host (Debian 13), preset ")
+    assert "sudo apt install -t trixie-backports linux-image-amd64" in done.stdout
+    done = run_cli("--root", str(host.root), "--json")
+    report = json.loads(done.stdout)
+    rows = {r["check"]: r for r in report["rows"]}
+    assert report["distribution"] == "Debian 13"
+    assert rows["kernel"]["fix"] == distro("Debian 13").kernel
+    assert rows["GPU firmware"]["fix"].endswith(distro("Debian 13").firmware)
+    assert tree(host.root) == before  # prints the lines, runs none of them
+    unknown = build(tmp_path / "u", container=False, os_release=FEDORA)
+    first = run_cli("--root", str(unknown.root)).stdout.splitlines()[0]
+    assert first.startswith("arcvllm doctor: host (Fedora Linux 43: generic fix lines")
