@@ -129,15 +129,17 @@ release-rehearsal: $(VENV)/.stamp ## CI: make release of the CPU stack and side 
 	REPRO_OUT=$(abspath $(REPRO_OUT)) scripts/ci/release-rehearsal.sh
 
 # ---- operate: the server and its gateway (docs/deploy.md), the smoke test (docs/smoke.md) ----
-.PHONY: gpus model key up down logs engine presets doctor field-report bench bench-image smoke-test smoke-check smoke-emulated verify verify-check
+.PHONY: gpus model key up monitoring down logs engine presets doctor field-report bench bench-image smoke-test smoke-check smoke-emulated verify verify-check
 gpus: $(VENV)/.stamp ## the XPU server's GPUs: every B70's render node, never an iGPU (build/gpus.yaml)
 	@$(ARCVLLM) gpus --compose $(GPUS_FILE) --env-file $(ENV_FILE)
 model: $(VENV)/.stamp ## fetch PRESET's weights (default: the settings file's ARCVLLM_PRESET) into MODELS_DIR (given, else the settings file's); REVISION: the commit, for a preset that pins none
 	$(ARCVLLM) model fetch $(PRESET) --env-file $(ENV_FILE) $(if $(REVISION),--revision $(REVISION))
 key: $(VENV)/.stamp ## make the API key file of ENV_FILE (VLLM_API_KEY_FILE), readable by the containers' UID 1000 only
 	$(ARCVLLM) deploy key --env-file $(ENV_FILE)
-up: $(VENV)/.stamp ## start the server and its gateway with compose (XPU service; FLAVOR=cpu: the CPU service); settings: ENV_FILE; a model under /models is checked in MODELS_DIR first
+up: $(VENV)/.stamp ## start the server and its gateway with compose (XPU service; FLAVOR=cpu: the CPU service); settings: ENV_FILE; a model under /models is checked in MODELS_DIR first, and the images on the engine
 	$(ARCVLLM) deploy up $(DEPLOYMENT)
+monitoring: $(VENV)/.stamp ## beside make up's deployment: Prometheus, the canary and Alertmanager (ALERT_WEBHOOK_URL); the gateway is left as it is
+	$(ARCVLLM) deploy monitoring $(DEPLOYMENT)
 down: $(VENV)/.stamp ## stop and remove the compose service (cache volumes are kept; DOWN_FLAGS=-v drops them)
 	$(ARCVLLM) deploy down $(DEPLOYMENT) $(DOWN_FLAGS)
 logs: $(VENV)/.stamp ## follow the server's logs

@@ -67,7 +67,8 @@ def add_names(parser: argparse.ArgumentParser, project: str, port: str | None, p
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "deploy",
-        help="compose.yaml's server and gateway: up, down, logs, key, smoke, bench, doctor, report",
+        help="compose.yaml's server and gateway: up, monitoring, down, logs, key, smoke, bench, "
+        "doctor, report",
         description=DESCRIPTION,
     )
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -86,6 +87,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         options.add_json(each, help="the deployment and the compose command as JSON (logs: "
                          "instead of following them)")  # fmt: skip
     start.set_defaults(func=_up)
+
+    watch = sub.add_parser(
+        "monitoring",
+        help="Prometheus, the canary and Alertmanager beside the running deployment",
+        description="Start compose.yaml's monitoring profile (Prometheus for the one server, "
+        "the canary) and compose.scale.yaml's Alertmanager in the deployment's project, with "
+        "its settings file and names, `--no-deps`: the gateway is left as `up` made it. "
+        "Refused before anything starts without ALERT_WEBHOOK_URL (shell or settings file), "
+        "without a running gateway, or without the images (exit 3).",
+    )
+    add_names(watch, single.PROJECT, None)
+    watch.add_argument("--dry-run", action="store_true", help="print the compose commands")
+    watch.set_defaults(func=_monitoring)
     stop.set_defaults(func=_down)
     follow.set_defaults(func=_logs)
 
@@ -209,6 +223,16 @@ def _up(args: argparse.Namespace) -> int:
     if not args.dry_run:
         single.up(named)
     _shown(args, named, single.starting(named), not args.dry_run)
+    return 0
+
+
+def _monitoring(args: argparse.Namespace) -> int:
+    named = single.resolve(names_of(args), strict=not args.dry_run)
+    if args.dry_run:
+        for project, command in single.monitoring_commands(named):
+            print(project.shell(*command))
+        return 0
+    single.monitoring(named)
     return 0
 
 

@@ -218,17 +218,29 @@ def registry_reference(ref: str) -> bool:
     return "@" in ref or "/" in name
 
 
-def image_source(ref: str, gateway: bool, stack_name: str, stacks: Collection[str]) -> str:
+# The make target that builds each side image a single deployment runs.
+SIDE_TARGETS = {
+    "gateway": "make gateway-image",
+    "prometheus": "make scale-images",
+    "alertmanager": "make scale-images",
+}
+
+
+def image_source(ref: str, side: str | None, stack_name: str, stacks: Collection[str]) -> str:
     """The command that puts REF on the engine: `docker pull REF` for a registry reference,
-    else the make target that builds it (the gateway's, or the server's of STACK_NAME, the
+    else the make target that builds it (SIDE's, or the server's of STACK_NAME, the
     deployment's stack, unless REF's tag is one of STACKS), its name passed when it is not
     the target's own default."""
     if registry_reference(ref):
         return f"docker pull {ref}"
     repository, _, tag = ref.partition(":")
-    if gateway:
-        default = stack.side_images()["gateway"].ref
-        return "make gateway-image" + ("" if ref == default else f" GATEWAY_IMAGE={ref}")
+    if side is not None:
+        target, default = SIDE_TARGETS[side], stack.side_images()[side].ref
+        if ref == default:
+            return target
+        if side == "gateway":
+            return f"{target} GATEWAY_IMAGE={ref}"
+        return f"{target} && docker tag {default} {ref}"
     if repository == "arcvllm" and tag in stacks:
         return f"make build STACK={tag}"
     return f"make build STACK={stack_name} IMAGE={ref}"
@@ -250,14 +262,17 @@ def image_present(ref: str) -> bool:
     raise Unavailable(f"docker image inspect {ref} failed: {said[-1]}")
 
 
-def check_images(single: Single) -> None:
-    """The server's and the gateway's images are on the engine, else one line naming the
-    command that builds or pulls each missing one (compose would stop half-way, with the
-    network and volumes made, or pull a name no registry has)."""
+def check_images(single: Single, sides: Mapping[str, str] | None = None) -> None:
+    """The server's and the gateway's images (and SIDES', side name to reference) are on
+    the engine, else one line naming the command that builds or pulls each missing one
+    (compose would stop half-way, with the network and volumes made, or pull a name no
+    registry has)."""
     stacks, _ = stack.load()
+    wanted: dict[str, str | None] = {single.image: None, single.gateway_image: "gateway"}
+    wanted |= {ref: side for side, ref in (sides or {}).items()}
     missing = [
-        f"no image {ref} on the Docker engine: {image_source(ref, gateway, single.stack, stacks)}"
-        for ref, gateway in ((single.image, False), (single.gateway_image, True))
+        f"no image {ref} on the Docker engine: {image_source(ref, side, single.stack, stacks)}"
+        for ref, side in wanted.items()
         if not image_present(ref)
     ]
     if missing:
@@ -493,6 +508,63 @@ def up(single: Single) -> None:
     status = passed_through(project, *starting(single))
     if status != 0:
         raise Unavailable(f"compose up of {single.service} and the gateway failed (exit {status})")
+
+
+# ---- monitoring beside the single server (`make monitoring`) ----
+
+# compose.yaml's monitoring profile: Prometheus for the one server and the canary.
+MONITORING = ("prometheus-single", "canary")
+# compose.scale.yaml's, which delivers the alerts of either Prometheus.
+ALERTMANAGER = "alertmanager"
+
+
+def monitoring_projects(single: Single) -> tuple[compose.Project, compose.Project]:
+    """The projects `make monitoring` runs compose in: SINGLE's own (compose.yaml, the same
+    settings file and variables as `make up`, so compose finds the gateway as it is), and
+    the same with compose.scale.yaml after it for Alertmanager."""
+    project = single.compose()
+    scale = compose.docker_dir("compose.scale.yaml") / "compose.scale.yaml"
+    files = (*project.files[:1], scale)
+    return project, compose.Project(project.name, project.env_file, files, (), project.env)
+
+
+def monitoring_commands(single: Single) -> list[tuple[compose.Project, tuple[str, ...]]]:
+    """What `make monitoring` runs: each project and its compose arguments. `--no-deps`:
+    the canary's dependency, the gateway, is left as `make up` made it (compose would
+    recreate a dependency whose settings differ from the ones it is given here)."""
+    own, alerts = monitoring_projects(single)
+    return [
+        (own, ("--profile", "monitoring", "up", "-d", "--no-deps", *MONITORING)),
+        (alerts, ("--profile", "monitoring", "up", "-d", "--no-deps", ALERTMANAGER)),
+    ]
+
+
+def check_monitoring(single: Single, environ: Mapping[str, str] = os.environ) -> None:
+    """Before anything starts: a receiver for Alertmanager (it refuses to start without
+    one), the deployment up (the canary goes through its gateway), the images there."""
+    if not effective("ALERT_WEBHOOK_URL", single.settings, environ, ""):
+        raise Unavailable(
+            "ALERT_WEBHOOK_URL is not set (the webhook Alertmanager sends alerts to; "
+            f"put it in {single.env_file} or export it)"
+        )
+    gateway = single.compose().run("ps", "-q", compose.GATEWAY, timeout=60).stdout.strip()
+    if not gateway:
+        raise Unavailable(f"no gateway of project {single.project} runs: make up first")
+    sides = stack.side_images()
+    check_images(single, {
+        side: effective(f"{side.upper()}_IMAGE", single.settings, environ, sides[side].ref)
+        for side in ("prometheus", "alertmanager")
+    })  # fmt: skip
+
+
+def monitoring(single: Single) -> None:
+    """Start Prometheus, the canary and Alertmanager beside SINGLE (check_monitoring
+    first): Unavailable when compose fails."""
+    check_monitoring(single)
+    for project, args in monitoring_commands(single):
+        status = passed_through(project, *args)
+        if status != 0:
+            raise Unavailable(f"compose {' '.join(args[2:])} failed (exit {status})")
 
 
 def down(single: Single, volumes: bool = False) -> int:

@@ -358,28 +358,34 @@ def fake_docker(tmp_path: Path, *have: str) -> str:
 
 
 @pytest.mark.parametrize(
-    ("ref", "gateway", "command"),
+    ("ref", "side", "command"),
     [
-        ("arcvllm:xpu-0.33", False, "make build STACK=xpu-0.33"),
-        ("arcvllm:cpu", False, "make build STACK=cpu"),
-        ("arcvllm:xpu-0.32", False, "make build STACK=xpu-0.32"),  # a stack's, not the default's
-        ("arcvllm:cpu-a", False, "make build STACK=cpu IMAGE=arcvllm:cpu-a"),
-        ("registry.example.org/arcvllm@sha256:" + "0" * 64, False,
+        ("arcvllm:xpu-0.33", None, "make build STACK=xpu-0.33"),
+        ("arcvllm:cpu", None, "make build STACK=cpu"),
+        ("arcvllm:xpu-0.32", None, "make build STACK=xpu-0.32"),  # a stack's, not the default's
+        ("arcvllm:cpu-a", None, "make build STACK=cpu IMAGE=arcvllm:cpu-a"),
+        ("registry.example.org/arcvllm@sha256:" + "0" * 64, None,
          "docker pull registry.example.org/arcvllm@sha256:" + "0" * 64),
-        ("localhost:5000/arcvllm:cpu", False, "docker pull localhost:5000/arcvllm:cpu"),
-        ("arcvllm-gateway:1.22.1", True, "make gateway-image"),
-        ("arcvllm-gateway:mine", True, "make gateway-image GATEWAY_IMAGE=arcvllm-gateway:mine"),
-        ("ghcr.io/example/gateway:1", True, "docker pull ghcr.io/example/gateway:1"),
+        ("localhost:5000/arcvllm:cpu", None, "docker pull localhost:5000/arcvllm:cpu"),
+        ("arcvllm-gateway:1.22.1", "gateway", "make gateway-image"),
+        ("gw:mine", "gateway", "make gateway-image GATEWAY_IMAGE=gw:mine"),
+        ("ghcr.io/example/gateway:1", "gateway", "docker pull ghcr.io/example/gateway:1"),
+        ("arcvllm-prometheus:2.42", "prometheus", "make scale-images"),
+        ("arcvllm-alertmanager:0.25", "alertmanager", "make scale-images"),
+        ("prom:mine", "prometheus",
+         "make scale-images && docker tag arcvllm-prometheus:2.42 prom:mine"),
     ],
 )  # fmt: skip
-def test_a_missing_image_names_the_command_that_builds_or_pulls_it(ref, gateway, command):
+def test_a_missing_image_names_the_command_that_builds_or_pulls_it(ref, side, command):
     from arcvllm import stack
     from arcvllm.operate import single
 
-    if gateway and ref.startswith("arcvllm-gateway:1.22"):
-        assert stack.side_images()["gateway"].ref == ref  # the default gateway image
+    sides = stack.side_images()
+    assert [sides[s].ref for s in ("gateway", "prometheus", "alertmanager")] == [
+        "arcvllm-gateway:1.22.1", "arcvllm-prometheus:2.42", "arcvllm-alertmanager:0.25"
+    ]  # the defaults above  # fmt: skip
     stacks, _ = stack.load()
-    assert single.image_source(ref, gateway, "cpu", stacks) == command
+    assert single.image_source(ref, side, "cpu", stacks) == command
 
 
 def test_make_up_without_the_image_is_one_line_exit_3_and_compose_never_runs(tmp_path):
@@ -587,3 +593,54 @@ def test_make_up_without_its_images_creates_nothing_on_the_engine(engine, tmp_pa
         assert made_by(project) == {"containers": [], "networks": [], "volumes": []}
     finally:
         make("down", *args, "DOWN_FLAGS=-v")  # nothing to remove, unless the check is gone
+
+
+# ---- make monitoring: beside the deployment, the gateway left as `make up` made it ----
+
+
+def test_monitoring_runs_compose_with_up_s_settings_and_variables_and_no_deps(tmp_path):
+    """The canary depends on the gateway: compose recreates a dependency whose settings
+    differ from the ones it is given, so monitoring gives compose `make up`'s settings file
+    and variables (the same project) and --no-deps."""
+    mine = tmp_path / "mine.env"
+    mine.write_text("PORT=8123\nIMAGE=arcvllm:cpu-a\n")
+    argv = ("--flavor", "cpu", "--env-file", str(mine), "--project", "p1", "--dry-run")
+    (up,) = run_cli("deploy", "up", *argv, env={}).stdout.splitlines()
+    own, alerts = run_cli("deploy", "monitoring", *argv, env={}).stdout.splitlines()
+    variables = up.split(" /")[0]  # ENV_FILE=... IMAGE=... PORT=... before the command
+    assert "IMAGE=arcvllm:cpu-a PORT=8123 " in variables
+    assert own.startswith(variables + " ") and alerts.startswith(variables + " ")
+    assert up.endswith(f"-p p1 --env-file {mine} -f {ROOT}/docker/compose.yaml --profile cpu "
+                       "up -d vllm-cpu gateway")  # fmt: skip
+    assert own.endswith(f"-p p1 --env-file {mine} -f {ROOT}/docker/compose.yaml --profile cpu "
+                        "--profile monitoring up -d --no-deps prometheus-single canary")  # fmt: skip
+    assert alerts.endswith(
+        f"-p p1 --env-file {mine} -f {ROOT}/docker/compose.yaml -f {ROOT}/docker/compose.scale.yaml"
+        " --profile monitoring up -d --no-deps alertmanager"
+    )
+
+
+def test_monitoring_is_refused_without_a_receiver_or_a_running_gateway_before_compose_starts(
+    tmp_path,
+):
+    calls, fake = tmp_path / "calls", tmp_path / "compose"
+    fake.write_text(FAKE_COMPOSE.format(calls=calls))  # `ps -q gateway`: nothing runs
+    fake.chmod(0o755)
+    mine = tmp_path / "mine.env"
+    mine.write_text("PORT=8123\n")
+    argv = ("deploy", "monitoring", "--flavor", "cpu", "--env-file", str(mine))
+    env = {"COMPOSE": str(fake), "DOCKER": fake_docker(tmp_path), "ALERT_WEBHOOK_URL": ""}
+    done = run_cli(*argv, env=env)
+    assert done.returncode == 3 and done.stderr.splitlines() == [
+        "arcvllm: ALERT_WEBHOOK_URL is not set (the webhook Alertmanager sends alerts to; "
+        f"put it in {mine} or export it)"
+    ], done.stderr
+    assert not calls.exists()
+    mine.write_text("PORT=8123\nALERT_WEBHOOK_URL=https://hooks.example.org/a\n")
+    done = run_cli(*argv, env=env)
+    assert done.returncode == 3 and done.stderr.splitlines() == [
+        "arcvllm: no gateway of project arcvllm runs: make up first"
+    ], done.stderr
+    assert [line.split(" --profile cpu ")[1] for line in calls.read_text().splitlines()] == [
+        "ps -q gateway"
+    ]  # asked, nothing started
