@@ -103,7 +103,7 @@ def test_an_unknown_class_or_a_loose_marker_fails(tmp_path):
         tmp_path, "docs/operate.md", "<!-- doc-test: run -->\n", marker + "\n"
     )
     assert problems == [
-        f"docs/operate.md:{line}: doc-test class 'maybe' is none of run, parse, b70",
+        f"docs/operate.md:{line}: doc-test class 'maybe' is none of run, parse, cpu, b70",
         f"docs/operate.md:{line}: a doc-test marker not on the line right above its block",
         f"docs/operate.md:{line + 2}: a shell block without a doc-test marker: {documents.HOW}",
     ]

@@ -7,6 +7,10 @@ above it, an HTML comment the rendered page does not show:
                               -o pipefail, in a scratch copy of the checkout, with a timeout)
     <!-- doc-test: parse -->  needs what a CPU host's test run has not got (Docker, a running
                               deployment, a registry, a cluster, secrets): checked, not run
+    <!-- doc-test: cpu -->    runs on the CPU flavour with a Docker engine and the CPU image:
+                              checked as `parse` here, run by a deployment test that names
+                              the document (tests/deploy/test_upgrade.py), placeholders such
+                              as REGISTRY/arcvllm@sha256:NEW given values
     <!-- doc-test: b70 -->    needs an Arc Pro B70: checked as `parse` (CI has none)
 
 Checked in every block, whatever its class: each `arcvllm ...` command (also behind
@@ -40,9 +44,9 @@ import yaml
 from markdown_it import MarkdownIt
 
 SHELL = frozenset({"sh", "bash", "shell", "console"})
-KINDS = ("run", "parse", "b70")
+KINDS = ("run", "parse", "cpu", "b70")
 MARKER = re.compile(r"<!--\s*doc-test:\s*(.*?)\s*-->")
-HOW = "put <!-- doc-test: run|parse|b70 --> on the line above it (tests/support/documents.py)"
+HOW = "put <!-- doc-test: run|parse|cpu|b70 --> on the line above it (tests/support/documents.py)"
 
 # Variables every shell and host has; the project's own are read from the repository.
 STANDARD = frozenset({"HOME", "PATH", "PWD", "USER", "SHELL", "TMPDIR", "LANG", "DOCKER_HOST"})
@@ -682,15 +686,19 @@ def scratch_copy(root: Path, dest: Path) -> Path:
     return dest
 
 
-def run(block: Block, where: Path, timeout: float = RUN_TIMEOUT) -> str | None:
+def run(
+    block: Block, where: Path, timeout: float = RUN_TIMEOUT, env: Mapping[str, str] | None = None
+) -> str | None:
     """Run BLOCK with bash as written, in WHERE (a scratch copy of the checkout), with the
-    tooling venv first on PATH: None when it exits 0, else one line naming the document's
-    line of the command that failed and what it said."""
+    tooling venv first on PATH (ENV: more variables, as a reader's shell may have exported):
+    None when it exits 0, else one line naming the document's line of the command that
+    failed and what it said."""
     script = where / ".doc-block.sh"
     script.write_text(block.script())
     tmp = where / ".tmp"
     tmp.mkdir(exist_ok=True)
-    env = top_level(TMPDIR=str(tmp), PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+    env = top_level(TMPDIR=str(tmp), PATH=path, **(env or {}))
     # ERR names the script's line of the command that failed (LINENO in the sourced file).
     wrapper = f"trap 'echo \"doc-test-line $LINENO\" >&2' ERR; . {shlex.quote(str(script))}"
     proc = subprocess.Popen(

@@ -1,0 +1,253 @@
+"""The operator's running deployment on the CPU flavour, as the documents say: `make up`
+with a settings file copied from docker/arcvllm.env, `make monitoring` beside it, then
+docs/upgrade.md's `cpu` blocks run as written (NEW and OLD: two references of the CPU
+image), one deployment for the whole module.
+
+Proves `make monitoring` starts Prometheus, the canary and Alertmanager without touching
+the gateway (the same container, never restarted), and that the documented upgrade
+replaces the server's image and the rollback puts it back while the gateway stays, its
+certificate with it; and, without an engine, that the documented upgrade stops at its
+first step when the settings file has no IMAGE= line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+from support import ROOT, documents
+from support.docker import docker
+from support.processes import free_port, make
+from support.scale import build_target, side_image
+
+UPGRADE = ROOT / "docs" / "upgrade.md"
+TEMPLATE = ROOT / "docker" / "arcvllm.env"
+KEY = "k-upgrade-5d1c"
+SIDES = ("gateway", "prometheus", "alertmanager")
+
+
+def upgrade_blocks() -> dict[str, documents.Block]:
+    """docs/upgrade.md's `cpu` blocks by what they do: the image serving now, the switch
+    to NEW, the rollback to OLD."""
+    blocks, problems = documents.read(UPGRADE, "docs/upgrade.md")
+    assert not problems, problems
+    cpu = [b for b in blocks if b.kind == "cpu"]
+    named = {
+        "now": [b for b in cpu if "grep '^IMAGE='" in b.text],
+        "switch": [b for b in cpu if "sha256:NEW" in b.text],
+        "rollback": [b for b in cpu if "sha256:OLD" in b.text],
+    }
+    assert all(len(found) == 1 for found in named.values()) and len(cpu) == 3, named
+    return {what: found[0] for what, found in named.items()}
+
+
+def given(block: documents.Block, project: str, new: str, old: str) -> documents.Block:
+    """BLOCK with its placeholders given values: the digests NEW and OLD, the project."""
+    text = block.text.replace("REGISTRY/arcvllm@sha256:NEW", new)
+    text = text.replace("REGISTRY/arcvllm@sha256:OLD", old).replace("-p arcvllm ", f"-p {project} ")
+    return dataclasses.replace(block, text=text)
+
+
+class Deployment(NamedTuple):
+    where: Path  # the scratch checkout the documents' commands run in
+    settings: Path  # mine.env, in it
+    project: str
+    url: str
+    ca_cert: Path
+    gateway: str  # the gateway's container ID
+    started: str  # and when it started
+    old: str
+    new: str
+
+    def env(self) -> dict[str, str]:
+        """What the reader's shell has exported: this project, the CPU flavour."""
+        return {"PROJECT": self.project, "FLAVOR": "cpu"}
+
+    def make(self, *args: str):
+        return make(*args, f"ENV_FILE={self.settings}", f"PROJECT={self.project}", "FLAVOR=cpu")
+
+
+def container(project: str, service: str) -> str:
+    label = f"label=com.docker.compose.project={project}"
+    named = f"label=com.docker.compose.service={service}"
+    return docker("ps", "-q", "--filter", label, "--filter", named).stdout.strip()
+
+
+def state(cid: str) -> dict:
+    return json.loads(docker("inspect", cid).stdout)[0]
+
+
+def wait_healthy(deployment: Deployment, timeout: float = 900) -> float:
+    """Seconds until the server answers /health through the gateway."""
+    from arcvllm.client.api import Client, WaitTimeout
+
+    start = time.monotonic()
+    try:
+        Client(deployment.url, ca_cert=str(deployment.ca_cert)).wait_healthy(timeout, interval=1)
+    except WaitTimeout as exc:
+        cid = container(deployment.project, "vllm-cpu")
+        logs = docker("logs", "--tail", "40", cid, check=False) if cid else None
+        pytest.fail(f"not healthy: {exc}\n{logs.stderr[-3000:] if logs else '(no container)'}")
+    return time.monotonic() - start
+
+
+def side_images() -> dict[str, str]:
+    """The side images the deployment runs: as they are on the engine when ARCVLLM_TEST_IMAGE
+    says to take what is there, else built as `make` builds them (a cache hit)."""
+    images = {side: side_image(side) for side in SIDES}
+    if not os.environ.get("ARCVLLM_TEST_IMAGE"):
+        for side, tag in images.items():
+            build_target(side, tag)
+    return images
+
+
+def leftovers(project: str) -> dict[str, list[str]]:
+    label = f"label=com.docker.compose.project={project}"
+    return {
+        "containers": docker("ps", "-aq", "--filter", label).stdout.split(),
+        "networks": docker("network", "ls", "-q", "--filter", label).stdout.split(),
+        "volumes": docker("volume", "ls", "-q", "--filter", label).stdout.split(),
+    }
+
+
+@pytest.fixture(scope="module")
+def deployment(cpu_image, tmp_path_factory):
+    """`make up ENV_FILE=mine.env` on the CPU flavour, mine.env copied from
+    docker/arcvllm.env with its key, port, webhook and IMAGE=OLD; in a scratch checkout."""
+    assert "IMAGE" not in os.environ, "an exported IMAGE wins over the settings file's"
+    images = side_images()
+    port = free_port()
+    project = f"arcvllm-upgrade-{port}"
+    old, new = f"arcvllm:cpu-upgrade-{port}-old", f"arcvllm:cpu-upgrade-{port}-new"
+    for tag in (old, new):
+        docker("tag", cpu_image, tag)
+    where = documents.scratch_copy(ROOT, tmp_path_factory.mktemp("checkout"))
+    key = where / "secrets" / "api-key"
+    key.parent.mkdir(exist_ok=True)
+    key.write_text(f"{KEY}\n")
+    key.chmod(0o644)  # the containers' UID 1000 reads the bind-mounted file
+    text = TEMPLATE.read_text()
+    for line, value in (
+        ("IMAGE=", f"IMAGE={old}"),
+        ("PORT=8443", f"PORT={port}"),
+        ("SHM_SIZE=16g", "SHM_SIZE=1g"),
+        ("VLLM_API_KEY_FILE=../secrets/api-key", f"VLLM_API_KEY_FILE={key}"),
+    ):
+        assert f"\n{line}\n" in text, f"docker/arcvllm.env has no line {line}"
+        text = text.replace(f"\n{line}\n", f"\n{value}\n")
+    text += "ALERT_WEBHOOK_URL=http://127.0.0.1:9/alerts\n"
+    text += f"GATEWAY_IMAGE={images['gateway']}\n"
+    settings = where / "mine.env"
+    settings.write_text(text)
+    args = (f"ENV_FILE={settings}", f"PROJECT={project}", "FLAVOR=cpu")
+    try:
+        up = make("up", *args)
+        assert up.returncode == 0, up.stdout + up.stderr
+        gateway = container(project, "gateway")
+        cert = "/var/lib/arcvllm-gateway/tls/cert.pem"
+        from arcvllm.client.api import wait_until
+
+        wait_until(lambda: docker("exec", gateway, "test", "-s", cert, check=False).returncode == 0,
+                   60, 0.5, "the gateway's certificate")  # fmt: skip
+        ca_cert = where / "ca.pem"
+        ca_cert.write_text(docker("exec", gateway, "cat", cert).stdout)
+        running = Deployment(
+            where, settings, project, f"https://127.0.0.1:{port}", ca_cert, gateway,
+            state(gateway)["State"]["StartedAt"], old, new,
+        )  # fmt: skip
+        wait_healthy(running)
+        yield running
+    finally:
+        make("down", *args, "DOWN_FLAGS=-v")
+        left = leftovers(project)
+        if left["containers"]:
+            docker("rm", "-f", *left["containers"], check=False)
+        for kind in ("network", "volume"):
+            names = leftovers(project)[f"{kind}s"]
+            if names:
+                docker(kind, "rm", *names, check=False)
+        docker("rmi", old, new, check=False)  # the two tags made here; the image stays
+
+
+def assert_gateway_untouched(deployment: Deployment) -> None:
+    """The gateway is the container `make up` made, never restarted since."""
+    now = container(deployment.project, "gateway")
+    assert now == deployment.gateway, "the gateway was recreated"
+    seen = state(now)["State"]
+    assert seen["Running"] and seen["StartedAt"] == deployment.started, seen
+
+
+@pytest.mark.docker
+def test_make_monitoring_starts_prometheus_the_canary_and_alertmanager_gateway_untouched(
+    deployment,
+):
+    done = deployment.make("monitoring")
+    assert done.returncode == 0, done.stdout + done.stderr
+    for service in ("prometheus-single", "canary", "alertmanager"):
+        cid = container(deployment.project, service)
+        assert cid and state(cid)["State"]["Running"], f"{service} is not running"
+    canary = state(container(deployment.project, "canary"))
+    assert canary["Config"]["Image"] == deployment.old  # the deployment's own image
+    assert_gateway_untouched(deployment)
+    again = deployment.make("monitoring")  # twice is once: nothing is recreated
+    assert again.returncode == 0, again.stderr
+    assert_gateway_untouched(deployment)
+
+
+@pytest.mark.docker
+def test_the_documented_upgrade_and_rollback_change_the_servers_image_and_keep_the_gateway(
+    deployment,
+):
+    blocks = upgrade_blocks()
+    p, new, old = deployment.project, deployment.new, deployment.old
+    run = {what: given(block, p, new, old) for what, block in blocks.items()}
+    env = deployment.env()
+
+    def serving() -> tuple[str, str]:
+        cid = container(p, "vllm-cpu")
+        return cid, state(cid)["Config"]["Image"]
+
+    assert documents.run(run["now"], deployment.where, env=env) is None
+    first, image = serving()
+    assert image == old
+
+    assert documents.run(run["switch"], deployment.where, env=env) is None
+    switched, image = serving()
+    assert image == new and switched != first, "the server was not replaced by NEW"
+    down = wait_healthy(deployment)
+    assert_gateway_untouched(deployment)
+
+    assert documents.run(run["rollback"], deployment.where, env=env) is None
+    back, image = serving()
+    assert image == old and back != switched, "the rollback did not bring OLD back"
+    wait_healthy(deployment)
+    assert_gateway_untouched(deployment)
+    print(f"server back through the gateway {down:.0f} s after the switch's make up")
+
+
+def test_the_documented_upgrade_stops_at_its_first_step_without_image_in_the_settings(tmp_path):
+    """A settings file with no IMAGE= line (one copied before it had one): the documented
+    `grep '^IMAGE='` fails the first block, and the switch's sed changes nothing."""
+    import subprocess
+
+    blocks = upgrade_blocks()
+    mine = tmp_path / "mine.env"
+    mine.write_text("".join(
+        line for line in TEMPLATE.read_text().splitlines(keepends=True)
+        if not line.startswith("IMAGE=")
+    ))  # fmt: skip
+    problem = documents.run(blocks["now"], tmp_path)
+    assert problem is not None and problem.startswith("docs/upgrade.md:"), problem
+    assert "exit 1" in problem, problem
+    before = mine.read_text()
+    (sed,) = [line for line in blocks["switch"].text.splitlines() if line.startswith("sed ")]
+    subprocess.run(["bash", "-c", sed], cwd=tmp_path, check=True)
+    assert mine.read_text() == before  # the switch would start the old image again
+    mine.write_text(TEMPLATE.read_text())
+    assert documents.run(dataclasses.replace(blocks["now"], text="grep '^IMAGE=' mine.env\n"),
+                         tmp_path) is None  # fmt: skip
