@@ -332,14 +332,18 @@ def check_driver(host: Host, preset: Preset) -> Finding:
     if not gpus:
         return Finding("kernel driver", WARN, "no Intel GPU to check")
     seen = ", ".join(f"{g.slot}: {g.driver or 'none'}" for g in gpus)
-    if any(g.driver is None for g in gpus):
+    unbound = [g for g in gpus if g.driver is None]
+    if unbound:
+        aliases = xe_aliases(host)
+        unknown = aliases is not None and any(g.device not in aliases for g in unbound)
         return Finding(
             "kernel driver",
             FAIL,
             seen,
-            "no driver bound: the kernel row says whether this kernel's xe knows the GPU "
-            f"({fixes(host).kernel}); it does: sudo modprobe xe, and dmesg | grep xe says why "
-            "it did not bind",
+            f"this kernel's xe does not know it: {fixes(host).kernel}"
+            if unknown
+            else "no driver bound: sudo modprobe xe (dmesg | grep xe says why it did not bind; "
+            "the kernel row whether this kernel knows the GPU)",
         )
     wrong = next((g for g in gpus if g.is_battlemage and g.driver != "xe"), None)
     if wrong is not None:
