@@ -147,7 +147,11 @@ def test_an_unknown_preset_or_stack_fails(tmp_path, repo):
         f"{at}: arcvllm doctor: no preset 'qwen3.6-35b-2xb70' (there are "
     ), problems
     problems, at = broken(
-        tmp_path, repo, "README.md", "build-xpu-ci STACK=xpu-0.23", "build-xpu-ci STACK=xpu-0.22"
+        tmp_path,
+        repo,
+        "docs/development.md",
+        "build-xpu-ci STACK=xpu-0.23",
+        "build-xpu-ci STACK=xpu-0.22",
     )
     assert len(problems) == 1 and problems[0].startswith(
         f"{at}: make: no stack 'xpu-0.22' (there are "

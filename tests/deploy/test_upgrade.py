@@ -1,13 +1,15 @@
 """The operator's running deployment on the CPU flavour, as the documents say: `make up`
-with a settings file copied from docker/arcvllm.env, `make monitoring` beside it, then
-docs/upgrade.md's `cpu` blocks run as written (NEW and OLD: two references of the CPU
-image), one deployment for the whole module.
+with a settings file copied from docker/arcvllm.env, then the documents' `cpu` blocks run
+as written (README.md's first call, docs/deploy.md's monitoring, docs/upgrade.md's switch
+and rollback with NEW and OLD two references of the CPU image), one deployment for the
+whole module.
 
-Proves docs/deploy.md's `make monitoring` starts Prometheus, the canary and Alertmanager
-without touching the gateway (the same container, never restarted), and that the documented upgrade
-replaces the server's image and the rollback puts it back while the gateway stays, its
-certificate with it; and, without an engine, that the documented upgrade stops at its
-first step when the settings file has no IMAGE= line.
+Proves README.md's first call answers over TLS with the key; docs/deploy.md's `make
+monitoring` starts Prometheus, the canary and Alertmanager without touching the gateway
+(the same container, never restarted); the documented upgrade replaces the server's image
+and the rollback puts it back while the gateway stays, its certificate with it; and,
+without an engine, that the documented upgrade stops at its first step when the settings
+file has no IMAGE= line.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from support.scale import build_target, side_image
 
 UPGRADE = ROOT / "docs" / "upgrade.md"
 DEPLOY = ROOT / "docs" / "deploy.md"
+README = ROOT / "README.md"
 TEMPLATE = ROOT / "docker" / "arcvllm.env"
 KEY = "k-upgrade-5d1c"
 SIDES = ("gateway", "prometheus", "alertmanager")
@@ -53,12 +56,13 @@ def upgrade_blocks() -> dict[str, documents.Block]:
 
 
 def given(
-    block: documents.Block, project: str, new: str = "NEW", old: str = "OLD"
+    block: documents.Block, project: str, port: int = 8443, new: str = "NEW", old: str = "OLD"
 ) -> documents.Block:
-    """BLOCK with its placeholders given values: the digests NEW and OLD, the project."""
+    """BLOCK with its placeholders given values: the digests NEW and OLD, the project and
+    the gateway's port."""
     text = block.text.replace("REGISTRY/arcvllm@sha256:NEW", new)
     text = text.replace("REGISTRY/arcvllm@sha256:OLD", old).replace("-p arcvllm ", f"-p {project} ")
-    return dataclasses.replace(block, text=text)
+    return dataclasses.replace(block, text=text.replace("127.0.0.1:8443", f"127.0.0.1:{port}"))
 
 
 class Deployment(NamedTuple):
@@ -161,7 +165,7 @@ def deployment(cpu_image, tmp_path_factory):
 
         wait_until(lambda: docker("exec", gateway, "test", "-s", cert, check=False).returncode == 0,
                    60, 0.5, "the gateway's certificate")  # fmt: skip
-        ca_cert = where / "ca.pem"
+        ca_cert = where / "gateway-ca.pem"
         ca_cert.write_text(docker("exec", gateway, "cat", cert).stdout)
         running = Deployment(
             where, settings, project, f"https://127.0.0.1:{port}", ca_cert, gateway,
@@ -187,6 +191,21 @@ def assert_gateway_untouched(deployment: Deployment) -> None:
     assert now == deployment.gateway, "the gateway was recreated"
     seen = state(now)["State"]
     assert seen["Running"] and seen["StartedAt"] == deployment.started, seen
+
+
+@pytest.mark.docker
+def test_the_readmes_first_call_lists_the_model_over_tls_with_the_key(deployment):
+    """README.md's first call, as written: the key file, the gateway's certificate as the
+    CA, /v1/models answered (curl -f: an HTTP error fails the block)."""
+    (block,) = cpu_blocks(README)
+    port = int(deployment.url.rpartition(":")[2])
+    run = given(block, deployment.project, port)
+    assert documents.run(run, deployment.where, env=deployment.env()) is None
+    ca = (deployment.where / "ca.pem").read_text()
+    assert ca == deployment.ca_cert.read_text() and "BEGIN CERTIFICATE" in ca
+    wrong = dataclasses.replace(run, text=run.text.replace("$KEY", "not-the-key"))
+    problem = documents.run(wrong, deployment.where, env=deployment.env())
+    assert problem is not None and "exit 22" in problem, problem  # 401: curl -f fails
 
 
 @pytest.mark.docker
@@ -216,7 +235,7 @@ def test_the_documented_upgrade_and_rollback_change_the_servers_image_and_keep_t
 ):
     blocks = upgrade_blocks()
     p, new, old = deployment.project, deployment.new, deployment.old
-    run = {what: given(block, p, new, old) for what, block in blocks.items()}
+    run = {what: given(block, p, new=new, old=old) for what, block in blocks.items()}
     env = deployment.env()
 
     def serving() -> tuple[str, str]:
