@@ -20,7 +20,7 @@ from support import ROOT
 from arcvllm import presets
 
 KUBE = ROOT / "deploy" / "kubernetes"
-OVERLAYS = ("one-b70", "scale", "scale-xpu-0.33")
+OVERLAYS = ("one-b70", "scale", "scale-xpu-0.33", "scale-2x2-b70", "four-b70-tp4")
 KUBERNETES_VERSION = "1.32.0"  # the release the manifests are validated against
 
 
@@ -111,13 +111,33 @@ def test_another_namespace_carries_the_router_binding_along(tmp_path):
     assert binding["subjects"][0]["namespace"] == "llm"
 
 
+def gpu_problems(docs: list[dict]) -> list[str]:
+    """What in the vLLM pod is not `the GPUs its preset's TP group spans, on the xe driver,
+    and the host memory the preset needs`."""
+    from arcvllm.operate.replicas import tensor_parallel
+
+    (vllm,) = one(docs, "StatefulSet", "vllm")["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in vllm["env"]}
+    preset = presets.get_preset(env["ARCVLLM_PRESET"])
+    problems = []
+    for kind in ("requests", "limits"):
+        gpus = vllm["resources"][kind].get("gpu.intel.com/xe")
+        if gpus != tensor_parallel(preset) or gpus != preset.gpus:
+            problems.append(f"{kind} gpu.intel.com/xe {gpus} for {preset.name}")
+    if "gpu.intel.com/i915" in str(vllm["resources"]):
+        problems.append("an i915 GPU")
+    limit = vllm["resources"]["limits"]["memory"]
+    if not limit.endswith("Gi") or int(limit[:-2]) < preset.host_ram_gib:
+        problems.append(f"memory limit {limit} < {preset.host_ram_gib} GiB for {preset.name}")
+    return problems
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_each_replica_gets_one_b70_on_the_xe_driver_and_waits_for_its_model(overlay):
-    pod = one(built(overlay), "StatefulSet", "vllm")["spec"]["template"]["spec"]
+def test_each_replica_gets_its_presets_b70s_on_the_xe_driver_and_waits_for_its_model(overlay):
+    docs = built(overlay)
+    assert gpu_problems(docs) == []
+    pod = one(docs, "StatefulSet", "vllm")["spec"]["template"]["spec"]
     (vllm,) = pod["containers"]
-    assert vllm["resources"]["limits"]["gpu.intel.com/xe"] == 1
-    assert vllm["resources"]["requests"]["gpu.intel.com/xe"] == 1
-    assert "gpu.intel.com/i915" not in str(vllm["resources"])
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert vllm[probe]["httpGet"] == {"path": "/health", "port": "http"}
     startup = vllm["startupProbe"]
@@ -149,6 +169,48 @@ def test_every_pod_runs_as_non_root_without_privileges(overlay):
             assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
     ns = one(docs, "Namespace", "arcvllm")
     assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+@pytest.mark.parametrize(
+    ("overlay", "count", "gpus", "preset"),
+    [
+        ("scale-2x2-b70", 2, 2, "qwen3.6-35b-a3b-w4a16-2xb70"),
+        ("four-b70-tp4", 1, 4, "qwen3-next-80b-a3b-w4a16-4xb70"),
+    ],
+)
+def test_the_4x_b70_overlays_ask_k_gpus_a_replica_for_a_tp_k_preset(overlay, count, gpus, preset):
+    sts = one(built(overlay), "StatefulSet", "vllm")
+    (vllm,) = sts["spec"]["template"]["spec"]["containers"]
+    assert sts["spec"]["replicas"] == count
+    assert vllm["resources"]["limits"]["gpu.intel.com/xe"] == gpus
+    assert {e["name"]: e.get("value") for e in vllm["env"]}["ARCVLLM_PRESET"] == preset
+    assert vllm["image"] == "arcvllm:xpu-0.33"
+
+
+def test_a_component_of_k_gpus_with_a_preset_of_another_tp_is_caught(tmp_path):
+    """The check above can fail: the TP=2 component under the one-GPU preset."""
+    shutil.copytree(KUBE, tmp_path / "kubernetes")
+    mine = tmp_path / "kubernetes" / "overlays" / "mine"
+    mine.mkdir()
+    (mine / "kustomization.yaml").write_text(
+        "resources:\n  - ../scale\ncomponents:\n  - ../../components/gpus-per-replica-2\n"
+    )
+    result = kustomize(mine)
+    assert result.returncode == 0, result.stderr
+    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+    assert gpu_problems(docs) == [
+        "requests gpu.intel.com/xe 2 for qwen3.6-35b-a3b-w4a16-1xb70",
+        "limits gpu.intel.com/xe 2 for qwen3.6-35b-a3b-w4a16-1xb70",
+    ]
+
+
+def test_a_component_of_k_gpus_over_a_moved_request_fails_to_build(tmp_path):
+    shutil.copytree(KUBE, tmp_path / "kubernetes")
+    sts = tmp_path / "kubernetes" / "base" / "vllm-statefulset.yaml"
+    sts.write_text(sts.read_text().replace("gpu.intel.com/xe: 1", "gpu.intel.com/xe: 3", 1))
+    result = kustomize(tmp_path / "kubernetes" / "overlays" / "scale-2x2-b70")
+    assert result.returncode != 0
+    assert "test" in result.stderr
 
 
 def test_the_router_discovers_pods_in_its_namespace_with_the_least_rbac():
@@ -454,7 +516,7 @@ def out_of(matrix: set, name: str) -> set[tuple[str, int, str]]:
 
 
 DNS = {("kube-dns", 53, "UDP"), ("kube-dns", 53, "TCP")}
-SCALE_OVERLAYS = ("scale", "scale-xpu-0.33")
+SCALE_OVERLAYS = ("scale", "scale-xpu-0.33", "scale-2x2-b70")
 
 
 def outside_the_namespace(docs: list[dict]) -> list[str]:
