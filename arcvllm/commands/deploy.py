@@ -204,11 +204,16 @@ def names_of(args: argparse.Namespace) -> single.Names:
 
 
 def _shown(
-    args: argparse.Namespace, named: single.Single, command: tuple[str, ...], ran: bool
+    args: argparse.Namespace,
+    named: single.Single,
+    command: tuple[str, ...],
+    ran: bool,
+    project: compose.Project | None = None,
 ) -> None:
-    """What up, down and logs print of the compose COMMAND: with --json, the deployment and
-    COMMAND (RAN: run, not with --dry-run); with --dry-run, COMMAND as a shell line."""
-    project = named.compose()
+    """What up, down and logs print of the compose COMMAND (in PROJECT, default the
+    deployment's): with --json, the deployment and COMMAND (RAN: run, not with
+    --dry-run); with --dry-run, COMMAND as a shell line."""
+    project = project or named.compose()
     if args.json:
         doc: dict[str, Any] = {"project": named.project, "service": named.service}
         doc["image"] = named.image
@@ -239,7 +244,7 @@ def _monitoring(args: argparse.Namespace) -> int:
 def _down(args: argparse.Namespace) -> int:
     named = single.resolve(names_of(args), strict=False)
     status = 0 if args.dry_run else single.down(named, args.volumes)
-    _shown(args, named, single.stopping(args.volumes), not args.dry_run)
+    _shown(args, named, single.stopping(args.volumes), not args.dry_run, single.watched(named))
     return status
 
 

@@ -490,8 +490,9 @@ def starting(single: Single) -> tuple[str, ...]:
 
 
 def stopping(volumes: bool) -> tuple[str, ...]:
-    """The compose command that stops and removes them (VOLUMES: the cache volumes too)."""
-    return ("down", *(("-v",) if volumes else ()))
+    """The compose command that stops and removes them, and what `make monitoring` started
+    beside them (in watched's project; VOLUMES: the cache volumes too)."""
+    return ("--profile", "monitoring", "down", *(("-v",) if volumes else ()))
 
 
 def following(single: Single, tail: int) -> tuple[str, ...]:
@@ -518,24 +519,23 @@ MONITORING = ("prometheus-single", "canary")
 ALERTMANAGER = "alertmanager"
 
 
-def monitoring_projects(single: Single) -> tuple[compose.Project, compose.Project]:
-    """The projects `make monitoring` runs compose in: SINGLE's own (compose.yaml, the same
-    settings file and variables as `make up`, so compose finds the gateway as it is), and
-    the same with compose.scale.yaml after it for Alertmanager."""
+def watched(single: Single) -> compose.Project:
+    """SINGLE's project (the same settings file and variables as `make up`) with
+    compose.scale.yaml after its files: Alertmanager's service and volume are there."""
     project = single.compose()
     scale = compose.docker_dir("compose.scale.yaml") / "compose.scale.yaml"
-    files = (*project.files[:1], scale)
-    return project, compose.Project(project.name, project.env_file, files, (), project.env)
+    files = (*project.files, scale)
+    return compose.Project(project.name, project.env_file, files, project.profiles, project.env)
 
 
 def monitoring_commands(single: Single) -> list[tuple[compose.Project, tuple[str, ...]]]:
     """What `make monitoring` runs: each project and its compose arguments. `--no-deps`:
     the canary's dependency, the gateway, is left as `make up` made it (compose would
-    recreate a dependency whose settings differ from the ones it is given here)."""
-    own, alerts = monitoring_projects(single)
+    recreate a dependency whose settings differ from the ones it is given here; and
+    compose.scale.yaml's gateway is the router's)."""
     return [
-        (own, ("--profile", "monitoring", "up", "-d", "--no-deps", *MONITORING)),
-        (alerts, ("--profile", "monitoring", "up", "-d", "--no-deps", ALERTMANAGER)),
+        (single.compose(), ("--profile", "monitoring", "up", "-d", "--no-deps", *MONITORING)),
+        (watched(single), ("--profile", "monitoring", "up", "-d", "--no-deps", ALERTMANAGER)),
     ]
 
 
@@ -568,8 +568,9 @@ def monitoring(single: Single) -> None:
 
 
 def down(single: Single, volumes: bool = False) -> int:
-    """Stop and remove the deployment (VOLUMES: its cache volumes too): compose's status."""
-    return passed_through(single.compose(), *stopping(volumes))
+    """Stop and remove the deployment and its monitoring (VOLUMES: their volumes too):
+    compose's status."""
+    return passed_through(watched(single), *stopping(volumes))
 
 
 def logs(single: Single, tail: int) -> int:

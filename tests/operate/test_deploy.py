@@ -612,12 +612,18 @@ def test_monitoring_runs_compose_with_up_s_settings_and_variables_and_no_deps(tm
     assert own.startswith(variables + " ") and alerts.startswith(variables + " ")
     assert up.endswith(f"-p p1 --env-file {mine} -f {ROOT}/docker/compose.yaml --profile cpu "
                        "up -d vllm-cpu gateway")  # fmt: skip
-    assert own.endswith(f"-p p1 --env-file {mine} -f {ROOT}/docker/compose.yaml --profile cpu "
-                        "--profile monitoring up -d --no-deps prometheus-single canary")  # fmt: skip
-    assert alerts.endswith(
-        f"-p p1 --env-file {mine} -f {ROOT}/docker/compose.yaml -f {ROOT}/docker/compose.scale.yaml"
-        " --profile monitoring up -d --no-deps alertmanager"
+    assert own.endswith(
+        f"-p p1 --env-file {mine} -f {ROOT}/docker/compose.yaml --profile cpu "
+        "--profile monitoring up -d --no-deps prometheus-single canary"
     )
+    both = f"-f {ROOT}/docker/compose.yaml -f {ROOT}/docker/compose.scale.yaml --profile cpu"
+    assert alerts.endswith(
+        f"-p p1 --env-file {mine} {both} --profile monitoring up -d --no-deps alertmanager"
+    )
+    # `make down` takes what monitoring started with it (else the network stays in use)
+    (down,) = run_cli("deploy", "down", *argv, "-v", env={}).stdout.splitlines()
+    assert down.startswith(variables + " ")
+    assert down.endswith(f"-p p1 --env-file {mine} {both} --profile monitoring down -v")
 
 
 def test_monitoring_is_refused_without_a_receiver_or_a_running_gateway_before_compose_starts(
