@@ -42,6 +42,12 @@ DEFAULT_PRESET = DEFAULT_XPU_PRESET
 MIN_KERNEL_B70 = (6, 17)
 # xe drives Battlemage (BMG-G21) by default from Linux 6.12: nothing older can serve.
 MIN_KERNEL = (6, 12)
+
+
+def dotted(version: tuple[int, ...]) -> str:
+    return ".".join(map(str, version))
+
+
 # compute-runtime knows the G31 device IDs from 25.27.34303.5 (intel/compute-runtime
 # ff380058, "feature: add support for release 20.2 (BMG G31)", 2025-06-13).
 MIN_COMPUTE_RUNTIME_G31 = (25, 27, 34303, 5)
@@ -101,7 +107,8 @@ DISTRIBUTIONS = {
 # host's): what to get, and where the steps are.
 GENERIC = Distribution(
     "",
-    kernel="a kernel whose xe lists 8086:e223 (Linux 6.17 or newer), then reboot: "
+    kernel=f"a kernel whose xe lists 8086:e223 (Linux {dotted(MIN_KERNEL_B70)} or newer), "
+    "then reboot: "
     f"{HOST_DOC} has the steps per distribution",
     firmware="xe/bmg_guc_70.bin and xe/bmg_huc.bin (linux-firmware 20250410 or newer), then "
     f"reboot: {HOST_DOC} has the steps per distribution",
@@ -592,8 +599,9 @@ def check_kernel(host: Host, preset: Preset) -> Finding:
     version = version_tuple(release)[:2]
     fix = fixes(host).kernel
     if version < MIN_KERNEL:
-        return Finding("kernel", FAIL, f"{seen}: xe drives Battlemage from 6.12, the B70 "
-                       "from 6.17", fix)  # fmt: skip
+        return Finding("kernel", FAIL, f"{seen}: xe drives Battlemage from "
+                       f"{dotted(MIN_KERNEL)}, the B70 from {dotted(MIN_KERNEL_B70)}",
+                       fix)  # fmt: skip
     aliases = xe_aliases(host)
     if aliases is not None:
         unknown = [device for device in wanted if device not in aliases]
@@ -602,13 +610,14 @@ def check_kernel(host: Host, preset: Preset) -> Finding:
             return Finding("kernel", FAIL, f"{seen}: its xe does not list {missing}", fix)
         if not wanted:
             return Finding("kernel", OK, f"{seen}; xe drives {len(gpus)} Battlemage GPU(s)")
-        back = " (carried back: mainline lists it from 6.17)" if version < MIN_KERNEL_B70 else ""
+        back = f" (carried back: mainline from {dotted(MIN_KERNEL_B70)})"
+        back = back if version < MIN_KERNEL_B70 else ""
         return Finding("kernel", OK, f"{seen}; its xe lists {ids}{back}")
     if not wanted:
         return Finding("kernel", OK, f"{seen}; xe drives {len(gpus)} Battlemage GPU(s)")
     if version < MIN_KERNEL_B70 and (not gpus or any(g.device in BMG_G31 for g in gpus)):
-        return Finding("kernel", FAIL, f"{seen}: older than 6.17, the first whose xe lists "
-                       "the B70; no modules.alias to read", fix)  # fmt: skip
+        return Finding("kernel", FAIL, f"{seen}: older than {dotted(MIN_KERNEL_B70)}, the "
+                       "first whose xe lists the B70; no modules.alias to read", fix)  # fmt: skip
     return Finding("kernel", WARN, f"{seen}; no modules.alias to check {ids}",
                    "run doctor on the host")  # fmt: skip
 
