@@ -631,6 +631,33 @@ def firmware_file(host: Host, name: str) -> str | None:
     return None
 
 
+def guc_version(data: bytes) -> str | None:
+    """The release version in a GuC blob's CSS header (drivers/gpu/drm/xe/xe_uc_fw_abi.h,
+    struct uc_css_header: sw_version, the u32 at byte 64, major.minor.patch in bits 23-0),
+    what xe compares with the version it recommends; None for a blob too short to hold it."""
+    if len(data) < 68:
+        return None
+    word = int.from_bytes(data[64:68], "little")
+    return f"{(word >> 16) & 0xFF}.{(word >> 8) & 0xFF}.{word & 0xFF}"
+
+
+def firmware_bytes(host: Host, path: str) -> bytes | None:
+    """PATH's content, unpacked where the standard library can (.xz, .gz); None for zstd,
+    which it cannot (Ubuntu's firmware is zstd: dmesg names the version xe loaded)."""
+    import gzip
+    import lzma
+
+    try:
+        data = host.path(path).read_bytes()
+        if path.endswith(".xz"):
+            return lzma.decompress(data)
+        if path.endswith(".gz"):
+            return gzip.decompress(data)
+    except (OSError, lzma.LZMAError, gzip.BadGzipFile, EOFError):
+        return None
+    return None if path.endswith(".zst") else data
+
+
 def check_firmware(host: Host, preset: Preset) -> Finding:
     """GuC and HuC blobs the xe driver loads on Battlemage: a host file, not an image one."""
     if not any(g.is_battlemage for g in intel_gpus(host)):
@@ -640,6 +667,10 @@ def check_firmware(host: Host, preset: Preset) -> Finding:
     found = {kind: firmware_file(host, name) for kind, name in FIRMWARE.items()}
     missing = [f"{kind} ({FIRMWARE[kind]})" for kind, path in found.items() if path is None]
     seen = "; ".join(f"{kind}: {path or 'missing'}" for kind, path in found.items())
+    data = firmware_bytes(host, found["GuC"]) if found["GuC"] else None
+    version = guc_version(data) if data else None
+    if version:  # which GuC a B70 needs is not published: the version, for dmesg's advice
+        seen += f" (GuC {version})"
     if missing:
         status = FAIL if preset.flavor != "cpu" else WARN
         return Finding(

@@ -745,9 +745,13 @@ def test_every_distribution_of_docs_host_md_has_its_os_release_here():
     assert sorted(d.name for d in D.DISTRIBUTIONS.values()) == DISTROS
 
 
-def test_os_release_is_read_as_a_shell_reads_it():
+def test_os_release_is_read_as_a_shell_reads_it(tmp_path):
     text = '# comment\nID=ubuntu\nVERSION_ID="24.04"\nNAME=\'Ubuntu\'\nBROKEN\nX="unclosed\n'
     assert H.parse_os_release(text) == {"ID": "ubuntu", "VERSION_ID": "24.04", "NAME": "Ubuntu"}
+    host = build(tmp_path, container=False)  # no /etc/os-release: os-release(5)'s fallback
+    (host.root / "usr/lib").mkdir(parents=True, exist_ok=True)
+    (host.root / "usr/lib/os-release").write_text(OS_RELEASE["Debian 13"])
+    assert D.distribution(host) == distro("Debian 13")
 
 
 @pytest.mark.parametrize("name", DISTROS)
@@ -863,3 +867,26 @@ def test_doctor_names_the_distribution_and_changes_nothing_on_a_broken_host(tmp_
     unknown = build(tmp_path / "u", container=False, os_release=FEDORA)
     first = run_cli("--root", str(unknown.root)).stdout.splitlines()[0]
     assert first.startswith("arcvllm doctor: host (Fedora Linux 43: generic fix lines")
+
+
+def guc_blob(major: int, minor: int, patch: int) -> bytes:
+    """The first bytes of a GuC blob as xe reads them: sw_version at byte 64 of the CSS
+    header (Debian's 20250410 bmg_guc_70.bin reads 70.40.2 this way)."""
+    return bytes(64) + ((major << 16) | (minor << 8) | patch).to_bytes(4, "little") + bytes(60)
+
+
+def test_the_firmware_row_names_the_guc_version_where_it_can_read_it(tmp_path):
+    import lzma
+
+    host = build(tmp_path, container=False, firmware=("xe/bmg_huc.bin",))
+    guc = host.root / "lib/firmware/xe/bmg_guc_70.bin"
+    guc.write_bytes(guc_blob(70, 40, 2))
+    row = finding(host, D.check_firmware)
+    assert row.status == D.OK and row.seen.endswith("(GuC 70.40.2)")
+    guc.unlink()
+    guc.with_suffix(".bin.xz").write_bytes(lzma.compress(guc_blob(70, 72, 1)))
+    assert finding(host, D.check_firmware).seen.endswith("(GuC 70.72.1)")
+    guc.with_suffix(".bin.xz").write_bytes(b"not xz")  # unreadable: no version, still present
+    row = finding(host, D.check_firmware)
+    assert row.status == D.OK and "GuC " not in row.seen.split(";")[-1]
+    assert D.guc_version(b"short") is None
