@@ -40,7 +40,8 @@ DEFAULT_PRESET = DEFAULT_XPU_PRESET
 # the IDs to an older kernel, so a kernel's own modules.alias decides where it is readable
 # (Debian 13's 6.12.117 lists no e22x: read from its xe.ko).
 MIN_KERNEL_B70 = (6, 17)
-# xe drives Battlemage (BMG-G21) by default from Linux 6.12: nothing older can serve.
+# Battlemage (BMG-G21) IDs came in 6.11 behind xe.force_probe; 6.12 is taken as the first
+# without the gate (not confirmed from a primary source: docs/host.md#kernel).
 MIN_KERNEL = (6, 12)
 
 
