@@ -17,22 +17,35 @@ class Check:
     expected: str
     seen: str
     ok: bool | None  # None: information (e.g. the block size read), neither PASS nor FAIL
+    # A check that did not exercise what it checks (ok None): how to make it run. Its
+    # result is INCOMPLETE, never PASS.
+    how: str = ""
 
     @property
     def result(self) -> str:
+        if self.how:
+            return "INCOMPLETE"
         return "INFO" if self.ok is None else "PASS" if self.ok else "FAIL"
 
 
 @dataclass
 class Report:
-    verdict: str = "fail"
+    verdict: str = "fail"  # pass, fail, or incomplete (nothing failed, something did not run)
     failed: list[str] = field(default_factory=list)
+    incomplete: list[str] = field(default_factory=list)
     server: dict[str, Any] = field(default_factory=dict)
     checks: list[Check] = field(default_factory=list)
     measurements: dict[str, Any] = field(default_factory=dict)
     outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     crash: str | None = None
     log_tail: list[str] = field(default_factory=list)
+
+    def judge(self) -> None:
+        """The verdict from the checks: a failed one fails the report; else one that did
+        not run makes it incomplete; else it passes."""
+        self.failed = [c.name for c in self.checks if c.ok is False]
+        self.incomplete = [c.name for c in self.checks if c.how]
+        self.verdict = "fail" if self.failed else "incomplete" if self.incomplete else "pass"
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2) + "\n"
@@ -58,9 +71,15 @@ def table(report: Report, title: str = "smoke") -> str:
     out = [render_checks(report.checks), ""]
     meas = ", ".join(f"{k}={v}" for k, v in report.measurements.items())
     out.append(f"measured (not asserted): {meas}")
+    for c in report.checks:
+        if c.how:
+            out.append(f"{c.name}: not exercised: {c.how}")
     if report.verdict == "pass":
         passed = sum(1 for c in report.checks if c.ok)
         out.append(f"{title}: PASS ({passed} checks)")
+        return "\n".join(out)
+    if report.verdict == "incomplete":
+        out.append(f"{title}: INCOMPLETE: {', '.join(report.incomplete)}")
         return "\n".join(out)
     out.append(f"{title}: FAIL: {', '.join(report.failed)}")
     if report.crash:

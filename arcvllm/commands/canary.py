@@ -10,16 +10,17 @@ from arcvllm.operate import canary
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    from arcvllm.verify.session import options_from
+    from arcvllm.verify.session import exit_status, options_from
 
     opts = options_from(args, rows=canary.ROWS)
     metrics = canary.Metrics(args.acceptance_floor)
     if not args.once:
         canary.watch(opts, metrics, args.listen, args.port, args.interval, args.json)
-    result, report = canary.one_round(opts, metrics)
-    if report is not None:
-        print(report.to_json() if args.json else table(report, "canary"), flush=True)
-    return 0 if result == "pass" else 1
+    _, report = canary.one_round(opts, metrics)
+    if report is None:
+        return 1  # the round did not get that far (it said why)
+    print(report.to_json() if args.json else table(report, "canary"), flush=True)
+    return exit_status(report)
 
 
 def register(subparsers) -> None:
@@ -53,7 +54,9 @@ def register(subparsers) -> None:
         help=f"alert when a speculating server accepts fewer drafts ({canary.ACCEPTANCE_FLOOR})",
     )
     parser.add_argument(
-        "--once", action="store_true", help="one round, its table, exit 1 unless it passed"
+        "--once",
+        action="store_true",
+        help="one round, its table; exit as verify's (1 failed, 4 incomplete)",
     )
     options.add_json(parser, help="--once: the round's report; else a JSON line per round")
     parser.set_defaults(func=_cmd)

@@ -12,6 +12,7 @@ deploy/prometheus/rules/canary.yml turns that into an alert for Alertmanager.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -55,9 +56,14 @@ class Metrics:
         self.check = gauge(
             "check_ok", "1: the check passed in the last round, 0: it failed", "check"
         )
+        # A check that did not exercise its path (INCOMPLETE) neither passed nor failed: it
+        # has no check_ok (no page) and says so here.
+        self.incomplete = gauge(
+            "check_incomplete", "1: the check did not exercise its path in the last round", "check"
+        )
         self.up = gauge("up", "1: the last round reached the server")
         self.rounds = Counter(
-            f"{PREFIX}_rounds", "Rounds by result (pass, fail, error)", ["result"],
+            f"{PREFIX}_rounds", "Rounds by result (pass, incomplete, fail, error)", ["result"],
             registry=self.registry,
         )  # fmt: skip
         self.last_round = gauge("last_round_timestamp_seconds", "When the last round ended")
@@ -88,7 +94,13 @@ class Metrics:
             return "error"
         self.up.set(1)
         for check in report.checks:
-            if check.name in ROWS and check.ok is not None:
+            if check.name not in ROWS:
+                continue
+            self.incomplete.labels(check.name).set(1 if check.how else 0)
+            if check.how:
+                with contextlib.suppress(KeyError):  # never set: nothing to take back
+                    self.check.remove(check.name)
+            elif check.ok is not None:
                 self.check.labels(check.name).set(1 if check.ok else 0)
         measured, model = report.measurements, str(report.server.get("model", ""))
         if "degeneration_longest_run" in measured:
@@ -97,9 +109,9 @@ class Metrics:
         if measured.get("spec_acceptance_rate") is not None:
             self.acceptance.labels(model).set(measured["spec_acceptance_rate"])
             self.floor.labels(model).set(self.acceptance_floor)
-        result = "pass" if report.verdict == "pass" else "fail"
+        result = report.verdict if report.verdict in ("pass", "incomplete") else "fail"
         self.rounds.labels(result).inc()
-        if result == "pass":
+        if result != "fail":  # nothing failed: nothing to page for
             self.last_success.set(now)
         return result
 
@@ -128,11 +140,14 @@ def one_round(opts, metrics: Metrics) -> tuple[str, Report | None]:
 
 
 def round_line(result: str, report: Report | None, as_json: bool) -> str:
-    """A round as `arcvllm canary` prints it: a JSON line, or `round RESULT: FAILED ROWS`."""
+    """A round as `arcvllm canary` prints it: a JSON line, or `round RESULT: ROWS` (the
+    failed ones, else the incomplete ones)."""
     failed = report.failed if report is not None else []
+    incomplete = report.incomplete if report is not None else []
     if as_json:
-        return json.dumps({"round": result, "failed": failed})
-    why = f": {', '.join(failed)}" if failed else ""
+        return json.dumps({"round": result, "failed": failed, "incomplete": incomplete})
+    named = failed or incomplete
+    why = f": {', '.join(named)}" if named else ""
     return f"arcvllm canary: round {result}{why}"
 
 

@@ -171,6 +171,59 @@ def preempt_tokens(g: Geometry) -> int:
     return per_request
 
 
+# ---- rows that did not exercise their path (INCOMPLETE), and how to make them run
+
+PREEMPT_ROUNDS = 3
+CHUNK_SOURCES = "--max-num-batched-tokens N, --preset, or the server's log (--log-file/--log-cmd)"
+
+
+def chunk_room(g: Geometry) -> int:
+    """The largest prefill chunk the chunked row can go past within max-model-len."""
+    return g.max_model_len - g.block_size - 24
+
+
+def kv_room(g: Geometry) -> int:
+    """The largest KV cache (tokens) STREAMS requests within max-model-len run out twice."""
+    return STREAMS // 2 * (g.max_model_len - g.block_size)
+
+
+def unexercised(
+    row: str, plan: Plan, preempted: float | None = None, resumed: float | None = None
+) -> str:
+    """How to make ROW exercise its path on this server when, by the plan or by what the
+    server counted (PREEMPTED requests, tokens RESUMED from the prefix cache), it did not;
+    '' when it did."""
+    g = plan.geometry
+    if row == CHUNKED and not plan.chunked:
+        if g.chunk_tokens is None:
+            return f"the prefill chunk is unknown: give it ({CHUNK_SOURCES})"
+        return (
+            f"max-model-len {g.max_model_len} has no room past the chunk of {g.chunk_tokens}: "
+            f"start the server with --max-num-batched-tokens {chunk_room(g)} or less"
+        )
+    if row == MIXED and g.chunk_tokens is None:
+        return (
+            "the prefill chunk is unknown, so the long prompts may all prefill in one step "
+            f"with nothing decoding beside them: give it ({CHUNK_SOURCES})"
+        )
+    smaller_kv = (
+        f"start the server with a KV cache of at most {kv_room(g)} tokens (vLLM's "
+        "--num-gpu-blocks-override or --kv-cache-memory-bytes) and --max-num-seqs "
+        f"{STREAMS} or more"
+    )
+    if row == PREEMPTION and not plan.preempt_tokens:
+        kv = "of unknown size" if g.kv_tokens is None else f"of {g.kv_tokens} tokens"
+        return f"the KV cache {kv} holds {STREAMS} requests of max-model-len: {smaller_kv}"
+    if row == PREEMPTION and preempted is not None and preempted <= 0:
+        return f"nothing was preempted in {PREEMPT_ROUNDS} rounds: {smaller_kv}"
+    if row == RESUME and resumed is not None and resumed < g.block_size:
+        return (
+            f"{resumed:.0f} tokens were resumed from the prefix cache, less than a block: "
+            "start the server with --enable-prefix-caching"
+        )
+    return ""
+
+
 def boundaries_crossed(start: int, end: int, block_size: int) -> int:
     """Block boundaries between positions START and END (a sequence grown from START to
     END tokens)."""

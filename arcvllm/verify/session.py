@@ -1,4 +1,5 @@
-"""`arcvllm verify`: arguments in, the report out (table or JSON), exit 1 on a failed row."""
+"""`arcvllm verify`: arguments in, the report out (table or JSON), its exit status: 1 when a
+row failed, 4 when none failed but one did not exercise its path (INCOMPLETE)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import sys
 from pathlib import Path
 
 from arcvllm.client.report import Report, table
+from arcvllm.errors import CheckFailed, Degraded
 from arcvllm.verify.suite import VerifyOptions, run
 
 
@@ -32,3 +34,11 @@ def finish(args: argparse.Namespace, opts: VerifyOptions) -> Report:
         report.write(path)
         print(f"report: {path}", file=sys.stderr)
     return report
+
+
+def exit_status(report: Report) -> int:
+    """0 when every row passed; CheckFailed's 1 when one failed (it wins); Degraded's 4
+    when none failed but one did not run its path: it ran with less than was asked."""
+    if report.verdict == "fail":
+        return CheckFailed.exit_code
+    return Degraded.exit_code if report.verdict == "incomplete" else 0

@@ -136,14 +136,9 @@ class Suite:
     def chunked(self) -> Check:
         p, g = self.plan, self.plan.geometry
         if not p.chunked:
-            why = (
-                "the server's max-num-batched-tokens is unknown (--max-num-batched-tokens, "
-                "--preset or its log)"
-                if g.chunk_tokens is None
-                else f"max-model-len {g.max_model_len} has no room past the chunk"
-            )
             expected = f"a prompt longer than the prefill chunk ({g.chunk_tokens} tok)"
-            return Check(P.CHUNKED, expected, f"not exercised: {why}", None)
+            how = P.unexercised(P.CHUNKED, p)
+            return Check(P.CHUNKED, expected, "not exercised", None, how)
         chunk = g.chunk_tokens or 1
         chunks = -(-p.chunked_total // chunk)
         self.expect(
@@ -181,10 +176,10 @@ class Suite:
         hits = (self.client.prefix_cache_after(before, self.model) - before).hits
         greedy = self.judge(P.RESUME, [("resumed", second, out.token_ids)])
         seen = f"resumed at {hits:.0f} of {len(second)} tok; {greedy.summary()}"
-        if hits < self.block:
-            seen = f"no resume: {hits:.0f} tok hit the prefix cache (prefix caching off?)"
-        ok = hits >= self.block and out.completion_tokens == p.resume_tokens and _clean(greedy)
-        return Check(P.RESUME, self._expected, seen, ok)
+        ok = out.completion_tokens == p.resume_tokens and _clean(greedy)
+        return _unless_unexercised(
+            Check(P.RESUME, self._expected, seen, ok), P.unexercised(P.RESUME, p, resumed=hits)
+        )
 
     def mixed(self) -> Check:
         p, g = self.plan, self.plan.geometry
@@ -203,26 +198,22 @@ class Suite:
         # their prefill runs in a later step, beside its decode, however the steps fall.
         # (Sent as separate requests, a loaded server may take each only once the one
         # before it has finished; prompts of one length may all finish prefill together.)
-        return self._judge_streams(P.MIXED, self._batch(streams, p.mixed_tokens), before)
+        check = self._judge_streams(P.MIXED, self._batch(streams, p.mixed_tokens), before)
+        return _unless_unexercised(check, P.unexercised(P.MIXED, p))
 
     def preemption(self) -> Check:
         p, g = self.plan, self.plan.geometry
         if not p.preempt_tokens:
-            kv = "an unknown number of" if g.kv_tokens is None else str(g.kv_tokens)
-            return Check(
-                P.PREEMPTION,
-                "requests beyond the KV cache preempted and recomputed",
-                f"not exercised: the KV cache holds {kv} tok, {P.STREAMS} requests of "
-                "max-model-len fit (a server with a smaller KV cache exercises it)",
-                None,
-            )
+            expected = "requests beyond the KV cache preempted and recomputed"
+            how = P.unexercised(P.PREEMPTION, p)
+            return Check(P.PREEMPTION, expected, "not exercised", None, how)
         self.expect(
             f"{P.STREAMS} x {p.preempt_prompt + p.preempt_tokens} tok > the KV cache's "
             f"{g.kv_tokens}: preempted, recomputed, each = plain greedy"
         )
         # Whether the scheduler preempts depends on when each request arrives: more rounds
         # (three at most) while one preempted nothing.
-        for rounds in (1, 2, 3):
+        for rounds in range(1, P.PREEMPT_ROUNDS + 1):
             self.report.measurements["preemption_rounds"] = rounds
             before = self.preemptions()
             streams = [
@@ -350,10 +341,10 @@ class Suite:
         seen = f"{len(errors)} errors; {greedy.summary()}; {preempted:.0f} preempted"
         if errors:
             seen = f"{errors[0]}; {seen}"
-        ok: bool | None = not errors and _clean(greedy) and bool(sequences)
-        if must_preempt and ok and not preempted:
-            ok, seen = None, f"not exercised: nothing was preempted; {seen}"
-        return Check(row, self._expected, seen, ok)
+        check = Check(row, self._expected, seen, not errors and _clean(greedy) and bool(sequences))
+        if must_preempt:
+            return _unless_unexercised(check, P.unexercised(row, self.plan, preempted=preempted))
+        return check
 
     # ---- the run
 
@@ -409,6 +400,15 @@ class Suite:
         if check.ok is False:
             self.broken.add(name)
         return check
+
+
+def _unless_unexercised(check: Check, how: str) -> Check:
+    """CHECK, or INCOMPLETE with HOW when its path did not run: a row that failed still
+    fails (what it saw is wrong whether or not its path ran); one that passed did not
+    prove its path."""
+    if not how or check.ok is False:
+        return check
+    return Check(check.name, check.expected, f"not exercised; {check.seen}", None, how)
 
 
 def _clean(greedy: GreedyCheck) -> bool:
@@ -470,8 +470,7 @@ def run(opts: VerifyOptions) -> Report:
     )
     report.checks.append(Check("server", "read from the server", seen, None))
     Suite(client, served.model, plan, report, speculative, opts.rows).run()
-    report.failed = [c.name for c in report.checks if c.ok is False]
-    report.verdict = "fail" if report.failed else "pass"
+    report.judge()
     if report.failed:
         lines = opts.log.lines()
         report.crash = find_crash(lines)

@@ -133,6 +133,27 @@ def test_a_failed_round_sets_its_check_to_0_and_keeps_the_last_success():
     assert ("arcvllm_canary_check_ok", (("check", "server"),)) not in got
 
 
+def test_an_incomplete_round_pages_for_nothing_and_says_incomplete():
+    m = canary.Metrics()
+    assert m.record(report("fail", False), None, 3.0) == "fail"
+    start = samples(m)[("arcvllm_canary_last_success_timestamp_seconds", ())]
+    r = report("incomplete", True)
+    r.checks[1] = Check("boundary decode", "...", "not exercised", None, "start it so")
+    r.judge()
+    assert r.verdict == "incomplete"
+    assert m.record(r, None, 3.0) == "incomplete"
+    got = samples(m)
+    # the failed check's 0 is taken back (no page), and the check says it did not run
+    assert ("arcvllm_canary_check_ok", (("check", "boundary decode"),)) not in got
+    assert got[("arcvllm_canary_check_incomplete", (("check", "boundary decode"),))] == 1
+    assert got[("arcvllm_canary_check_incomplete", (("check", "degeneration"),))] == 0
+    assert got[("arcvllm_canary_rounds_total", (("result", "incomplete"),))] == 1
+    assert got[("arcvllm_canary_last_success_timestamp_seconds", ())] >= start
+    assert canary.round_line("incomplete", r, False) == (
+        "arcvllm canary: round incomplete: boundary decode"
+    )
+
+
 def test_a_round_that_reaches_no_server_is_an_error_and_down():
     m = canary.Metrics()
     assert m.record(None, "no vLLM server answers", 0.1) == "error"

@@ -119,3 +119,62 @@ def test_no_server_is_one_line_and_exit_3(capsys):
     err = capsys.readouterr().err
     assert err.startswith("arcvllm: no vLLM server answers http://127.0.0.1:9/health")
     assert err.count("\n") == 1
+
+
+# ---- rows that did not exercise their path: INCOMPLETE, with how to make them run
+
+
+def test_the_chunked_row_is_incomplete_without_a_chunk_or_room_past_it():
+    unknown = P.plan_rows(P.Geometry(256, 1536, None, 3072))
+    assert "--max-num-batched-tokens N" in P.unexercised(P.CHUNKED, unknown)
+    no_room = P.plan_rows(P.Geometry(256, 1536, 2048, 3072))
+    how = P.unexercised(P.CHUNKED, no_room)
+    assert how.endswith("--max-num-batched-tokens 1256 or less")
+    # ... and at that chunk the row runs
+    assert P.plan_rows(P.Geometry(256, 1536, 1256, 3072)).chunked
+    assert P.unexercised(P.CHUNKED, P.plan_rows(CPU)) == ""
+
+
+def test_the_mixed_row_is_incomplete_when_the_chunk_is_unknown():
+    how = P.unexercised(P.MIXED, P.plan_rows(P.Geometry(256, 1536, None, 3072)))
+    assert "prefill in one step" in how and "--max-num-batched-tokens N" in how
+    assert P.unexercised(P.MIXED, P.plan_rows(CPU)) == ""
+
+
+def test_preemption_is_incomplete_with_a_kv_cache_too_large_or_nothing_preempted():
+    big = P.plan_rows(P.Geometry(1088, 32768, 8192, 400_000))
+    how = P.unexercised(P.PREEMPTION, big)
+    assert "KV cache of 400000 tokens holds 8 requests" in how
+    assert "at most 126720 tokens" in how and "--num-gpu-blocks-override" in how
+    # the KV cache it names is one the row runs out
+    assert P.plan_rows(P.Geometry(1088, 32768, 8192, P.kv_room(big.geometry))).preempt_tokens
+    assert "of unknown size" in P.unexercised(P.PREEMPTION, P.plan_rows(B70))
+    cpu = P.plan_rows(CPU)
+    assert P.unexercised(P.PREEMPTION, cpu, preempted=0).startswith(
+        "nothing was preempted in 3 rounds"
+    )
+    assert P.unexercised(P.PREEMPTION, cpu, preempted=2) == ""
+
+
+def test_the_resumed_prefix_is_incomplete_when_less_than_a_block_was_resumed():
+    cpu = P.plan_rows(CPU)
+    assert "--enable-prefix-caching" in P.unexercised(P.RESUME, cpu, resumed=0)
+    assert P.unexercised(P.RESUME, cpu, resumed=255) != ""
+    assert P.unexercised(P.RESUME, cpu, resumed=512) == ""
+
+
+@pytest.mark.parametrize("row", [P.DECODE, P.MAX_LEN, P.RESIDUES, P.DEGENERATION])
+def test_the_other_rows_always_exercise_their_path(row):
+    assert P.unexercised(row, P.plan_rows(P.Geometry(256, 1536, None, None))) == ""
+
+
+def test_a_row_that_failed_stays_failed_though_its_path_did_not_run():
+    from arcvllm.client.report import Check
+    from arcvllm.verify.suite import _unless_unexercised
+
+    failed = Check(P.RESUME, "...", "1 of 4 tok", False)
+    assert _unless_unexercised(failed, "start it so") is failed
+    passed = Check(P.RESUME, "...", "4 of 4 tok", True)
+    check = _unless_unexercised(passed, "start it so")
+    assert (check.ok, check.result, check.how) == (None, "INCOMPLETE", "start it so")
+    assert _unless_unexercised(passed, "") is passed

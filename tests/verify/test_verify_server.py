@@ -59,12 +59,14 @@ class Server:
             python, PRESET, model, tmp, env, SERVER_ARGS
         )
 
-    def verify(self, defect: str, *extra: str) -> dict:
-        """`arcvllm verify` with DEFECT in force (the plugin reads it at the next step)."""
+    def verify(self, defect: str, *extra: str, log: bool = True) -> dict:
+        """`arcvllm verify` with DEFECT in force (the plugin reads it at the next step);
+        without LOG, verify is not given the server's log (nor its chunk)."""
         self.defect.write_text(defect)
-        out = self.tmp / f"verify-{defect or 'healthy'}.json"
+        out = self.tmp / f"verify-{defect or 'healthy'}-{len(list(self.tmp.glob('verify-*')))}.json"
+        logged = ("--log-file", str(self.log)) if log else ()
         result = arcvllm(
-            *("verify", "--base-url", self.url, "--log-file", str(self.log), "--out", str(out)),
+            *("verify", "--base-url", self.url, *logged, "--out", str(out)),
             *extra,
         )
         self.defect.write_text("")
@@ -139,6 +141,22 @@ def test_a_defect_fails_only_its_row_in_the_whole_suite(server, healthy):
     assert report["exit"] == 1, report["screen"]
     assert report["failed"] == [P.RESUME], report["screen"]
     assert set(P.ROWS) <= set(_rows(report)), report["screen"]
+
+
+def test_rows_that_cannot_know_the_chunk_are_incomplete_and_say_how_exit_4(server, healthy):
+    # Without the server's log, --max-num-batched-tokens or a preset, verify cannot know
+    # the prefill chunk: no prompt is known to be chunked, nor a batch to mix. Neither row
+    # is a PASS: both say how to make them run, and verify exits with its own status.
+    report = server.verify("", "--rows", f"{P.CHUNKED},{P.MIXED}", log=False)
+    assert report["exit"] == 4, report["screen"]
+    assert (report["verdict"], report["failed"]) == ("incomplete", []), report["screen"]
+    assert report["incomplete"] == [P.CHUNKED, P.MIXED], report["screen"]
+    assert f"verify: INCOMPLETE: {P.CHUNKED}, {P.MIXED}" in report["stdout"]
+    assert f"{P.CHUNKED}: not exercised: the prefill chunk is unknown" in report["stdout"]
+    # ... and a row that fails beside one that did not run fails the run: FAIL wins
+    report = server.verify("resume", "--rows", f"{P.CHUNKED},{P.RESUME}", log=False)
+    assert report["exit"] == 1, report["screen"]
+    assert (report["failed"], report["incomplete"]) == ([P.RESUME], [P.CHUNKED]), report["screen"]
 
 
 def test_nan_after_one_prompt_length_fails_the_residue_row(server, healthy):
