@@ -98,7 +98,10 @@ def _below_start(affected: str, version: Any) -> bool:
 
 @dataclass(frozen=True)
 class Settings:
-    """What a preset sets that a defect's trigger can ask about."""
+    """What a preset does on one stack that a defect's trigger can ask about: its flags and
+    model (layers, length, speculation, quantization, TP, sequences, MoE widths) and what
+    the stack's release makes of them (compiled, xpu_graph, prefix_caching:
+    arcvllm.presets.triggers)."""
 
     layers: frozenset[str]
     max_model_len: int
@@ -362,23 +365,28 @@ def verdict(
 
 def verdicts(
     ledger: Ledger,
-    presets: Iterable[tuple[str, Settings, Sequence[str]]],
+    presets: Iterable[tuple[str, Mapping[str, Settings], Sequence[str]]],
     stacks: Mapping[str, Any],
 ) -> list[Verdict]:
-    """Every (preset name, its settings, its listed stacks) x every XPU stack, stacks a
-    preset does not list too."""
+    """Every (preset name, its settings on each XPU stack, its listed stacks) x every XPU
+    stack, stacks a preset does not list too. A preset's settings are per stack: whether
+    it compiles, replays XPU graphs and caches prefixes is the release's decision
+    (arcvllm.presets.triggers)."""
     out = []
     xpu = {name: s for name, s in stacks.items() if s.flavor == "xpu"}
     for name, settings, listed in presets:
         for stack_name, stack in xpu.items():
             pins = pinned_versions(stack)
-            out.append(verdict(ledger, name, settings, stack_name, pins, stack_name in listed))
+            here = settings[stack_name]
+            out.append(verdict(ledger, name, here, stack_name, pins, stack_name in listed))
     return out
 
 
-def default_stack(ledger: Ledger, settings: Settings, stacks: Mapping[str, Any]) -> str | None:
-    """The newest XPU stack (by its vLLM) whose verdict for a preset of SETTINGS is clean;
-    None if none is."""
+def default_stack(
+    ledger: Ledger, settings: Mapping[str, Settings], stacks: Mapping[str, Any]
+) -> str | None:
+    """The newest XPU stack (by its vLLM) whose verdict for a preset of SETTINGS (per
+    stack) is clean; None if none is."""
     from packaging.version import Version
 
     xpu = sorted(
@@ -387,16 +395,20 @@ def default_stack(ledger: Ledger, settings: Settings, stacks: Mapping[str, Any])
         reverse=True,
     )
     for stack in xpu:
-        if verdict(ledger, "", settings, stack.name, pinned_versions(stack)).clean:
+        if verdict(ledger, "", settings[stack.name], stack.name, pinned_versions(stack)).clean:
             return stack.name
     return None
 
 
 def default_problem(
-    ledger: Ledger, preset: str, settings: Settings, stacks: Mapping[str, Any], current: str
+    ledger: Ledger,
+    preset: str,
+    settings: Mapping[str, Settings],
+    stacks: Mapping[str, Any],
+    current: str,
 ) -> str | None:
     """Why CURRENT (the stacks file's default XPU stack) is not the one the ledger picks
-    for PRESET (of SETTINGS); None when it is."""
+    for PRESET (of SETTINGS, per stack); None when it is."""
     picked = default_stack(ledger, settings, stacks)
     if picked == current:
         return None

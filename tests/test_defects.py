@@ -19,6 +19,12 @@ from arcvllm.paths import configs_dir
 LEDGER = D.load()
 STACKS, DEFAULTS = stack.load()
 DEFAULT = P.get_preset(P.DEFAULT_XPU_PRESET)
+XPU_STACKS = [name for name, s in STACKS.items() if s.flavor == "xpu"]
+
+
+def per_stack(preset: P.Preset, engines: dict | None = None) -> dict[str, D.Settings]:
+    """PRESET's settings on every XPU stack; without ENGINES, the worst its flags allow."""
+    return P.check.stack_settings(preset, XPU_STACKS, engines or {})
 
 
 def raw_ledger() -> dict:
@@ -46,7 +52,7 @@ def one(**overrides) -> dict:
 
 def test_the_default_xpu_stack_is_the_newest_whose_verdict_for_the_default_preset_is_clean():
     """A ledger change that makes the default dirty fails here (and `presets --check`)."""
-    assert DEFAULTS["xpu"] == D.default_stack(LEDGER, P.defect_settings(DEFAULT), STACKS)
+    assert DEFAULTS["xpu"] == D.default_stack(LEDGER, per_stack(DEFAULT), STACKS)
 
 
 def test_a_defect_that_reaches_the_default_stack_moves_the_pick_and_check_names_it():
@@ -61,11 +67,9 @@ def test_a_defect_that_reaches_the_default_stack_moves_the_pick_and_check_names_
         }
     )
     dirty = D.parse(data)
-    picked = D.default_stack(dirty, P.defect_settings(DEFAULT), STACKS)
+    picked = D.default_stack(dirty, per_stack(DEFAULT), STACKS)
     assert picked != DEFAULTS["xpu"]
-    problem = D.default_problem(
-        dirty, DEFAULT.name, P.defect_settings(DEFAULT), STACKS, DEFAULTS["xpu"]
-    )
+    problem = D.default_problem(dirty, DEFAULT.name, per_stack(DEFAULT), STACKS, DEFAULTS["xpu"])
     assert problem is not None and DEFAULTS["xpu"] in problem
 
 
@@ -151,7 +155,8 @@ def test_the_default_presets_settings_are_read_from_its_flags_and_config():
     s = P.defect_settings(DEFAULT)
     assert s.layers == {"gdn", "moe"}
     assert (s.max_model_len, s.num_seqs, s.tensor_parallel) == (32768, 8, 1)
-    assert (s.speculative, s.quantization, s.compiled, s.xpu_graph) == (False, "int4", True, False)
+    # No release read: compilation and XPU graphs on, the worst its flags allow.
+    assert (s.speculative, s.quantization, s.compiled, s.xpu_graph) == (False, "int4", True, True)
     assert s.prefix_caching == "align" and s.moe_widths == (512, 512)
     spec = {**DEFAULT.vllm_args, "speculative-config": {"method": "mtp"}}
     assert P.defect_settings(replace(DEFAULT, vllm_args=spec)).speculative
@@ -165,7 +170,7 @@ def test_the_default_presets_settings_are_read_from_its_flags_and_config():
         ({"speculative": True}, {"speculative": True}, {}),
         ({"layers": ["mamba2"]}, {"layers": frozenset({"mamba2"})}, {}),
         ({"quantization": ["fp8"]}, {"quantization": "fp8"}, {}),
-        ({"xpu_graph": True}, {"xpu_graph": True}, {}),
+        ({"xpu_graph": True}, {}, {"xpu_graph": False}),
         ({"compiled": True}, {}, {"compiled": False}),
         ({"min_tensor_parallel": 2}, {"tensor_parallel": 2}, {}),
         ({"min_num_seqs": 9}, {"num_seqs": 9}, {}),

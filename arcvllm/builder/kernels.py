@@ -227,31 +227,43 @@ def select(
     env: Mapping[str, str] | None = None,
 ) -> dict[str, Selection]:
     """Run the release's selection code for every request in one subprocess (ENV added)."""
-    payload = json.dumps(
-        [
-            {
-                "name": r.name,
-                "model_config": r.model_config,
-                "tp": r.tensor_parallel_size,
-                "speculative": dict(r.speculative or {}),
-            }
-            for r in requests
-        ]
-    )
+    payload = [
+        {
+            "name": r.name,
+            "model_config": r.model_config,
+            "tp": r.tensor_parallel_size,
+            "speculative": dict(r.speculative or {}),
+        }
+        for r in requests
+    ]
+    results = run_in_release(release, "arcvllm.builder.kernels", payload, timeout, env, "selection")
+    return {name: Selection.from_json(data) for name, data in results.items()}
+
+
+def run_in_release(
+    release: ReleasePython,
+    module: str,
+    payload: Any,
+    timeout: float = 600,
+    env: Mapping[str, str] | None = None,
+    what: str = "probe",
+) -> dict[str, Any]:
+    """MODULE's `_probe_main` run in the release's Python on PAYLOAD (JSON on stdin): the
+    mapping it printed after _MARK. The one way arcvllm asks a release's own code."""
     if not release.python.exists():
         raise Unavailable(f"no Python at {release.python} for vLLM {release.version}")
-    code = "from arcvllm.builder.kernels import _probe_main; _probe_main()"
+    code = f"from {module} import _probe_main; _probe_main()"
     try:
         done = subprocess.run(
             [str(release.python), "-c", code],
-            input=payload,
+            input=json.dumps(payload),
             capture_output=True,
             text=True,
             env={**release.env(), **(env or {})},
             timeout=timeout,
         )
     except subprocess.TimeoutExpired as exc:
-        raise Unavailable(f"vLLM {release.version}: selection timed out") from exc
+        raise Unavailable(f"vLLM {release.version}: {what} timed out") from exc
     marker = next((ln for ln in done.stdout.splitlines() if ln.startswith(_MARK)), None)
     if marker is None:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
@@ -259,7 +271,12 @@ def select(
     results = json.loads(marker[len(_MARK) :])
     if "environment" in results:
         raise Unavailable(f"vLLM {release.version} ({release.python}): {results['environment']}")
-    return {name: Selection.from_json(data) for name, data in results.items()}
+    return dict(results)
+
+
+def emit(results: Mapping[str, Any]) -> None:
+    """A probe's answer, as run_in_release reads it."""
+    print(_MARK + json.dumps(results), flush=True)
 
 
 _MARK = "ARCVLLM-KERNELS "
@@ -278,12 +295,12 @@ def _probe_main() -> None:
         except ModuleNotFoundError as exc:
             if not (exc.name or "").startswith("vllm"):
                 # Not the release's answer: this Python lacks a package the import needs.
-                print(_MARK + json.dumps({"environment": _one_line(exc)}), flush=True)
+                emit({"environment": _one_line(exc)})
                 return
             results[request["name"]] = {"vllm": state["version"], "error": _one_line(exc)}
         except Exception as exc:  # the release raising IS the answer
             results[request["name"]] = {"vllm": state["version"], "error": _one_line(exc)}
-    print(_MARK + json.dumps(results), flush=True)
+    emit(results)
 
 
 def _one_line(exc: BaseException) -> str:

@@ -25,6 +25,7 @@ from arcvllm.text import columns
 
 if TYPE_CHECKING:
     from arcvllm import defects
+    from arcvllm.presets import triggers
 
 
 # ---- stacks: which vLLM versions a preset is known to work with ----
@@ -145,10 +146,14 @@ def check_arguments(
     return status(any(r.startswith("FAIL") for _, r in results))
 
 
-def defect_settings(preset: Preset) -> defects.Settings:
-    """What PRESET sets that a defect's trigger asks about (arcvllm.defects)."""
+def defect_settings(preset: Preset, engine: triggers.Engine | None = None) -> defects.Settings:
+    """What PRESET does that a defect's trigger asks about (arcvllm.defects), on a stack
+    whose release makes ENGINE of it (arcvllm.presets.triggers); without one, the worst
+    its flags allow."""
     from arcvllm import defects
+    from arcvllm.presets import triggers
 
+    engine = engine or triggers.assumed(preset, "no release read")
     values = flag_values(server_command(preset).args)
     text = text_config(preset.model_config)
     kinds = set(text.get("layer_types") or [])
@@ -166,36 +171,50 @@ def defect_settings(preset: Preset) -> defects.Settings:
             text.get("shared_expert_intermediate_size") or text.get("shared_intermediate_size") or 0
         )
         widths = tuple(w // tp for w in (shape["intermediate_size"], shared) if w)
-    caching = None
-    if values.get("enable-prefix-caching") is True:
-        caching = str(values.get("mamba-cache-mode") or "align")
     return defects.Settings(
         layers=frozenset(layers),
         max_model_len=int(values.get("max-model-len") or 0),
         speculative=speculative_config(preset) is not None,
         quantization=defects.quantization(preset.model_config),
-        compiled=values.get("enforce-eager") is not True,
-        xpu_graph=str(preset.env.get("VLLM_XPU_ENABLE_XPU_GRAPH", "0")) == "1",
-        prefix_caching=caching,
+        compiled=engine.compiled,
+        xpu_graph=engine.xpu_graph,
+        prefix_caching=engine.prefix_caching,
         tensor_parallel=tp,
         num_seqs=int(values.get("max-num-seqs") or 256),
         moe_widths=widths,
     )
 
 
+def stack_settings(
+    preset: Preset,
+    stacks: Iterable[str],
+    engines: Mapping[tuple[str, str], triggers.Engine],
+) -> dict[str, defects.Settings]:
+    """PRESET's settings on each of STACKS, from what each stack's release made of it."""
+    return {name: defect_settings(preset, engines.get((preset.name, name))) for name in stacks}
+
+
 def check_defects(
-    presets: Mapping[str, Preset], ledger_path: Path | None, doc: dict, text: list[str]
+    presets: Mapping[str, Preset],
+    ledger_path: Path | None,
+    doc: dict,
+    text: list[str],
+    engines: Mapping[tuple[str, str], triggers.Engine] | None = None,
 ) -> int:
     """Each XPU preset x XPU stack against the defect ledger, and the default XPU stack
-    against the one the ledger picks (exit 1 when they differ), the table into TEXT. Pure:
-    no vLLM needed."""
+    against the one the ledger picks (exit 1 when they differ), the table into TEXT.
+    ENGINES: what each stack's release makes of each preset (arcvllm.presets.triggers);
+    where missing, the worst the preset's flags allow."""
     from arcvllm import defects, stack
 
+    engines = engines or {}
     ledger = defects.load(ledger_path)
     stacks, default_names = stack.load()
+    xpu_names = [name for name, s in stacks.items() if s.flavor == "xpu"]
     xpu = [p for p in presets.values() if p.flavor == "xpu" and p.model_config]
-    found = defects.verdicts(ledger, [(p.name, defect_settings(p), p.stacks) for p in xpu], stacks)
-    pins = {name: defects.pinned_versions(s) for name, s in stacks.items() if s.flavor == "xpu"}
+    settings = {p.name: stack_settings(p, xpu_names, engines) for p in xpu}
+    found = defects.verdicts(ledger, [(p.name, settings[p.name], p.stacks) for p in xpu], stacks)
+    pins = {name: defects.pinned_versions(stacks[name]) for name in xpu_names}
     doc["defects"] = [
         {
             "preset": v.preset,
@@ -205,6 +224,7 @@ def check_defects(
             "unknown": list(v.unknown),
             "patched": list(v.patched),
             "listed": v.listed,
+            "triggers": _engine_doc(engines.get((v.preset, v.stack))),
         }
         for v in found
     ]
@@ -212,7 +232,11 @@ def check_defects(
     if DEFAULT_XPU_PRESET in presets and "xpu" in default_names:
         default = presets[DEFAULT_XPU_PRESET]
         problem = defects.default_problem(
-            ledger, default.name, defect_settings(default), stacks, default_names["xpu"]
+            ledger,
+            default.name,
+            stack_settings(default, xpu_names, engines),
+            stacks,
+            default_names["xpu"],
         )
         doc["default_xpu_stack"] = default_names["xpu"]
     if problem:
@@ -220,7 +244,7 @@ def check_defects(
     if found:
         text.append("Known defects (configs/defects.yaml) on each XPU stack's pins")
         text += [f"  {defects.pins_line(name, pinned)}" for name, pinned in pins.items()]
-        text.append(columns(defects.rows(found)))
+        text.append(columns(_defect_rows(found, engines)))
         if "default_xpu_stack" in doc and not problem:
             text.append(
                 f"default XPU stack {default_names['xpu']}: the newest clean for "
@@ -229,20 +253,58 @@ def check_defects(
     return status(problem is not None)
 
 
+def _engine_doc(engine: triggers.Engine | None) -> dict[str, Any]:
+    if engine is None:
+        return {"source": "assumed (no release read)"}
+    return {
+        "compiled": engine.compiled,
+        "xpu_graph": engine.xpu_graph,
+        "prefix_caching": engine.prefix_caching,
+        "source": engine.source,
+    }
+
+
+def _defect_rows(
+    found: Sequence[defects.Verdict], engines: Mapping[tuple[str, str], triggers.Engine]
+) -> list[tuple[str, ...]]:
+    """The verdict table with what the release runs: compile / graphs, read or assumed."""
+    table: list[tuple[str, ...]] = [("PRESET", "STACK", "LISTED", "RUNS", "VERDICT")]
+    for v in found:
+        engine = engines.get((v.preset, v.stack))
+        if engine is None:
+            runs = "assumed"
+        else:
+            runs = "graphs" if engine.xpu_graph else "compiled" if engine.compiled else "eager"
+            runs += "" if engine.source.endswith("own configuration") else " (assumed)"
+        table.append((v.preset, v.stack, "yes" if v.listed else "no", runs, v.summary()))
+    return table
+
+
 def run_checks(
     presets: Mapping[str, Preset],
     ledger_path: Path | None,
     kernels: Callable[[dict[str, Any], list[str]], int] | None = None,
+    read_releases: bool | None = None,
 ) -> tuple[int, dict[str, Any], str]:
     """`arcvllm presets --check`: the stacks, the defect ledger, the arguments (with this
     Python's vLLM, if any) and KERNELS (the kernel table and memory fit, where the build
-    side runs it). The exit status, the document (its problems for stderr) and each
-    check's table, as text."""
+    side runs it). READ_RELEASES (default: with KERNELS) asks each XPU stack's release
+    what it makes of each preset (arcvllm.presets.triggers); else the ledger's
+    release-decided triggers are the worst the flags allow. The exit status, the document
+    (its problems for stderr) and each check's table, as text."""
     doc: dict[str, Any] = {"vllm": None, "problems": []}
     text: list[str] = []
     versions = stack_vllm_versions()
     doc["problems"] += [line for p in presets.values() for line in stack_problems(p, versions)]
-    defects_status = check_defects(presets, ledger_path, doc, text)
+    engines: dict[tuple[str, str], triggers.Engine] = {}
+    if kernels is not None if read_releases is None else read_releases:
+        from arcvllm import stack
+        from arcvllm.presets import triggers
+
+        engines, notes = triggers.engines(presets.values(), stack.load()[0])
+        doc["trigger_notes"] = notes
+        text += [f"note: {note}" for note in notes]
+    defects_status = check_defects(presets, ledger_path, doc, text, engines)
     code = check_arguments(presets, doc, text)
     if code is None:
         text.append("no vLLM in this Python: argument check left to the release's Python")
