@@ -25,6 +25,10 @@ resume): the server stays up, answers 200, and only the tokens show it.
                      is R mod 64
     degenerate       sampled requests (temperature > 0) get logits that     degeneration
                      pick token 0 every time ("!!!!")
+    moe-scale:F      every MoE block's output is F times what it should be, none: prefill and
+                     in prefill and decode alike (a wrong grouped GEMM or   decode agree;
+                     activation shared by every path)                       the independent
+                                                                            reference's
 
 "Lost" is replaced by noise (SPOIL_STD). The hooks wrap vLLM's
 `mamba_utils.preprocess_mamba` (align mode: where the running state of each request is
@@ -54,25 +58,37 @@ DEFECTS = (
     "max-len",
     "nan-residue",
     "degenerate",
+    "moe-scale",
 )
 MAX_LEN_WINDOW = 64
 # A spoiled state is noise of this spread: what a copy from the wrong place, or into a
 # block never written, leaves. (Zeros barely move the tiny model's random-weight output.)
 SPOIL_STD = 1.0
-TARGETS = ("vllm.v1.worker.mamba_utils", "vllm.v1.sample.sampler")
+TARGETS = (
+    "vllm.v1.worker.mamba_utils",
+    "vllm.v1.sample.sampler",
+    "vllm.model_executor.models.qwen3_next",
+)
+# Defects with an argument: nan-residue's residue mod 64, moe-scale's factor.
+ARGUMENTS = {"nan-residue": int, "moe-scale": float}
 
 logger = logging.getLogger("vllm.arcvllm.sabotage")
 
 
-def parse(text: str) -> tuple[str, int | None] | None:
-    """'name' or 'nan-residue:R' -> (name, R); '' -> None; anything else is refused."""
+def parse(text: str) -> tuple[str, Any] | None:
+    """'name', 'nan-residue:R' or 'moe-scale:F' -> (name, R or F); '' -> None; anything
+    else is refused."""
     text = text.strip()
     if not text:
         return None
     name, _, arg = text.partition(":")
-    if name not in DEFECTS or (name == "nan-residue") != bool(arg):
-        raise ValueError(f"unknown sabotage {text!r}; known: {', '.join(DEFECTS)} (nan-residue:R)")
-    return name, int(arg) % 64 if arg else None
+    if name not in DEFECTS or (name in ARGUMENTS) != bool(arg):
+        raise ValueError(
+            f"unknown sabotage {text!r}; known: {', '.join(DEFECTS)} (nan-residue:R, moe-scale:F)"
+        )
+    if name == "nan-residue":
+        return name, int(arg) % 64
+    return name, ARGUMENTS[name](arg) if arg else None
 
 
 class _State:
@@ -272,13 +288,29 @@ def _wrap_sampler(original: Any) -> Any:
     return forward
 
 
+def _wrap_moe(original: Any) -> Any:
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = original(self, *args, **kwargs)
+        defect = state().defect()
+        if defect is not None and defect[0] == "moe-scale":
+            state().fire("moe-scale", "*", 0)
+            return out * defect[1]
+        return out
+
+    forward.__wrapped__ = original
+    return forward
+
+
 def install(module: Any) -> None:
     if getattr(module, "_arcvllm_sabotage", False):
         return
     if module.__name__ == TARGETS[0]:
         module.preprocess_mamba = _wrap_preprocess(module, module.preprocess_mamba)
-    else:
+    elif module.__name__ == TARGETS[1]:
         module.Sampler.forward = _wrap_sampler(module.Sampler.forward)
+    else:
+        block = module.Qwen3NextSparseMoeBlock
+        block.forward = _wrap_moe(block.forward)
     module._arcvllm_sabotage = True
     logger.warning("arcvllm sabotage: wrapped %s in process %d", module.__name__, os.getpid())
 
