@@ -277,3 +277,16 @@ def test_the_defects_command_lists_the_ledger_and_each_standing_on_a_stack(
     assert standing["vllm#53928"] == "not-affected"  # 0.1.9 accepts mixed batches
     assert cli.main(["defects", "--stack", "nope"]) == 2
     assert "unknown stack 'nope'" in capsys.readouterr().err
+
+
+def test_unread_releases_are_assumed_to_replay_graphs_so_a_tp_preset_with_them_is_affected():
+    tp = P.get_preset("qwen3.6-35b-a3b-w4a16-2xb70")
+    args = {k: v for k, v in tp.vllm_args.items() if k != "compilation-config"}
+    graphs = replace(tp, name="graphs", vllm_args=args)
+    _, doc, text = P.run_checks({"graphs": graphs, tp.name: tp}, None, read_releases=False)
+    found = {(d["preset"], d["stack"]): d for d in doc["defects"]}
+    for name in ("xpu-0.32", "xpu-0.33"):
+        assert "vllm#48327" in found[("graphs", name)]["affected"], found[("graphs", name)]
+        assert "vllm#48327" not in found[(tp.name, name)]["affected"]
+        assert found[("graphs", name)]["triggers"] == {"source": "assumed (no release read)"}
+    assert "graphs (assumed)" in text and "compiled (assumed)" in text

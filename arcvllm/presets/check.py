@@ -244,7 +244,7 @@ def check_defects(
     if found:
         text.append("Known defects (configs/defects.yaml) on each XPU stack's pins")
         text += [f"  {defects.pins_line(name, pinned)}" for name, pinned in pins.items()]
-        text.append(columns(_defect_rows(found, engines)))
+        text.append(columns(_defect_rows(found, settings, engines)))
         if "default_xpu_stack" in doc and not problem:
             text.append(
                 f"default XPU stack {default_names['xpu']}: the newest clean for "
@@ -265,17 +265,19 @@ def _engine_doc(engine: triggers.Engine | None) -> dict[str, Any]:
 
 
 def _defect_rows(
-    found: Sequence[defects.Verdict], engines: Mapping[tuple[str, str], triggers.Engine]
+    found: Sequence[defects.Verdict],
+    settings: Mapping[str, Mapping[str, defects.Settings]],
+    engines: Mapping[tuple[str, str], triggers.Engine],
 ) -> list[tuple[str, ...]]:
-    """The verdict table with what the release runs: compile / graphs, read or assumed."""
+    """The verdict table with how the release runs the preset: XPU graphs, compiled only,
+    or eager; `(assumed)` where the release was not read."""
     table: list[tuple[str, ...]] = [("PRESET", "STACK", "LISTED", "RUNS", "VERDICT")]
     for v in found:
+        here = settings[v.preset][v.stack]
+        runs = "graphs" if here.xpu_graph else "compiled" if here.compiled else "eager"
         engine = engines.get((v.preset, v.stack))
-        if engine is None:
-            runs = "assumed"
-        else:
-            runs = "graphs" if engine.xpu_graph else "compiled" if engine.compiled else "eager"
-            runs += "" if engine.source.endswith("own configuration") else " (assumed)"
+        if engine is None or engine.source.startswith("assumed"):
+            runs += " (assumed)"
         table.append((v.preset, v.stack, "yes" if v.listed else "no", runs, v.summary()))
     return table
 
