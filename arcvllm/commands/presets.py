@@ -50,7 +50,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--kernels",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="with --check: the kernel table and memory fit (default: on)",
+        help="with --check: the kernel table, the memory fit and the defect triggers read from "
+        "each release (default: on; off: the triggers are the worst the flags allow)",
     )
     parser.add_argument(
         "--release",
