@@ -281,3 +281,12 @@ def test_the_documented_upgrade_stops_at_its_first_step_without_image_in_the_set
     mine.write_text(TEMPLATE.read_text())
     assert documents.run(dataclasses.replace(blocks["now"], text="grep '^IMAGE=' mine.env\n"),
                          tmp_path) is None  # fmt: skip
+
+
+@pytest.mark.docker
+def test_make_down_removes_the_deployment_and_what_monitoring_started(deployment):
+    """Last: `make down DOWN_FLAGS=-v` leaves nothing of the project (a container left
+    running, Alertmanager's say, would keep the network in use)."""
+    down = deployment.make("down", "DOWN_FLAGS=-v")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert leftovers(deployment.project) == {"containers": [], "networks": [], "volumes": []}

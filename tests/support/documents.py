@@ -719,6 +719,9 @@ def run(
     lines = err.strip().splitlines()
     failed = [int(line.split()[1]) for line in lines if line.startswith("doc-test-line ")]
     said = [line for line in lines if not line.startswith("doc-test-line ")]
+    # make's own last word ("make: *** [Makefile:N: up] Error 3") names no cause: the line
+    # before it does
+    said = [line for line in said if not line.startswith("make: *** ")] or said
     where_failed = block.at(failed[-1] - 1) if failed else block.at()
     last = said[-1] if said else "no output on stderr"
     return f"{where_failed}: exit {proc.returncode}: {last}"
