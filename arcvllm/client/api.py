@@ -85,6 +85,29 @@ def root_url(base_url: str) -> str:
     return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
+def token_id(token: str) -> int:
+    """The id of a token vLLM names 'token_id:N' (return_tokens_as_token_ids)."""
+    return int(token.rpartition(":")[2])
+
+
+def tops_of(logprobs: Any) -> list[dict[int, float]]:
+    """Per token of a completion's LOGPROBS (vLLM's answer to `logprobs=K` with
+    return_tokens_as_token_ids, as JSON or the openai client's object): the top K tokens'
+    logprobs and the chosen one's, by id."""
+    if logprobs is None:
+        return []
+    get = logprobs.get if isinstance(logprobs, dict) else lambda k: getattr(logprobs, k, None)
+    tokens, chosen, tops = get("tokens") or [], get("token_logprobs") or [], get("top_logprobs")
+    out = []
+    for i, token in enumerate(tokens):
+        top = (tops[i] if tops and i < len(tops) else None) or {}
+        entry = {token_id(k): float(v) for k, v in top.items()}
+        if i < len(chosen) and chosen[i] is not None:
+            entry[token_id(token)] = float(chosen[i])
+        out.append(entry)
+    return out
+
+
 def auth_headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
@@ -112,6 +135,9 @@ class Stream:
     finish_reason: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # Per output token, when asked (`logprobs=K`): the path's own logprobs of its top K
+    # tokens and of the token it chose, by token id.
+    top: list[dict[int, float]] = field(default_factory=list)
 
     @property
     def tokens(self) -> int:
@@ -293,17 +319,17 @@ class Client:
         return response.json()
 
     def prompt_logprobs(
-        self, model: str, prompt: Sequence[int], salt: str | None = None
+        self, model: str, prompt: Sequence[int], salt: str | None = None, top: int = 1
     ) -> list[dict[int, float] | None]:
-        """Per prompt position, the logprobs of the token there and of the model's top
-        choice (vLLM's `prompt_logprobs=1`; None for the first position). One prefill,
-        no decoding: what the plain model predicts at every position of PROMPT."""
+        """Per prompt position, the logprobs of the token there and of the model's TOP
+        choices (vLLM's `prompt_logprobs`; None for the first position). One prefill, no
+        decoding: what the plain model predicts at every position of PROMPT."""
         body: dict[str, Any] = {
             "model": model,
             "prompt": list(prompt),
             "max_tokens": 1,
             "temperature": 0.0,
-            "prompt_logprobs": 1,
+            "prompt_logprobs": top,
         }
         if salt:
             body["cache_salt"] = salt
@@ -329,7 +355,15 @@ class Client:
             http_client=httpx.Client(verify=self.verify, timeout=self.timeout),
         )
 
-    def _create(self, model: str, prompt: Sequence[int] | str, max_tokens: int, extra: dict):
+    def _create(
+        self,
+        model: str,
+        prompt: Sequence[int] | str,
+        max_tokens: int,
+        extra: dict,
+        logprobs: int | None = None,
+    ):
+        more: dict[str, Any] = {"logprobs": logprobs} if logprobs else {}
         return self.openai.completions.create(
             model=model,
             prompt=prompt if isinstance(prompt, str) else list(prompt),
@@ -338,10 +372,16 @@ class Client:
             stream=True,
             stream_options={"include_usage": True, "continuous_usage_stats": True},
             extra_body=extra,
+            **more,
         )
 
     def batch(
-        self, model: str, prompts: Sequence[Sequence[int]], max_tokens: int, salt: str
+        self,
+        model: str,
+        prompts: Sequence[Sequence[int]],
+        max_tokens: int,
+        salt: str,
+        logprobs: int | None = None,
     ) -> list[Stream]:
         """PROMPTS in one greedy, ignore_eos completion request (not streamed), one Stream
         per prompt in its order, with its token ids and finish reason and no chunks.
@@ -349,8 +389,8 @@ class Client:
         The server hands a request's prompts to its engine one after the other, in their
         order, without waiting for anything else (separate requests wait for the server to
         read each). Traced on the CPU server: the first prompt in one engine step, the
-        other seven in the next."""
-        body = {
+        other seven in the next. With LOGPROBS=K each Stream has the path's top K."""
+        body: dict[str, Any] = {
             "model": model,
             "prompt": [list(p) for p in prompts],
             "max_tokens": max_tokens,
@@ -359,6 +399,8 @@ class Client:
             "return_token_ids": True,
             "cache_salt": salt,
         }
+        if logprobs:
+            body.update(logprobs=logprobs, return_tokens_as_token_ids=True)
         choices = sorted(self.completion(body)["choices"], key=lambda c: c["index"])
         if len(choices) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts got {len(choices)} completions")
@@ -373,6 +415,7 @@ class Client:
                     token_ids=ids,
                     finish_reason=c["finish_reason"],
                     completion_tokens=len(ids),
+                    top=tops_of(c.get("logprobs")),
                 )
             )
         return outs
@@ -383,24 +426,28 @@ class Client:
         prompt: Sequence[int] | str,
         max_tokens: int,
         salt: str | None = None,
+        logprobs: int | None = None,
     ) -> Stream:
         """A greedy, ignore_eos completion, streamed and timed chunk by chunk.
 
         vLLM's `continuous_usage_stats` puts the running completion_tokens in every chunk,
         so a chunk that carries several tokens is counted right (else its token ids, else
         one per chunk with text); `return_token_ids` gives the ids two runs must agree on.
-        SALT is a prefix-cache namespace (vLLM's cache_salt).
+        SALT is a prefix-cache namespace (vLLM's cache_salt); with LOGPROBS=K the Stream
+        has the path's top K per token.
         """
         extra: dict[str, Any] = {"ignore_eos": True, "return_token_ids": True}
         if salt:
             extra["cache_salt"] = salt
+        if logprobs:
+            extra["return_tokens_as_token_ids"] = True
         out = Stream(prompt_len=0 if isinstance(prompt, str) else len(prompt))
         parts: list[str] = []
         start = time.perf_counter()
         import openai
 
         response = rate_limited(
-            lambda: self._create(model, prompt, max_tokens, extra),
+            lambda: self._create(model, prompt, max_tokens, extra, logprobs),
             lambda error: isinstance(error, openai.RateLimitError),
             lambda error: error.response.headers.get("Retry-After"),
             raises=openai.RateLimitError,
@@ -418,6 +465,7 @@ class Client:
             parts.append(choice.text or "")
             ids = getattr(choice, "token_ids", None)
             out.token_ids.extend(ids or [])
+            out.top.extend(tops_of(getattr(choice, "logprobs", None)))
             out.finish_reason = choice.finish_reason or out.finish_reason
             if usage is not None:
                 n = usage.completion_tokens - counted

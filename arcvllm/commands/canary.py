@@ -6,6 +6,7 @@ import argparse
 
 from arcvllm import options
 from arcvllm.client.report import table
+from arcvllm.commands.verify import add_drift
 from arcvllm.operate import canary
 
 
@@ -36,6 +37,7 @@ def register(subparsers) -> None:
         "--request-timeout", type=float, default=600.0, help="seconds per request (600)"
     )
     options.add_metrics_url(parser)
+    add_drift(parser, record_it=False)
     parser.set_defaults(rows=canary.ROWS, log_file=None, log_cmd=None, max_num_batched_tokens=None)
     parser.add_argument(
         "--interval",

@@ -12,6 +12,7 @@ prompt it hands out against the tokenizer it was given).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -51,6 +52,11 @@ def passages() -> list[Passage]:
 def corpus_text() -> str:
     """Every passage, in order, one after the other (each ends with a newline)."""
     return "\n".join(p.text for p in passages())
+
+
+def corpus_digest() -> str:
+    """A short digest of the corpus: two runs with the same one cut the same prompts."""
+    return hashlib.sha256(corpus_text().encode()).hexdigest()[:16]
 
 
 def repeated(items: Sequence, n: int = NGRAM, cyclic: bool = False) -> int | None:

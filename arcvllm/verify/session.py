@@ -18,6 +18,11 @@ def options_from(args: argparse.Namespace, **given) -> VerifyOptions:
         "rows": args.rows,
         "request_timeout": args.request_timeout,
         "metrics_urls": tuple(getattr(args, "metrics_url", None) or ()),
+        **{
+            key: getattr(args, key)
+            for key in ("drift_nats", "record", "against", "margin")
+            if getattr(args, key, None) is not None
+        },
     }
     return VerifyOptions(**{**fields, **given})
 
@@ -33,6 +38,13 @@ def finish(args: argparse.Namespace, opts: VerifyOptions) -> Report:
         path = Path(args.out)
         report.write(path)
         print(f"report: {path}", file=sys.stderr)
+    if opts.record:
+        said = (
+            f"record: {opts.record}"
+            if "recorded" in report.server
+            else "not recorded: a row failed"
+        )
+        print(said, file=sys.stderr)
     return report
 
 

@@ -17,24 +17,28 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from arcvllm.client import metrics as m
-from arcvllm.client.api import Client, Stream, WaitTimeout, wait_until
+from arcvllm.client.api import Client, Stream, WaitTimeout, token_id, wait_until
 from arcvllm.client.discovery import chunk_tokens, discover, requested_model
 from arcvllm.client.log import LOG_TAIL_LINES, find_crash
 from arcvllm.client.oracle import (
+    DRIFT_NATS,
+    TOP_K,
     GreedyCheck,
     check_against_plain,
     greedy_check,
     plain_logprobs,
-    token_id,
+    top_k,
 )
 from arcvllm.client.report import Check, Report
 from arcvllm.client.server import ServerOptions
 from arcvllm.errors import Unavailable
 from arcvllm.text import error_line
 from arcvllm.verify import plan as P
-from arcvllm.verify.prompts import Prompts, corpus_text, fresh
+from arcvllm.verify import record as R
+from arcvllm.verify.prompts import Prompts, corpus_digest, corpus_text, fresh
 
 PREEMPTIONS = "vllm:num_preemptions"
 OPEN_TEMPERATURE = 0.8
@@ -63,6 +67,10 @@ class Suite:
     broken: set[str] = field(default_factory=set)  # failed, or not judged for a failure
     decoding_prompts: list[int] = field(default_factory=list)
     greedy: dict[str, dict] = field(default_factory=dict)
+    drift_nats: float = DRIFT_NATS
+    against: dict | None = None  # a record of a healthy run (record.py) to hold rows to
+    margin: float = R.MARGIN
+    recorded: dict[str, dict] = field(default_factory=dict)  # per row: what a record keeps
     _expected: str = ""
 
     def __post_init__(self) -> None:
@@ -84,18 +92,42 @@ class Suite:
         return self.prompts.take(length)
 
     def stream(self, prompt: list[int], n: int, salt: str | None = None) -> Stream:
-        """A greedy completion of N tokens (a fresh cache namespace unless SALT is given)."""
+        """A greedy completion of N tokens (a fresh cache namespace unless SALT is given),
+        with the path's own top-K logprobs of each token."""
         if n > 1:
             self.decoding_prompts.append(len(prompt))
-        return self.client.stream(self.model, prompt, n, salt=salt or uuid.uuid4().hex)
-
-    def judge(self, row: str, sequences: list[tuple[str, list[int], list[int]]]) -> GreedyCheck:
-        """SEQUENCES against the plain model; kept for the report under ROW."""
-        result = check_against_plain(
-            self.client, self.model, sequences, self.plan.geometry.max_model_len
+        return self.client.stream(
+            self.model, prompt, n, salt=salt or uuid.uuid4().hex, logprobs=TOP_K
         )
-        self.greedy[row] = result.to_dict()
+
+    def judge(self, row: str, outs: list[tuple[str, list[int], Stream]]) -> GreedyCheck:
+        """What each path produced (name, prompt, output) against the plain model, its
+        tokens and its drift; kept for the report (and a record) under ROW."""
+        sequences = [(name, prompt, out.token_ids) for name, prompt, out in outs]
+        result = check_against_plain(
+            self.client,
+            self.model,
+            sequences,
+            self.plan.geometry.max_model_len,
+            paths=[out.top for _, _, out in outs],
+            drift_nats=self.drift_nats,
+        )
+        self.keep(row, result, outs)
         return result
+
+    def keep(self, row: str, result: GreedyCheck, outs: list[tuple[str, list[int], Stream]]):
+        """RESULT for the report, and what a record of ROW holds."""
+        self.greedy[row] = result.to_dict()
+        self.recorded[row] = {
+            "drift": result.drift_summary(),
+            "sequences": {
+                name: R.sequence(prompt, out.token_ids, [top_k(t) for t in out.top])
+                for name, prompt, out in outs
+            },
+        }
+
+    def summary(self, greedy: GreedyCheck) -> str:
+        return greedy.summary(self.drift_nats)
 
     def expect(self, text: str) -> None:
         self._expected = text
@@ -129,9 +161,9 @@ class Suite:
         prompt = self.tokens(p.decode_prompt)
         out = self.stream(prompt, p.decode_tokens)
         crossed = P.boundaries_crossed(len(prompt), len(prompt) + out.completion_tokens, self.block)
-        greedy = self.judge(P.DECODE, [("decode", prompt, out.token_ids)])
+        greedy = self.judge(P.DECODE, [("decode", prompt, out)])
         ok = out.completion_tokens == p.decode_tokens and crossed >= 2 and _clean(greedy)
-        return Check(P.DECODE, self._expected, f"{crossed} crossed; {greedy.summary()}", ok)
+        return Check(P.DECODE, self._expected, f"{crossed} crossed; {self.summary(greedy)}", ok)
 
     def chunked(self) -> Check:
         p, g = self.plan, self.plan.geometry
@@ -149,13 +181,20 @@ class Suite:
         # sequence, in chunks, must predict every token it chose.
         prompt = self.tokens(p.chunked_prompt)
         out = self.stream(prompt, p.chunked_total - len(prompt))
-        logprobs = plain_logprobs(
-            self.client, self.model, prompt + out.token_ids, uuid.uuid4().hex, g.max_model_len
+        sequence = prompt + out.token_ids
+        salt = uuid.uuid4().hex
+        logprobs = plain_logprobs(self.client, self.model, sequence, salt, g.max_model_len, TOP_K)
+        greedy = greedy_check(
+            "chunked",
+            len(prompt),
+            out.token_ids,
+            logprobs,
+            path=out.top,
+            drift_nats=self.drift_nats,
         )
-        greedy = greedy_check("chunked", len(prompt), out.token_ids, logprobs)
-        self.greedy[P.CHUNKED] = greedy.to_dict()
+        self.keep(P.CHUNKED, greedy, [("chunked", prompt, out)])
         crossed = P.boundaries_crossed(chunk, p.chunked_total, self.block)
-        seen = f"{crossed} blocks crossed after the first chunk; {greedy.summary()}"
+        seen = f"{crossed} blocks crossed after the first chunk; {self.summary(greedy)}"
         return Check(P.CHUNKED, self._expected, seen, crossed >= 1 and _clean(greedy))
 
     def resume(self) -> Check:
@@ -174,8 +213,8 @@ class Suite:
         fresh(second)
         out = self.stream(second, p.resume_tokens, salt)
         hits = (self.client.prefix_cache_after(before, self.model) - before).hits
-        greedy = self.judge(P.RESUME, [("resumed", second, out.token_ids)])
-        seen = f"resumed at {hits:.0f} of {len(second)} tok; {greedy.summary()}"
+        greedy = self.judge(P.RESUME, [("resumed", second, out)])
+        seen = f"resumed at {hits:.0f} of {len(second)} tok; {self.summary(greedy)}"
         ok = out.completion_tokens == p.resume_tokens and _clean(greedy)
         return _unless_unexercised(
             Check(P.RESUME, self._expected, seen, ok), P.unexercised(P.RESUME, p, resumed=hits)
@@ -234,8 +273,8 @@ class Suite:
         )
         prompt = self.tokens(p.max_len_prompt)
         out = self.stream(prompt, n)
-        greedy = self.judge(P.MAX_LEN, [("max-len", prompt, out.token_ids)])
-        seen = f"{out.completion_tokens} tok, finish {out.finish_reason}; {greedy.summary()}"
+        greedy = self.judge(P.MAX_LEN, [("max-len", prompt, out)])
+        seen = f"{out.completion_tokens} tok, finish {out.finish_reason}; {self.summary(greedy)}"
         return Check(P.MAX_LEN, self._expected, seen, out.completion_tokens == n and _clean(greedy))
 
     def residues(self) -> Check:
@@ -315,7 +354,8 @@ class Suite:
         cache namespace): their outputs, or the request's error in each."""
         self.decoding_prompts += [len(t.prompt) for t in requests]
         try:
-            outs = self.client.batch(self.model, [t.prompt for t in requests], n, uuid.uuid4().hex)
+            prompts = [t.prompt for t in requests]
+            outs = self.client.batch(self.model, prompts, n, uuid.uuid4().hex, TOP_K)
             for t, out in zip(requests, outs, strict=True):
                 t.stream = out
         except Exception as exc:
@@ -336,12 +376,12 @@ class Suite:
             else self.preemptions() - preempted_before
         )
         errors = [f"{t.name}: {t.error}" for t in done if t.error]
-        sequences = [(t.name, t.prompt, t.stream.token_ids) for t in done if t.stream]
-        greedy = self.judge(row, sequences) if sequences else GreedyCheck()
-        seen = f"{len(errors)} errors; {greedy.summary()}; {preempted:.0f} preempted"
+        outs = [(t.name, t.prompt, t.stream) for t in done if t.stream]
+        greedy = self.judge(row, outs) if outs else GreedyCheck()
+        seen = f"{len(errors)} errors; {self.summary(greedy)}; {preempted:.0f} preempted"
         if errors:
             seen = f"{errors[0]}; {seen}"
-        check = Check(row, self._expected, seen, not errors and _clean(greedy) and bool(sequences))
+        check = Check(row, self._expected, seen, not errors and _clean(greedy) and bool(outs))
         if must_preempt:
             return _unless_unexercised(check, P.unexercised(row, self.plan, preempted=preempted))
         return check
@@ -397,9 +437,21 @@ class Suite:
                 check = Check(name, self._expected, error_line(exc), False)
             key = name.replace(" ", "_").replace("-", "_")
             self.report.measurements[f"{key}_s"] = round(time.perf_counter() - start, 1)
+            check = self._against(check)
         if check.ok is False:
             self.broken.add(name)
         return check
+
+    def _against(self, check: Check) -> Check:
+        """CHECK held to the record's row, when there is one and the row was judged (a
+        row that failed stays failed, and says what the record saw too)."""
+        was = (self.against or {}).get("rows", {}).get(check.name)
+        now = self.recorded.get(check.name)
+        if check.ok is None or was is None or now is None:
+            return check
+        ok, seen = R.compare(was, now, self.margin)
+        held = check.ok and ok is not False
+        return Check(check.name, check.expected, f"{check.seen}; record: {seen}", held)
 
 
 def _unless_unexercised(check: Check, how: str) -> Check:
@@ -412,7 +464,19 @@ def _unless_unexercised(check: Check, how: str) -> Check:
 
 
 def _clean(greedy: GreedyCheck) -> bool:
-    return greedy.tokens > 0 and not greedy.misses
+    return greedy.tokens > 0 and not greedy.misses and not greedy.drifted
+
+
+def _version(client: Client) -> str | None:
+    """The server's vLLM version (/version), if it says (a gateway may not serve it)."""
+    for root in (client.metrics_urls or ()) + (client.root,):
+        with contextlib.suppress(Exception):
+            return str(
+                Client(root, client.api_key, 30, ca_cert=client.ca_cert).get_json("/version")[
+                    "version"
+                ]
+            )
+    return None
 
 
 def _spec(client: Client, model: str) -> m.SpecDecode | None:
@@ -430,12 +494,17 @@ class VerifyOptions(ServerOptions):
     rows: tuple[str, ...] = P.ROWS
     request_timeout: float = 600.0
     metrics_urls: tuple[str, ...] = ()  # the server's own root behind a gateway
+    drift_nats: float = DRIFT_NATS  # a token's |Δ logprob| beyond this fails its row
+    record: str | None = None  # write the run here (when nothing failed)
+    against: str | None = None  # hold the run to this record
+    margin: float = R.MARGIN  # drift p99 allowed beyond the record's
 
 
 def run(opts: VerifyOptions) -> Report:
     """Discover the server, plan the rows from it, run them: the report."""
     start = time.perf_counter()
     report = Report()
+    against = R.load(opts.against) if opts.against else None  # a bad file stops here
     client = Client(
         opts.base_url, opts.api_key, opts.request_timeout, opts.metrics_urls, opts.ca_cert
     )
@@ -462,15 +531,28 @@ def run(opts: VerifyOptions) -> Report:
         "chunk_tokens_source": chunk_source,
         "kv_tokens": geometry.kv_tokens,
         "speculative": speculative,
+        "vllm_version": _version(client),
+        "corpus": corpus_digest(),
+        "drift_nats": opts.drift_nats,
         "plan": asdict(plan),
     }
+    if against is not None and opts.against:
+        R.refuse_other(against, report.server, opts.against)
+        report.server["against"] = {"path": opts.against, "vllm": against.get("vllm")}
     seen = (
         f"block {served.block_size}, context {served.max_model_len}, chunk {chunk} "
         f"({chunk_source}), KV {geometry.kv_tokens} tok"
     )
     report.checks.append(Check("server", "read from the server", seen, None))
-    Suite(client, served.model, plan, report, speculative, opts.rows).run()
+    suite = Suite(client, served.model, plan, report, speculative, opts.rows)
+    suite.drift_nats, suite.against, suite.margin = opts.drift_nats, against, opts.margin
+    suite.run()
     report.judge()
+    if opts.record and report.verdict != "fail":
+        passed = {c.name for c in report.checks if c.ok}
+        rows = {row: kept for row, kept in suite.recorded.items() if row in passed}
+        R.write(Path(opts.record), R.make(report.server, rows))
+        report.server["recorded"] = opts.record
     if report.failed:
         lines = opts.log.lines()
         report.crash = find_crash(lines)

@@ -17,7 +17,15 @@ from support.httpd import QuietHandler
 from support.processes import free_port
 
 from arcvllm.client import metrics as m
-from arcvllm.client.api import Chunk, Client, Stream, WaitTimeout, root_url, wait_until
+from arcvllm.client.api import (
+    Chunk,
+    Client,
+    Stream,
+    WaitTimeout,
+    root_url,
+    tops_of,
+    wait_until,
+)
 from arcvllm.errors import ArcvllmError
 
 KEY = "s3cret"
@@ -309,3 +317,13 @@ def test_a_rate_limit_that_outlasts_the_wait_stands(serve, monkeypatch):
     fake.limited = 1000
     with pytest.raises(httpx.HTTPStatusError, match="429"):
         Client(url, KEY).tokenize("tiny-hybrid", "a")
+
+
+def test_the_paths_top_logprobs_are_read_by_token_id_with_the_chosen_one():
+    answer = {
+        "tokens": ["token_id:5", "token_id:9"],
+        "token_logprobs": [-0.1, -2.5],
+        "top_logprobs": [{"token_id:5": -0.1, "token_id:6": -2.0}, {"token_id:1": -0.3}],
+    }
+    assert tops_of(answer) == [{5: -0.1, 6: -2.0}, {1: -0.3, 9: -2.5}]
+    assert tops_of(None) == []

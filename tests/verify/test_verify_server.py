@@ -89,7 +89,8 @@ def server(tmp_path_factory, tiny_model):
 
 @pytest.fixture(scope="module")
 def healthy(server) -> dict:
-    return server.verify("")
+    # ... recorded: a later run is held to it (test_a_record_of_a_healthy_run_...)
+    return server.verify("", "--record", str(server.tmp / "record.json"))
 
 
 def served_block_size(url: str) -> int:
@@ -120,7 +121,41 @@ def test_every_row_passes_on_a_healthy_server_with_every_path_exercised(healthy)
     greedy = healthy["outputs"]["greedy"]
     assert {row: g["misses"] for row, g in greedy.items()} == {row: [] for row in greedy}
     assert greedy[P.PREEMPTION]["tokens"] == P.STREAMS * healthy["server"]["plan"]["preempt_tokens"]
+    # ... and its drift from the plain model's logprobs, per row, within the threshold
+    limit = healthy["server"]["drift_nats"]
+    for row, g in greedy.items():
+        assert g["drift"]["tokens"] == g["tokens"], row
+        assert 0 <= g["drift"]["p50"] <= g["drift"]["p99"] <= g["drift"]["max"] <= limit, row
+        print(f"{row}: drift {g['drift']}")
+    assert f"nats (<= {limit:g})" in rows[P.DECODE]["seen"], rows[P.DECODE]["seen"]
+    assert "p50/p99/max" in healthy["stdout"]  # the table (its cells wrap at spaces)
     print(f"verify on the tiny model: {healthy['measurements']['time_to_verdict_s']} s")
+
+
+def test_a_record_of_a_healthy_run_holds_the_same_server_and_catches_a_sabotaged_one(
+    server, healthy
+):
+    path = server.tmp / "record.json"
+    record = json.loads(path.read_text())
+    assert set(record["rows"]) == {P.DECODE, P.CHUNKED, P.RESUME, P.MIXED, P.PREEMPTION, P.MAX_LEN}
+    assert record["model"] == healthy["server"]["model"] and record["vllm"].startswith("0.32.0")
+    assert record["geometry"]["block_size"] == healthy["server"]["block_size"]
+    rows = f"{P.DECODE},{P.RESUME}"
+    again = server.verify("", "--rows", rows, "--against", str(path))
+    assert again["exit"] == 0, again["screen"]
+    seen = _rows(again)[P.DECODE]["seen"]
+    assert f"record: {healthy['server']['plan']['decode_tokens']} tok as recorded" in seen
+    broken = server.verify("decode-boundary", "--rows", rows, "--against", str(path))
+    assert (broken["exit"], broken["failed"]) == (1, [P.DECODE]), broken["screen"]
+    assert "differ, first: decode token" in _rows(broken)[P.DECODE]["seen"]
+    # A record of another geometry is refused before a row runs, in one line, exit 2.
+    record["geometry"]["block_size"] *= 2
+    (server.tmp / "other.json").write_text(json.dumps(record))
+    result = arcvllm(
+        "verify", "--base-url", server.url, "--against", str(server.tmp / "other.json")
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "recorded on another geometry" in result.stderr and result.stderr.count("\n") == 1
 
 
 @pytest.mark.parametrize("defect", list(DEFECTS))
