@@ -312,7 +312,7 @@ def _smoke(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     """`arcvllm verify` through the gateway of a project of its own, stopped after: the
     deployment's acceptance test before it takes traffic (docs/verify.md)."""
-    from arcvllm.verify.session import finish, options_from
+    from arcvllm.verify.session import exit_status, finish, options_from
 
     named = single.resolve(names_of(args))
     trial = single.verify_trial(named, Path(args.secrets), args.out)
@@ -323,7 +323,7 @@ def _verify(args: argparse.Namespace) -> int:
         single.start(trial, key, timeout)
         report = finish(args, options_from(args, **trial.options(key)))
     print(f"server log: {trial.log}", file=sys.stderr)
-    return 0 if report.verdict == "pass" else CheckFailed.exit_code
+    return exit_status(report)  # 1 a row failed, 4 one did not run its path
 
 
 def _doctor(args: argparse.Namespace) -> int:
