@@ -47,25 +47,26 @@ def divisors(count: int) -> list[int]:
 
 def pick(host: Host, replicas: int, per_replica: int = 1) -> list[Replica]:
     """REPLICAS groups of PER_REPLICA B70s (the first ones, in PCI order; no GPU in two), or
-    one line: a size that leaves GPUs over (wrong use), too few GPUs (the host)."""
+    one line: too few GPUs (the host), a size that leaves GPUs over (wrong use)."""
     if replicas < 1:
         raise UsageError(f"--replicas must be 1 or more, not {replicas}")
     if per_replica < 1:
         raise UsageError(f"--gpus-per-replica must be 1 or more, not {per_replica}")
     cards = b70s(host)
+    need = replicas * per_replica
+    if need > len(cards):
+        seen = ", ".join(f"{c.slot} {c.path}" for c in cards) or "none"
+        each = "" if per_replica == 1 else f" of {per_replica}"
+        what = "1 replica" + each + " needs" if replicas == 1 else f"{replicas} replicas{each} need"
+        raise Unavailable(
+            f"{what} {need} Arc Pro B70s; this host has {len(cards)} "
+            f"with a render node ({seen}; `arcvllm doctor` says more)"
+        )
     if cards and len(cards) % per_replica:
         sizes = ", ".join(map(str, divisors(len(cards))))
         raise UsageError(
             f"--gpus-per-replica {per_replica} does not divide this host's {len(cards)} "
             f"Arc Pro B70s (it can be {sizes})"
-        )
-    need = replicas * per_replica
-    if need > len(cards):
-        seen = ", ".join(f"{c.slot} {c.path}" for c in cards) or "none"
-        each = "" if per_replica == 1 else f" of {per_replica}"
-        raise Unavailable(
-            f"{replicas} replicas{each} need {need} Arc Pro B70s; this host has {len(cards)} "
-            f"with a render node ({seen}; `arcvllm doctor` says more)"
         )
     return [tuple(cards[i * per_replica : (i + 1) * per_replica]) for i in range(replicas)]
 
@@ -92,6 +93,20 @@ def check_preset(preset: Preset, per_replica: int) -> None:
         f"{per_replica}: set ARCVLLM_PRESET to one of TP={per_replica} "
         f"({', '.join(fits) or 'none here'})"
     )
+
+
+def problems(host: Host, preset: Preset) -> list[str]:
+    """What keeps this host from serving PRESET as replicas of its TP group, one line each
+    (none: at least one replica of K B70s fits, and K uses every B70): the checks `scale
+    up` makes, as values a host check (doctor) can list."""
+    k = tensor_parallel(preset)
+    found = []
+    for check in (lambda: pick(host, 1, k), lambda: check_preset(preset, k)):
+        try:
+            check()
+        except (UsageError, Unavailable) as exc:
+            found.append(str(exc))
+    return found
 
 
 def template(scale_file: Path) -> dict:

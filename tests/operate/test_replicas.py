@@ -174,6 +174,24 @@ def test_the_presets_tensor_parallel_size_must_be_the_replicas_gpus(preset, k, f
     assert preset not in str(failure.value).split("(")[1]
 
 
+def test_the_host_check_names_what_keeps_a_tp_preset_off_this_host(tmp_path):
+    from arcvllm.presets import get_preset
+
+    four, three = fake_host(tmp_path / "a", FOUR), fake_host(tmp_path / "b", FOUR[:3])
+    tp4, tp2 = (
+        get_preset("qwen3-next-80b-a3b-w4a16-4xb70"),
+        get_preset("qwen3.6-35b-a3b-w4a16-2xb70"),
+    )
+    assert replicas.problems(four, tp4) == [] and replicas.problems(four, tp2) == []
+    assert replicas.problems(three, tp2) == [
+        "--gpus-per-replica 2 does not divide this host's 3 Arc Pro B70s (it can be 1, 3)"
+    ]
+    (line,) = replicas.problems(three, tp4)
+    assert line.startswith("1 replica of 4 needs 4 Arc Pro B70s; this host has 3 ")
+    (line,) = replicas.problems(fake_host(tmp_path / "c", FOUR[:1]), tp2)
+    assert line.startswith("1 replica of 2 needs 2 Arc Pro B70s; this host has 1 ")
+
+
 def test_rendering_again_for_fewer_replicas_leaves_no_link_of_before(tmp_path):
     state = tmp_path / "state"
     host = fake_host(tmp_path, FOUR)
