@@ -58,6 +58,16 @@ def test_no_8gram_of_words_repeats_anywhere_in_the_corpus_read_round():
     assert T.repeated([*words[:20], *words[5:13]], cyclic=False) == 20
 
 
+def test_no_20_characters_repeat_anywhere_in_the_corpus_read_round():
+    # The longest repeats are two words (" the harbourmaster ", 19 characters): in a
+    # tokenizer of whole words and word pieces (Qwen3.6's), far fewer than 8 tokens. So no
+    # window of the corpus, however long, repeats an 8-gram of such tokens.
+    text = T.corpus_text()
+    ring = text + text[:19]
+    grams = [ring[i : i + 20] for i in range(len(text))]
+    assert len(set(grams)) == len(grams)
+
+
 def test_the_corpus_has_a_word_for_each_token_of_the_b70_plans_longest_prompt():
     # Every tokenizer gives a word at least one token, so the corpus is at least this long
     # in Qwen3.6's; whether that long a window repeats an 8-gram of Qwen3.6's tokens verify
