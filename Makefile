@@ -129,7 +129,7 @@ release-rehearsal: $(VENV)/.stamp ## CI: make release of the CPU stack and side 
 	REPRO_OUT=$(abspath $(REPRO_OUT)) scripts/ci/release-rehearsal.sh
 
 # ---- operate: the server and its gateway (docs/deploy.md), the smoke test (docs/smoke.md) ----
-.PHONY: gpus model key up monitoring down logs engine presets doctor field-report bench bench-image smoke-test smoke-check smoke-emulated verify verify-check
+.PHONY: gpus model key up monitoring scale-monitoring down logs engine presets doctor field-report bench bench-image smoke-test smoke-check smoke-emulated verify verify-check
 gpus: $(VENV)/.stamp ## the XPU server's GPUs: every B70's render node, never an iGPU (build/gpus.yaml)
 	@$(ARCVLLM) gpus --compose $(GPUS_FILE) --env-file $(ENV_FILE)
 model: $(VENV)/.stamp ## fetch PRESET's weights (default: the settings file's ARCVLLM_PRESET) into MODELS_DIR (given, else the settings file's); REVISION: the commit, for a preset that pins none
@@ -140,6 +140,8 @@ up: $(VENV)/.stamp ## start the server and its gateway with compose (XPU service
 	$(ARCVLLM) deploy up $(DEPLOYMENT)
 monitoring: $(VENV)/.stamp ## beside make up's deployment: Prometheus, the canary and Alertmanager (ALERT_WEBHOOK_URL); the gateway is left as it is
 	$(ARCVLLM) deploy monitoring $(DEPLOYMENT)
+scale-monitoring: $(VENV)/.stamp ## the same beside arcvllm scale up's replicas (its project, arcvllm-scale unless PROJECT)
+	$(ARCVLLM) deploy monitoring --scale $(DEPLOYMENT)
 down: $(VENV)/.stamp ## stop and remove the compose service (cache volumes are kept; DOWN_FLAGS=-v drops them)
 	$(ARCVLLM) deploy down $(DEPLOYMENT) $(DOWN_FLAGS)
 logs: $(VENV)/.stamp ## follow the server's logs

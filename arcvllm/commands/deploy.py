@@ -14,6 +14,7 @@ from arcvllm.commands import doctor, fieldreport, smoke, verify
 from arcvllm.errors import CheckFailed
 from arcvllm.operate import compose, single
 from arcvllm.operate.host import DEFAULT_PORT
+from arcvllm.operate.scale import PROJECT as SCALE_PROJECT
 from arcvllm.paths import checkout_root
 from arcvllm.serving.emulation import ENV
 
@@ -98,6 +99,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "without a running gateway, or without the images (exit 3).",
     )
     add_names(watch, single.PROJECT, None)
+    watch.add_argument(
+        "--scale",
+        action="store_true",
+        help="beside `arcvllm scale up`'s replicas instead: compose.scale.yaml's Prometheus, "
+        f"Alertmanager and the canary in its project ({SCALE_PROJECT} unless --project)",
+    )
     watch.add_argument("--dry-run", action="store_true", help="print the compose commands")
     watch.set_defaults(func=_monitoring)
     stop.set_defaults(func=_down)
@@ -232,12 +239,15 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _monitoring(args: argparse.Namespace) -> int:
+    if args.scale and args.project == single.PROJECT:
+        args.project = SCALE_PROJECT
     named = single.resolve(names_of(args), strict=not args.dry_run)
     if args.dry_run:
-        for project, command in single.monitoring_commands(named):
+        made = single.scale_monitoring_commands if args.scale else single.monitoring_commands
+        for project, command in made(named):
             print(project.shell(*command))
         return 0
-    single.monitoring(named)
+    single.monitoring(named, scale_out=args.scale)
     return 0
 
 

@@ -20,7 +20,7 @@ import subprocess
 import sys
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -539,17 +539,41 @@ def monitoring_commands(single: Single) -> list[tuple[compose.Project, tuple[str
     ]
 
 
-def check_monitoring(single: Single, environ: Mapping[str, str] = os.environ) -> None:
+# The scale-out's (`arcvllm scale up`): compose.scale.yaml's Prometheus of every replica.
+SCALE_MONITORING = ("prometheus", ALERTMANAGER, "canary")
+
+
+def scale_monitoring_commands(
+    single: Single, environ: Mapping[str, str] = os.environ
+) -> list[tuple[compose.Project, tuple[str, ...]]]:
+    """The twin of monitoring_commands beside `arcvllm scale up`'s replicas, in its project
+    (SINGLE's: the settings file, the flavour, --project): its compose files (the replicas'
+    file while it is there), the canary in the replicas' image (compose.scale.yaml's: IMAGE
+    for XPU, CPU_IMAGE for the CPU replicas), `--no-deps` (the gateway left as it is)."""
+    from arcvllm.operate import scale
+
+    files = scale.Deployment(single.env_file, single.project).compose().files
+    image = single.image
+    if single.flavor == "cpu":
+        image = effective("CPU_IMAGE", single.settings, environ, f"arcvllm:{single.stack}")
+    project = compose.Project(single.project, single.env_file, files, (), {"IMAGE": image})
+    return [(project, ("--profile", "monitoring", "up", "-d", "--no-deps", *SCALE_MONITORING))]
+
+
+def check_monitoring(
+    single: Single, project: compose.Project, start: str, environ: Mapping[str, str] = os.environ
+) -> None:
     """Before anything starts: a receiver for Alertmanager (it refuses to start without
-    one), the deployment up (the canary goes through its gateway), the images there."""
+    one), the deployment of PROJECT up (the canary goes through its gateway; else START
+    is named), the images there."""
     if not effective("ALERT_WEBHOOK_URL", single.settings, environ, ""):
         raise Unavailable(
             "ALERT_WEBHOOK_URL is not set (the webhook Alertmanager sends alerts to; "
             f"put it in {single.env_file} or export it)"
         )
-    gateway = single.compose().run("ps", "-q", compose.GATEWAY, timeout=60).stdout.strip()
+    gateway = project.run("ps", "-q", compose.GATEWAY, timeout=60).stdout.strip()
     if not gateway:
-        raise Unavailable(f"no gateway of project {single.project} runs: make up first")
+        raise Unavailable(f"no gateway of project {single.project} runs: {start} first")
     sides = stack.side_images()
     check_images(single, {
         side: effective(f"{side.upper()}_IMAGE", single.settings, environ, sides[side].ref)
@@ -557,11 +581,16 @@ def check_monitoring(single: Single, environ: Mapping[str, str] = os.environ) ->
     })  # fmt: skip
 
 
-def monitoring(single: Single) -> None:
-    """Start Prometheus, the canary and Alertmanager beside SINGLE (check_monitoring
-    first): Unavailable when compose fails."""
-    check_monitoring(single)
-    for project, args in monitoring_commands(single):
+def monitoring(single: Single, scale_out: bool = False) -> None:
+    """Start Prometheus, the canary and Alertmanager beside SINGLE, or (SCALE_OUT) beside
+    the replicas of its project (check_monitoring first): Unavailable when compose fails."""
+    if scale_out:
+        commands = scale_monitoring_commands(single)
+        single = replace(single, image=commands[0][0].env["IMAGE"])
+    else:
+        commands = monitoring_commands(single)
+    check_monitoring(single, commands[0][0], "arcvllm scale up" if scale_out else "make up")
+    for project, args in commands:
         status = passed_through(project, *args)
         if status != 0:
             raise Unavailable(f"compose {' '.join(args[2:])} failed (exit {status})")

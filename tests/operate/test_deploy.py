@@ -647,6 +647,30 @@ def test_monitoring_is_refused_without_a_receiver_or_a_running_gateway_before_co
     assert done.returncode == 3 and done.stderr.splitlines() == [
         "arcvllm: no gateway of project arcvllm runs: make up first"
     ], done.stderr
-    assert [line.split(" --profile cpu ")[1] for line in calls.read_text().splitlines()] == [
-        "ps -q gateway"
-    ]  # asked, nothing started
+    done = run_cli(*argv, "--scale", env=env)  # the scale-out's twin: its own project
+    assert done.returncode == 3 and done.stderr.splitlines() == [
+        "arcvllm: no gateway of project arcvllm-scale runs: arcvllm scale up first"
+    ], done.stderr
+    asked = [line.split(" -f ")[-1].split(" ", 1)[1] for line in calls.read_text().splitlines()]
+    assert asked == ["--profile cpu ps -q gateway", "ps -q gateway"]  # asked, nothing started
+
+
+def test_scale_monitoring_is_the_twin_in_the_scale_outs_project_with_the_replicas_image(
+    tmp_path,
+):
+    """`make scale-monitoring`: compose.scale.yaml's Prometheus, Alertmanager and the canary
+    in `arcvllm scale up`'s project and files, --no-deps; the canary in the CPU replicas'
+    image (CPU_IMAGE), the XPU replicas' (IMAGE)."""
+    mine = tmp_path / "mine.env"
+    mine.write_text("IMAGE=arcvllm:xpu-0.33-b\nCPU_IMAGE=arcvllm:cpu-b\n")
+    env = {"ARCVLLM_STATE_DIR": str(tmp_path / "state")}  # no replicas' file
+    files = f"-f {ROOT}/docker/compose.yaml -f {ROOT}/docker/compose.scale.yaml"
+    for flavor, image in (("cpu", "arcvllm:cpu-b"), ("xpu", "arcvllm:xpu-0.33-b")):
+        argv = ("--flavor", flavor, "--env-file", str(mine), "--dry-run")
+        done = run_cli("deploy", "monitoring", "--scale", *argv, env=env)
+        (line,) = done.stdout.splitlines()
+        assert line.startswith(f"ENV_FILE={mine} IMAGE={image} "), line
+        assert line.endswith(f"-p arcvllm-scale --env-file {mine} {files} --profile monitoring "
+                             "up -d --no-deps prometheus alertmanager canary"), line  # fmt: skip
+    made = make("-n", "scale-monitoring", f"ENV_FILE={mine}", "FLAVOR=cpu")
+    assert f"deploy monitoring --scale --env-file {mine} --flavor cpu" in made.stdout, made.stderr
