@@ -290,3 +290,13 @@ def test_make_down_removes_the_deployment_and_what_monitoring_started(deployment
     down = deployment.make("down", "DOWN_FLAGS=-v")
     assert down.returncode == 0, down.stdout + down.stderr
     assert leftovers(deployment.project) == {"containers": [], "networks": [], "volumes": []}
+
+
+def test_every_cpu_block_of_the_documents_is_one_this_module_runs():
+    """A block marked `cpu` is run here, or the mark claims what no test does."""
+    ran = {b.at(-1) for b in (*cpu_blocks(README), *cpu_blocks(UPGRADE))}
+    ran |= {b.at(-1) for b in cpu_blocks(DEPLOY) if "make monitoring" in b.text}
+    marked = {
+        b.at(-1) for doc in (README, *sorted((ROOT / "docs").glob("*.md"))) for b in cpu_blocks(doc)
+    }
+    assert marked == ran and len(ran) == 5, sorted(marked ^ ran)
