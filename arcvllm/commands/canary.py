@@ -8,12 +8,15 @@ from arcvllm import options
 from arcvllm.client.report import table
 from arcvllm.commands.verify import add_drift
 from arcvllm.operate import canary
+from arcvllm.verify import record
 
 
 def _cmd(args: argparse.Namespace) -> int:
     from arcvllm.verify.session import exit_status, options_from
 
     opts = options_from(args, rows=canary.ROWS)
+    if opts.against:
+        record.load(opts.against)  # a file that is no record stops here, not every round
     metrics = canary.Metrics(args.acceptance_floor)
     if not args.once:
         canary.watch(opts, metrics, args.listen, args.port, args.interval, args.json)

@@ -154,6 +154,15 @@ def test_an_incomplete_round_pages_for_nothing_and_says_incomplete():
     )
 
 
+def test_a_record_to_hold_the_rounds_to_that_is_none_stops_the_canary_at_once(tmp_path, capsys):
+    from arcvllm import cli
+
+    (tmp_path / "r.json").write_text("{}")
+    argv = ["canary", "--once", "--base-url", "http://127.0.0.1:9", "--against"]
+    assert cli.main([*argv, str(tmp_path / "r.json")]) == 2
+    assert "not a verify record" in capsys.readouterr().err
+
+
 def test_a_round_that_reaches_no_server_is_an_error_and_down():
     m = canary.Metrics()
     assert m.record(None, "no vLLM server answers", 0.1) == "error"
