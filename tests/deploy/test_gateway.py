@@ -24,6 +24,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 from support import ROOT
 from support.compose import compose_binary
 from support.docker import docker, docker_client
@@ -346,6 +347,10 @@ GATEWAY_IMAGE = os.environ.get("ARCVLLM_TEST_GATEWAY_IMAGE") or side_image("gate
 MAX_BODY_BYTES = 64 * 1024
 RATE, BURST = 20, 20
 MODEL = "tiny-hybrid"
+# The engine's pause after each model step (tests/support/pace): the tiny model's step
+# takes a few ms, so the drain test's stream lasts its 10 s at ~20 tokens a second.
+PACE_MS = "40"
+PACE_MOUNT = "/opt/arcvllm-pace"
 MEASURED: dict[str, float | str] = {}
 
 # Paths vLLM (or its router) serves without a key, and paths nobody should reach.
@@ -428,6 +433,22 @@ def gateway(cpu_image, tmp_path_factory):
         "GATEWAY_BURST": str(BURST),
         "GATEWAY_MAX_BODY": f"{MAX_BODY_BYTES // 1024}k",
     }
+    # The server paced for the drain test (tests/support/pace): on two loaded cores vLLM's
+    # engine busy-waits beside its API process, which then takes a stop only after a short
+    # stream's last token. Paced, the stop lands while the engine generates, by its own log.
+    pace = folder / "pace.yaml"
+    pace.write_text(
+        yaml.safe_dump(
+            {
+                "services": {
+                    "vllm-cpu": {
+                        "environment": {"PYTHONPATH": PACE_MOUNT, "ARCVLLM_PACE_MS": PACE_MS},
+                        "volumes": [f"{ROOT / 'tests' / 'support' / 'pace'}:{PACE_MOUNT}:ro"],
+                    }
+                }
+            }
+        )
+    )
     compose = [
         *compose_binary(),
         "-p",
@@ -436,6 +457,8 @@ def gateway(cpu_image, tmp_path_factory):
         str(settings),
         "-f",
         str(ROOT / "docker" / "compose.yaml"),
+        "-f",
+        str(pace),
         "--profile",
         "cpu",
     ]
@@ -665,6 +688,7 @@ def test_a_stream_in_flight_across_compose_stop_completes_with_all_its_tokens(ga
         Client(gateway.url, gateway.key, ca_cert=str(gateway.ca_cert)).wait_healthy(600, 2)
         seen = drain_stream(gateway.url, MODEL, gateway.key, verify, stop)
         log = gateway.logs("vllm-cpu")
+    assert "arcvllm pace: the engine sleeps" in log, "the server was not paced"
     assert_drained(seen, log)
     MEASURED["drain_stream_left_at_stop_s"] = round(seen["stream_end"] - seen["stop_asked"], 1)
     MEASURED["drain_stream_tokens"] = seen["tokens"]
