@@ -66,9 +66,29 @@ def render_checks(checks: list[Check], width: int | None = None) -> str:
     return columns(rows, width=width, rule=True)
 
 
+def render_drift(report: Report) -> str:
+    """Per row whose path's logprobs were compared with the plain model's: |Δ logprob|
+    p50/p99/max and the top-K overlap, under the threshold; '' when none was."""
+    rows: list[tuple[str, ...]] = [("row", "tokens", "p50", "p99", "max", "top-k overlap")]
+    for name, greedy in report.outputs.get("greedy", {}).items():
+        d = greedy.get("drift") or {}
+        if d.get("tokens"):
+            values = [f"{d[k]:.3f}" for k in ("p50", "p99", "max", "overlap")]
+            rows.append((name, str(d["tokens"]), *values))
+    if len(rows) == 1:
+        return ""
+    limit = report.server.get("drift_nats")
+    head = "drift: |Δ logprob| of each token against the plain model's, nats"
+    head += f" (a token beyond {limit:g} fails its row)" if limit is not None else ""
+    return head + "\n" + columns(rows, rule=True)
+
+
 def table(report: Report, title: str = "smoke") -> str:
     """The one screen an operator reads; TITLE names the command in its verdict line."""
     out = [render_checks(report.checks), ""]
+    drift = render_drift(report)
+    if drift:
+        out += [drift, ""]
     meas = ", ".join(f"{k}={v}" for k, v in report.measurements.items())
     out.append(f"measured (not asserted): {meas}")
     for c in report.checks:

@@ -45,3 +45,27 @@ def test_a_failure_wins_over_a_check_that_did_not_run_exit_1():
         1,
     )
     assert "verify: FAIL: mixed batches" in table(r, "verify")
+
+
+def test_the_drift_of_each_row_is_a_table_under_the_checks_with_its_threshold():
+    r = report(INFO, PASSED)
+    assert "drift" not in table(r, "verify")  # no path logprobs compared: no table
+    drift = {"tokens": 280, "p50": 0.0141, "p99": 0.0316, "max": 0.0565, "overlap": 0.9821}
+    r.outputs["greedy"] = {"boundary decode": {"drift": drift}, "resumed": {"drift": {}}}
+    r.server["drift_nats"] = 1.0
+    lines = table(r, "verify").splitlines()
+    at = lines.index(
+        "drift: |Δ logprob| of each token against the plain model's, nats "
+        "(a token beyond 1 fails its row)"
+    )
+    assert lines[at + 1].split() == ["row", "tokens", "p50", "p99", "max", "top-k", "overlap"]
+    assert lines[at + 3].split() == [
+        "boundary",
+        "decode",
+        "280",
+        "0.014",
+        "0.032",
+        "0.057",
+        "0.982",
+    ]
+    assert len([line for line in lines if line.startswith("resumed")]) == 0
