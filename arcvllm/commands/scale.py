@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from arcvllm import options
-from arcvllm.operate import replicas, scale
+from arcvllm.operate import replicas, scale, single
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -26,7 +26,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "tensor-parallel-size) and the gateway, wait until "
         "they are healthy, then start the router with the healthy ones and wait until it "
         "serves. A replica that is not healthy by --timeout while another is gets stopped "
-        "alone and named (exit 4); with none healthy, everything started is stopped (exit 3).",
+        "alone and named (exit 4); with none healthy, everything started is stopped (exit 3). "
+        "The single deployment of the same settings must be stopped first (exit 2); its "
+        "gateway's certificate is the one served, so clients keep their CA.",
         exit_rows=scale.EXIT_ROWS,
     )
     start.add_argument("--replicas", type=int, default=2, help="how many (2)")
@@ -39,6 +41,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     start.add_argument("--timeout", type=float, default=1800.0, help="replica health, s (1800)")
     start.add_argument("--router-timeout", type=float, default=60.0, help="router ready, s (60)")
+    start.add_argument(
+        "--single-project",
+        default=single.PROJECT,
+        help="the single deployment (make up's project) it takes over from: stopped first, "
+        f"its gateway's certificate served ({single.PROJECT})",
+    )
     start.add_argument("--dev-root", default="/", help=argparse.SUPPRESS)
     made = sub.add_parser(
         "render",
@@ -108,6 +116,7 @@ def start_of(args: argparse.Namespace) -> scale.Start:
         router_timeout=args.router_timeout,
         dev_root=Path(args.dev_root),
         gpus_per_replica=args.gpus_per_replica,
+        single_project=args.single_project,
     )
 
 

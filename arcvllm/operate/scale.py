@@ -9,7 +9,10 @@ never gets healthy while another does is stopped alone and named: the router ser
 healthy ones (degraded, exit 4). Any other failure is named in one line and the project is
 taken down again. `arcvllm scale down` stops it: each server drains its requests (the
 preset's shutdown_timeout). Named volumes (compile caches, Prometheus history) stay unless
---purge.
+--purge. It takes over from the single deployment of the same settings (`make up`'s), which
+must be stopped first (the same published port), and serves that deployment's gateway
+certificate (its volume, kept by --purge too): the CA its clients hold stays valid, here
+and again after `scale down` and `make up`.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import yaml
 from arcvllm.client.api import Client, WaitTimeout, wait_until
 from arcvllm.docker import docker_binary
 from arcvllm.errors import Degraded, Unavailable, UsageError
-from arcvllm.operate import compose, replicas
+from arcvllm.operate import compose, replicas, single
 from arcvllm.operate.host import (
     DEFAULT_PORT,
     Host,
@@ -268,6 +271,9 @@ class Start:
     router_timeout: float  # seconds for the router's readiness
     dev_root: Path = Path("/")  # the host's /sys and /dev under it
     gpus_per_replica: int = 1  # K: the preset's tensor-parallel-size
+    # The single deployment (`make up`'s project) this one takes over from: it must be
+    # stopped (the same port), and its gateway's certificate is the one served.
+    single_project: str = single.PROJECT
 
 
 @dataclass(frozen=True)
@@ -286,13 +292,41 @@ class Started:
         return tuple(r for r in self.replicas if r not in self.failed)
 
 
+def check_single_stopped(project: str, port: str, env_file: Path) -> None:
+    """The single deployment PROJECT publishes the same port: its gateway must be gone
+    before this one's starts (its certificate volume stays, and is served again)."""
+    try:
+        ps = subprocess.run(
+            [docker_binary(), "ps", "-q", "--filter", f"label=com.docker.compose.project={project}",
+             "--filter", "label=com.docker.compose.service=gateway"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return  # no engine to ask: compose says so at its first call
+    if ps.returncode == 0 and ps.stdout.strip():
+        named = "" if project == single.PROJECT else f" PROJECT={project}"
+        raise UsageError(
+            f"the single deployment (project {project}) still serves the gateway's port {port}:"
+            f" stop it first (make down ENV_FILE={env_file}{named}; its certificate is kept)"
+        )
+
+
+def check_model(start: Start, preset: str) -> None:
+    """The XPU replicas' model, checked as `make up` checks the single server's."""
+    names = single.Names(start.env_file, project=start.single_project, flavor="xpu", preset=preset)
+    single.check_model(single.resolve(names))
+
+
 def checked(start: Start) -> dict[str, str]:
     """Before anything starts: the key file the replicas and the gateway get (the compose
-    secret `api-key`), Alertmanager's receiver (--monitoring), and for XPU the replicas'
-    compose file for this host's B70s written. The settings file's settings."""
+    secret `api-key`), Alertmanager's receiver (--monitoring), the single deployment
+    stopped, and for XPU the preset and its model, and the replicas' compose file for this
+    host's B70s written. The settings file's settings."""
     env_file = start.env_file.resolve()
     values = load_settings(env_file)
     check_api_key_file(api_key_file(values, docker_dir(), os.environ))
+    port = effective("PORT", values, os.environ, DEFAULT_PORT)
+    check_single_stopped(start.single_project, port, start.env_file)
     if start.monitoring:
         check_alert_receiver(env_file)
     if start.cpu:
@@ -303,6 +337,7 @@ def checked(start: Start) -> dict[str, str]:
     # The replicas serve the preset compose gives them (compose.scale.yaml's command).
     name = effective("ARCVLLM_PRESET", values, os.environ, DEFAULT_XPU_PRESET)
     replicas.check_preset(get_preset(name), start.gpus_per_replica)
+    check_model(start, name)
     replicas.write(groups, docker_dir() / "compose.scale.yaml", state_dir(start.project))
     return values
 
@@ -339,6 +374,9 @@ def up(start: Start, health: Health | None = None, status: Status | None = None)
     p = layout(start.replicas, start.cpu, start.monitoring)
     values = checked(start)
     dep = Deployment(start.env_file.resolve(), project=start.project)
+    # The single deployment's certificate: the CA its clients hold stays valid.
+    tls = single.gateway_tls_volume(values, os.environ, start.single_project)
+    dep.overrides["GATEWAY_TLS_VOLUME"] = tls
     port = effective("PORT", values, os.environ, DEFAULT_PORT)
     try:
         failed = serve(dep, p, start, health or docker_health(dep, p.profiles), status)

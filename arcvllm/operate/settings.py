@@ -34,6 +34,7 @@ HOST_KEYS = (
     *("VLLM_API_KEY_FILE", "GATEWAY_IMAGE", "GATEWAY_UPSTREAM", "GATEWAY_CONN_PER_CLIENT"),
     *("GATEWAY_RATE", "GATEWAY_BURST", "GATEWAY_MAX_BODY", "GATEWAY_READ_TIMEOUT"),
     *("GATEWAY_SERVER_NAME", "GATEWAY_DIAGNOSTIC_ROUTES", "GATEWAY_TLS_CERT", "GATEWAY_TLS_KEY"),
+    "GATEWAY_TLS_VOLUME",
 )
 # Read inside the container: the entrypoint and `arcvllm serve`, vLLM, Level Zero, oneCCL,
 # the Hugging Face hub. Every preset's `env:` key is known too (the operator may override

@@ -191,6 +191,15 @@ def models_mount(preset, flavor: str, values: Mapping[str, str], environ: Mappin
     return folder
 
 
+def gateway_tls_volume(
+    values: Mapping[str, str], environ: Mapping[str, str] = os.environ, project: str = PROJECT
+) -> str:
+    """The volume of the gateway's certificate of the single deployment PROJECT, whose CA
+    clients hold (compose.yaml's gateway-tls: GATEWAY_TLS_VOLUME, else PROJECT_gateway-tls
+    as compose names it). The scale-out's gateway mounts the same one."""
+    return effective("GATEWAY_TLS_VOLUME", values, environ, f"{project}_gateway-tls")
+
+
 def check_model(single: Single) -> None:
     """The preset's model folder under MODELS_DIR is there, finished and the preset's
     checkpoint, whatever the flavour (a model inside the image is not checked): else the
@@ -556,7 +565,8 @@ def scale_monitoring_commands(
     image = single.image
     if single.flavor == "cpu":
         image = effective("CPU_IMAGE", single.settings, environ, f"arcvllm:{single.stack}")
-    project = compose.Project(single.project, single.env_file, files, (), {"IMAGE": image})
+    env = {"IMAGE": image, "GATEWAY_TLS_VOLUME": gateway_tls_volume(single.settings, environ)}
+    project = compose.Project(single.project, single.env_file, files, (), env)
     return [(project, ("--profile", "monitoring", "up", "-d", "--no-deps", *SCALE_MONITORING))]
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from support import ROOT
+from support.models import put_model
 
 from arcvllm.operate import doctor as D
 from arcvllm.operate import host as H
@@ -158,24 +159,6 @@ SYCL_OK = (
 )
 SYCL_NOGPU = 'echo "[opencl:cpu][opencl:0] Intel(R) OpenCL, CPU"'
 XPU_SMI_OK = 'echo "| 0 | Device Name: Intel(R) Arc(TM) Pro B70 Graphics |"'
-
-
-def put_model(folder: Path, preset=None, mtp: bool = False) -> Path:
-    """A model folder `arcvllm model check` reads as PRESET's (XPU1's by default): its config
-    excerpt, one safetensors file (the documented header), a tokenizer, a chat template."""
-    import struct
-
-    preset = preset or XPU1
-    folder.mkdir(parents=True, exist_ok=True)
-    config = {**preset.model_config} or {"architectures": ["Qwen3NextForCausalLM"]}
-    (folder / "config.json").write_text(json.dumps(config))
-    names = ["model.layers.0.mlp.gate.weight"] + (["mtp.fc.weight"] if mtp else [])
-    head = {n: {"dtype": "BF16", "shape": [1], "data_offsets": [0, 2]} for n in names}
-    text = json.dumps(head).encode()
-    (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(text)) + text + b"\0\0")
-    (folder / "tokenizer.json").write_text("{}")
-    (folder / "chat_template.jinja").write_text("{{ messages }}")
-    return folder
 
 
 def test_the_model_row_checks_the_presets_folder_against_the_preset(tmp_path):

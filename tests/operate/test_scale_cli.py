@@ -17,13 +17,15 @@ import yaml
 from support import ROOT
 from support.docker import docker
 from support.hosts import B70, FOUR, IGPU, fake_host
+from support.models import put_model
 from support.processes import free_port
 from support.scale import ROUTER_IMAGE, SCALE, build_target, side_image
 
 from arcvllm import options
 from arcvllm.commands import scale as scale_command
 from arcvllm.errors import ArcvllmError
-from arcvllm.operate import replicas, scale
+from arcvllm.operate import replicas, scale, single
+from arcvllm.presets import get_preset
 
 
 def arcvllm(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -53,6 +55,17 @@ def key_file(tmp_path, monkeypatch) -> Path:
     key.chmod(0o644)
     monkeypatch.setenv("VLLM_API_KEY_FILE", str(key))
     return key
+
+
+@pytest.fixture(autouse=True)
+def models(tmp_path, monkeypatch) -> Path:
+    """MODELS_DIR holding the XPU presets' models `scale up` checks (as `make up` does)."""
+    folder = tmp_path / "models"
+    for name in ("qwen3.6-35b-a3b-w4a16-1xb70", "qwen3.6-35b-a3b-w4a16-2xb70"):
+        preset = get_preset(name)
+        put_model(folder / preset.model.removeprefix("/models/"), preset)
+    monkeypatch.setenv("MODELS_DIR", str(folder))
+    return folder
 
 
 @pytest.mark.parametrize("problem", ["missing", "empty"])
@@ -326,6 +339,7 @@ def up_args(**overrides) -> argparse.Namespace:
         "replicas": 2, "cpu": True, "monitoring": False, "timeout": 1.0,
         "router_timeout": 1.0, "dev_root": "/", "json": False, "gpus_per_replica": 1,
         "env_file": ROOT / "docker" / "arcvllm.env", "project": scale.PROJECT,
+        "single_project": single.PROJECT,
     }  # fmt: skip
     return argparse.Namespace(**{**args, **overrides})
 
@@ -607,3 +621,86 @@ def test_the_routers_readiness_is_asked_inside_its_container(tmp_path, monkeypat
         assert str(failure.value).endswith(f"(/readiness: {seen})")
     assert "exec -T router-cpu arcvllm-healthcheck --status" in args.read_text()
     assert args.read_text().rstrip().endswith("http://127.0.0.1:8000/readiness")
+
+
+def test_the_xpu_replicas_model_is_checked_before_anything_starts(tmp_path, state, models):
+    """As `make up` checks the single server's: a missing model is one line naming the
+    command that fetches it (exit 3), and compose is never called."""
+    import shutil
+
+    shutil.rmtree(models / "Qwen3.6-35B-A3B-W4A16")
+    host = fake_host(tmp_path, FOUR)
+    called = tmp_path / "compose-was-called"
+    result = arcvllm(
+        "scale", "up", "--dev-root", str(host.root), env={"COMPOSE": f"touch {called}"}
+    )
+    (said,) = result.stderr.strip().splitlines()
+    assert result.returncode == 3
+    assert said.startswith("arcvllm: the model of qwen3.6-35b-a3b-w4a16-1xb70 is not ready: ")
+    assert said.endswith("arcvllm model fetch qwen3.6-35b-a3b-w4a16-1xb70 (make model)")
+    assert not called.exists() and not state.exists()
+
+
+def volume_names(project: str, env: dict[str, str], *files: Path) -> dict[str, str]:
+    """Compose's name of each volume of PROJECT's FILES, ENV interpolated."""
+    args = [*compose_tool(), "-p", project, "--env-file", str(ROOT / "docker" / "arcvllm.env")]
+    for f in files:
+        args += ["-f", str(f)]
+    done = subprocess.run(
+        [*args, "config", "--format", "json"],
+        capture_output=True, text=True, timeout=60, env={**os.environ, **env},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return {k: v["name"] for k, v in json.loads(done.stdout)["volumes"].items()}
+
+
+def compose_tool() -> list[str]:
+    from support.compose import compose_binary
+
+    return list(compose_binary())
+
+
+@pytest.mark.compose
+def test_the_scale_projects_gateway_serves_the_single_deployments_certificate(monkeypatch):
+    """The gateway-tls volume (the self-signed CA clients hold) of `scale up`'s project is
+    the single deployment's; the other volumes stay the project's own. Without the name
+    scale up gives, each project would get its own volume: a new CA, clients refused."""
+    monkeypatch.delenv("GATEWAY_TLS_VOLUME", raising=False)
+    base = ROOT / "docker" / "compose.yaml"
+    made = single.Names(ROOT / "docker" / "arcvllm.env", flavor="cpu")
+    project = single.resolve(made).compose()
+    assert project.name == "arcvllm"
+    one = volume_names(project.name, {}, *project.files)
+    assert one["gateway-tls"] == "arcvllm_gateway-tls"  # as before: kept on upgrade
+    dep = scale.Deployment(ROOT / "docker" / "arcvllm.env", "arcvllm-scale")
+    dep.overrides["GATEWAY_TLS_VOLUME"] = single.gateway_tls_volume({}, {})
+    scaled = volume_names(dep.project, dep.overrides, *dep.compose().files)
+    assert scaled["gateway-tls"] == one["gateway-tls"]
+    assert scaled["compile-cache"] == "arcvllm-scale_compile-cache"
+    # The control: the same files without it, a volume (and CA) of the project's own.
+    alone = volume_names(dep.project, {}, base, ROOT / "docker" / "compose.scale.yaml")
+    assert alone["gateway-tls"] == "arcvllm-scale_gateway-tls" != one["gateway-tls"]
+
+
+def test_scale_up_names_the_single_deployments_volume_and_down_purge_keeps_it(
+    tmp_path, monkeypatch
+):
+    """What `scale up` hands compose: GATEWAY_TLS_VOLUME of --single-project (the settings
+    file's own GATEWAY_TLS_VOLUME wins); `scale down --purge` removes the project's
+    volumes, never that one."""
+    monkeypatch.delenv("GATEWAY_TLS_VOLUME", raising=False)
+    seen = tmp_path / "seen"
+    stand_in = f"sh -c 'echo \"$GATEWAY_TLS_VOLUME $*\" >> {seen}; exit 1' compose"
+    result = arcvllm("scale", "up", "--cpu", "--single-project", "team", env={"COMPOSE": stand_in})
+    assert result.returncode == 3
+    first = seen.read_text().splitlines()[0]
+    assert first.startswith("team_gateway-tls ") and " up -d " in first
+    seen.unlink()
+    down = arcvllm("scale", "down", "--purge", env={"COMPOSE": stand_in})
+    assert down.returncode == 3
+    assert all(line.startswith(" ") for line in seen.read_text().splitlines())  # unset
+    mine = tmp_path / "mine.env"
+    mine.write_text((ROOT / "docker" / "arcvllm.env").read_text() + "GATEWAY_TLS_VOLUME=ours\n")
+    seen.unlink()
+    arcvllm("scale", "up", "--cpu", "--env-file", str(mine), env={"COMPOSE": stand_in})
+    assert seen.read_text().splitlines()[0].startswith("ours ")
