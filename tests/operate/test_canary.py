@@ -181,12 +181,55 @@ def test_acceptance_and_its_floor_exist_only_for_a_speculating_server():
     assert got[("arcvllm_canary_spec_acceptance_floor", (("model", "tiny-hybrid"),))] == 0.3
 
 
+class Checks:
+    """A fake of verify's run: the reports it returns, one a call, in order."""
+
+    def __init__(self, *results: Report | Exception) -> None:
+        self.results = list(results)
+        self.calls = 0
+
+    def __call__(self, opts) -> Report:
+        self.calls += 1
+        result = self.results.pop(0)
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+
+def test_one_failed_round_then_a_passing_one_does_not_page():
+    m = canary.Metrics()
+    checks = Checks(report("fail", False), report("pass", True))
+    result, _ = canary.one_round(None, m, checks)
+    assert (result, checks.calls) == ("pass", 2)
+    got = samples(m)
+    assert got[("arcvllm_canary_check_ok", (("check", "boundary decode"),))] == 1
+    assert got[("arcvllm_canary_rounds_total", (("result", "pass"),))] == 1
+    assert ("arcvllm_canary_rounds_total", (("result", "fail"),)) not in got
+    assert got[("arcvllm_canary_rechecks_total", ())] == 1
+
+
+def test_a_round_that_fails_twice_running_pages_and_a_passing_one_runs_once():
+    m = canary.Metrics()
+    checks = Checks(report("pass", True), report("fail", False), report("fail", False))
+    assert canary.one_round(None, m, checks)[0] == "pass" and checks.calls == 1
+    assert canary.one_round(None, m, checks)[0] == "fail" and checks.calls == 3
+    got = samples(m)
+    assert got[("arcvllm_canary_check_ok", (("check", "boundary decode"),))] == 0
+    assert got[("arcvllm_canary_rechecks_total", ())] == 1
+    # ... and a round that reached no server, then one that passed, is no error either
+    checks = Checks(ConnectionError("refused"), report("pass", True))
+    assert canary.one_round(None, m, checks)[0] == "pass" and checks.calls == 2
+    assert samples(m)[("arcvllm_canary_up", ())] == 1
+
+
 # ---- end to end -------------------------------------------------------------------------
 
-# Engine requests one canary round makes on the tiny model: the boundary decode and its
-# plain prefill (2), the resumed prefix (3 sends and a prefill), 64 residues, 4 open
-# prompts. The server goes wrong from the second round on.
-ROUND_REQUESTS = 2 + 4 + 64 + 4
+# Engine requests one canary round makes on the tiny model: the boundary decode, three
+# batched beside it and their plain prefills (8), the resumed prefix (3 sends and a
+# prefill), 64 residues fresh, 2 sends of a prefix and 64 on it, and the 128 prefills, 4
+# open prompts. The server goes wrong from the second round on (a failed round is run
+# again at once before it counts: the second fails too).
+ROUND_REQUESTS = 8 + 4 + (64 + 2 + 64 + 128) + 4
 
 
 @pytest.mark.server
