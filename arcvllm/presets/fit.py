@@ -21,6 +21,15 @@ GPU_GIB = 32.0  # Arc Pro B70
 # the real peak at start-up, this only keeps the estimate honest.
 RUNTIME_RESERVE_GIB = 1.0
 GIB = 1024**3
+# vLLM's prefill chunk on a device under 70 GiB when the preset does not set one
+# (vllm/engine/arg_utils.py, default_max_num_batched_tokens: OPENAI_API_SERVER 2048).
+DEFAULT_CHUNK = 2048
+# A request with prompt_logprobs has its logits at every position of a prefill chunk
+# materialised (bf16, 2 bytes) and their log-softmax (float32, 4 bytes) beside them
+# (gpu_model_runner._get_prompt_logprobs_dict, Sampler.compute_logprobs), a peak vLLM's
+# start-up profile never reserves (vllm#5907): it must fit in what --gpu-memory-utilization
+# leaves outside vLLM's budget. `arcvllm verify` and the canary ask for them.
+LOGPROB_BYTES = 6
 
 
 @dataclass(frozen=True)
@@ -34,14 +43,21 @@ class Fit:
     budget_gib: float
     reserve_gib: float = RUNTIME_RESERVE_GIB
     draft_gib: float = 0.0  # MTP layers: their weights and their attention KV cache
+    # Outside the budget: one chunk's prompt logprobs, and what the utilisation leaves
+    logprobs_gib: float = 0.0
+    outside_gib: float = 0.0
 
     @property
     def total_gib(self) -> float:
         return self.weights_gib + self.kv_gib + self.states_gib + self.draft_gib + self.reserve_gib
 
     @property
+    def logprobs_fit(self) -> bool:
+        return self.logprobs_gib <= self.outside_gib
+
+    @property
     def ok(self) -> bool:
-        return self.total_gib <= self.budget_gib
+        return self.total_gib <= self.budget_gib and self.logprobs_fit
 
     def summary(self) -> str:
         return (
@@ -49,7 +65,8 @@ class Fit:
             f"(w {self.weights_gib:.1f} + kv {self.kv_gib:.1f} + states "
             f"{self.states_gib:.2f}"
             + (f" + mtp {self.draft_gib:.1f}" if self.draft_gib else "")
-            + f" + {self.reserve_gib:.0f})"
+            + f" + {self.reserve_gib:.0f}); prompt logprobs {self.logprobs_gib:.2f}/"
+            f"{self.outside_gib:.2f} GiB"
         )
 
 
@@ -174,7 +191,10 @@ def memory_fit(preset: Preset) -> Fit | None:
         n = mtp_layers(text)
         kv_layer = kv_per_token // max(layers["attention"], 1)
         draft = n * (mtp_layer_bytes(text) / tp + kv_layer * tokens)
+    chunk = int(values.get("max-num-batched-tokens") or DEFAULT_CHUNK)
     return Fit(
+        logprobs_gib=chunk * int(text["vocab_size"]) * LOGPROB_BYTES / GIB,
+        outside_gib=(1 - utilization) * GPU_GIB,
         weights_gib=weight_bytes(preset.model_config) / tp / GIB,
         kv_gib=kv_per_token * tokens / GIB,
         states_gib=state * seqs / GIB,
