@@ -17,11 +17,12 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from arcvllm.errors import CheckFailed
-from arcvllm.operate import weights
+from arcvllm.operate import replicas, weights
 from arcvllm.operate.host import (
     B70,
     BMG_G31,
     Host,
+    b70s,
     intel_gpus,
     level_zero_devices,
     render_nodes,
@@ -332,6 +333,30 @@ def check_gpu_identity(host: Host, preset: Preset) -> Finding:
         FAIL,
         f"{seen}: preset {preset.name} needs {need} GPU(s)",
         "pick a preset for fewer GPUs or add GPUs",
+    )
+
+
+def check_replicas(host: Host, preset: Preset) -> Finding:
+    """The scale-out's layout of PRESET here: replicas of K B70s each, K its
+    tensor-parallel-size, none left over (what `arcvllm scale up` refuses, as values:
+    replicas.problems). A warning: one server of the preset does not need it."""
+    if preset.flavor == "cpu":
+        return Finding("replicas", OK, "not needed: CPU preset")
+    k = replicas.tensor_parallel(preset)
+    try:
+        found = replicas.problems(host, preset)
+        n = len(b70s(host)) // k
+    except OSError as exc:  # a B70 in sysfs whose render node is not in /dev/dri
+        seen = f"cannot stat {exc.filename}: {exc.strerror}"
+        return Finding("replicas", WARN, seen, "the render node rows say why")
+    if found:
+        fix = f"a single server of {preset.name} is unaffected; for replicas, docs/multi-gpu.md"
+        return Finding("replicas", WARN, "; ".join(found), fix)
+    each = "1 B70" if k == 1 else f"{k} B70s"
+    return Finding(
+        "replicas",
+        OK,
+        f"{n} of {each} each: arcvllm scale up --replicas {n} --gpus-per-replica {k}",
     )
 
 
@@ -764,6 +789,7 @@ CHECKS = (
     check_render_access,
     check_render_gid,
     check_gpu_identity,
+    check_replicas,
     check_driver,
     check_kernel,
     check_firmware,

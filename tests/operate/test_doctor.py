@@ -873,3 +873,43 @@ def test_the_firmware_row_names_the_guc_version_where_it_can_read_it(tmp_path):
     row = finding(host, D.check_firmware)
     assert row.status == D.OK and "GuC " not in row.seen.split(";")[-1]
     assert D.guc_version(b"short") is None
+
+
+# ---- the scale-out's replicas of K B70s (arcvllm scale up) ----
+
+
+@pytest.mark.parametrize(
+    ("preset", "gpus", "status", "seen"),
+    [
+        ("qwen3.6-35b-a3b-w4a16-2xb70", 4, D.OK,
+         "2 of 2 B70s each: arcvllm scale up --replicas 2 --gpus-per-replica 2"),
+        ("qwen3-next-80b-a3b-w4a16-4xb70", 4, D.OK,
+         "1 of 4 B70s each: arcvllm scale up --replicas 1 --gpus-per-replica 4"),
+        ("qwen3.6-35b-a3b-w4a16-1xb70", 3, D.OK,
+         "3 of 1 B70 each: arcvllm scale up --replicas 3 --gpus-per-replica 1"),
+        ("qwen3.6-35b-a3b-w4a16-2xb70", 3, D.WARN,
+         "--gpus-per-replica 2 does not divide this host's 3 Arc Pro B70s (it can be 1, 3)"),
+        ("qwen3-next-80b-a3b-w4a16-4xb70", 2, D.WARN,
+         "1 replica of 4 needs 4 Arc Pro B70s; this host has 2 with a render node ("),
+    ],
+)  # fmt: skip
+def test_the_replicas_row_checks_a_k_gpu_layout_as_scale_up_would(
+    tmp_path, preset, gpus, status, seen
+):
+    """Replicas of K B70s, K the preset's tensor-parallel-size, on the fake host's sysfs:
+    the layout `scale up` starts, or its refusal as a warning (a single server of the
+    preset is another row's business)."""
+    from support.hosts import FOUR, fake_host
+
+    host = fake_host(tmp_path, FOUR[:gpus])
+    row = D.check_replicas(host, get_preset(preset))
+    assert (row.check, row.status) == ("replicas", status)
+    assert row.seen.startswith(seen), row.seen
+    assert bool(row.fix) == (status == D.WARN)
+
+
+def test_the_replicas_row_is_in_the_table_and_not_needed_for_a_cpu_preset(tmp_path):
+    assert D.check_replicas in D.CHECKS
+    assert D.check_replicas(build(tmp_path), CPU) == D.Finding(
+        "replicas", D.OK, "not needed: CPU preset"
+    )
