@@ -30,10 +30,12 @@ ROWS = (DECODE, CHUNKED, RESUME, MIXED, PREEMPTION, MAX_LEN, RESIDUES, DEGENERAT
 # not its own. The chunked prefill is checked against the decode path (no prefill longer
 # than the chunk is unchunked); preemption and a request to max-model-len decode across
 # block boundaries; preemption happens in batches that mix prefill and decode; the
-# max-model-len reference is a prefill in chunks. The other rows stay off the other paths
-# by their shapes: the resumed and the mixed requests decode inside one block.
+# max-model-len reference is a prefill in chunks; half the residue prompts resume a cached
+# prefix. The other rows stay off the other paths by their shapes: the resumed and the
+# mixed requests decode inside one block.
 NEEDS = {
     CHUNKED: (DECODE,),
+    RESIDUES: (RESUME,),  # half its prompts resume a cached prefix
     PREEMPTION: (DECODE, MIXED),
     MAX_LEN: (DECODE, CHUNKED),
 }
@@ -53,6 +55,12 @@ OPEN_PROMPTS = (
 # Requests at once in the mixed-batch and preemption rows (vLLM's max-num-seqs must allow
 # them; the rows say what they saw).
 STREAMS = 8
+# Decodes batched together across the boundary decode row's two block boundaries, beside
+# its single stream: each crosses at its own step, while the others decode.
+DECODE_STREAMS = 3
+# Tokens decoded after each residue prompt: enough for a lost state to show in the greedy
+# tokens, few enough that 128 of them stay cheap (one batched request each way).
+RESIDUE_TOKENS = 8
 
 
 @dataclass(frozen=True)
@@ -84,7 +92,9 @@ class Plan:
     preempt_prompt: int
     preempt_tokens: int  # per request; 0: the KV cache is too large to run out
     max_len_prompt: int
-    residue_base: int  # prompts of residue_base + r tokens, r = 0..63
+    residue_base: int  # prompts of residue_base + r tokens, r = 0..63, each decoded ...
+    residue_tokens: int  # ... this many tokens, fresh and on top of a cached prefix of
+    residue_prefix: int  # this many tokens (a block: the prefix cache keeps its state)
     open_tokens: int
 
     @property
@@ -104,7 +114,8 @@ class Plan:
             if self.preempt_tokens
             else [],
             MAX_LEN: [self.max_len_prompt],
-            RESIDUES: [self.residue_base + r for r in range(64)],
+            RESIDUES: [self.residue_base + r for r in range(64)]
+            + [self.residue_prefix + self.residue_base],
             DEGENERATION: [],  # the open prompts, text of their own
         }
 
@@ -140,6 +151,8 @@ def plan_rows(g: Geometry) -> Plan:
         preempt_tokens=preempt_tokens(g),
         max_len_prompt=b // 2,
         residue_base=64,
+        residue_tokens=RESIDUE_TOKENS,
+        residue_prefix=b,
         open_tokens=min(128, n - 64),
     )
 

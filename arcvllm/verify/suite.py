@@ -34,7 +34,7 @@ from arcvllm.client.oracle import (
 )
 from arcvllm.client.report import Check, Report
 from arcvllm.client.server import ServerOptions
-from arcvllm.errors import Unavailable
+from arcvllm.errors import ArcvllmError, Unavailable
 from arcvllm.text import error_line
 from arcvllm.verify import plan as P
 from arcvllm.verify import record as R
@@ -161,9 +161,30 @@ class Suite:
         prompt = self.tokens(p.decode_prompt)
         out = self.stream(prompt, p.decode_tokens)
         crossed = P.boundaries_crossed(len(prompt), len(prompt) + out.completion_tokens, self.block)
-        greedy = self.judge(P.DECODE, [("decode", prompt, out)])
-        ok = out.completion_tokens == p.decode_tokens and crossed >= 2 and _clean(greedy)
-        return Check(P.DECODE, self._expected, f"{crossed} crossed; {self.summary(greedy)}", ok)
+        # Then DECODE_STREAMS decodes in one batch, each prompt a token shorter than the
+        # last: each crosses the boundaries at its own step while the others decode.
+        batched = self._batch(
+            [
+                Request(f"batched {i}", self.tokens(p.decode_prompt - i))
+                for i in range(P.DECODE_STREAMS)
+            ],
+            p.decode_tokens,
+        )
+        errors = [f"{t.name}: {t.error}" for t in batched if t.error]
+        outs = [("decode", prompt, out)] + [
+            (t.name, t.prompt, t.stream) for t in batched if t.stream
+        ]
+        both = min(
+            P.boundaries_crossed(len(q), len(q) + s.completion_tokens, self.block)
+            for _, q, s in outs
+        )
+        greedy = self.judge(P.DECODE, outs)
+        seen = f"{crossed} crossed, {P.DECODE_STREAMS} batched >= {both}; {self.summary(greedy)}"
+        if errors:
+            seen = f"{errors[0]}; {seen}"
+        lengths = all(s.completion_tokens == p.decode_tokens for _, _, s in outs)
+        ok = not errors and lengths and both >= 2 and _clean(greedy)
+        return Check(P.DECODE, self._expected, seen, ok)
 
     def chunked(self) -> Check:
         p, g = self.plan, self.plan.geometry
@@ -279,34 +300,48 @@ class Suite:
 
     def residues(self) -> Check:
         p = self.plan
-        self.expect(f"prompts of {p.residue_base}..{p.residue_base + 63} tok: every logprob finite")
-        bad: list[str] = []
-        for r in range(64):
-            prompt = self.tokens(p.residue_base + r)
-            body = {
-                "model": self.model,
-                "prompt": prompt,
-                "max_tokens": 2,
-                "temperature": 0.0,
-                "ignore_eos": True,
-                "logprobs": 1,
-                "prompt_logprobs": 1,
-                "return_tokens_as_token_ids": True,
-                "cache_salt": uuid.uuid4().hex,
-            }
-            try:
-                choice = self.client.completion(body)["choices"][0]
-            except Exception as exc:
-                bad.append(f"{len(prompt)} tok: {error_line(exc)}")
-                continue
-            values = [
-                v["logprob"] for e in choice["prompt_logprobs"] if e for v in e.values()
-            ] + list(choice["logprobs"]["token_logprobs"])
-            if not P.finite(values):
-                bad.append(f"{len(prompt)} tok: a logprob is not finite")
-        seen = f"{64 - len(bad)} of 64 finite" + (f"; first: {bad[0]}" if bad else "")
-        self.report.outputs["residues"] = {"bad": bad}
-        return Check(P.RESIDUES, self._expected, seen, not bad)
+        n, base = p.residue_tokens, p.residue_base
+        self.expect(
+            f"prompts of {base}..{base + 63} tok, fresh and after a cached {p.residue_prefix} "
+            f"tok, + {n} decoded: each = plain greedy"
+        )
+        # Every length mod 64 (vllm-xpu-kernels#548 broke one), each decoded a few tokens
+        # after its prefill, in one batched request: the state a prefill of that length
+        # leaves is what the decode reads. Then the same lengths on top of a prefix the
+        # cache holds (resumed from its block's state, the rest prefilled on top).
+        fresh_prompts = [Request(f"{base + r} tok", self.tokens(base + r)) for r in range(64)]
+        salt = uuid.uuid4().hex
+        cached = self.tokens(p.residue_prefix + base)
+        # Twice, as the resume row: with speculation vLLM keeps a checkpoint on the repeat.
+        self.stream(cached, 1, salt)
+        self.stream(cached, 1, salt)
+        prefix = cached[: p.residue_prefix]
+        on_prefix = [
+            Request(f"{p.residue_prefix} cached + {base + r} tok", self._after(prefix, base + r))
+            for r in range(64)
+        ]
+        done = self._batch(fresh_prompts, n) + self._batch(on_prefix, n, salt)
+        errors = [f"{t.name}: {t.error}" for t in done if t.error]
+        outs = [(t.name, t.prompt, t.stream) for t in done if t.stream]
+        greedy = self.judge(P.RESIDUES, outs) if outs else GreedyCheck()
+        lengths = {len(t.prompt) % 64 for t in done if t.stream}
+        seen = f"{len(lengths)} of 64 residues decoded; {self.summary(greedy)}"
+        if errors:
+            seen = f"{errors[0]}; {len(errors)} errors; {seen}"
+        self.report.outputs["residues"] = {"errors": errors}
+        ok = not errors and len(lengths) == 64 and _clean(greedy)
+        return Check(P.RESIDUES, self._expected, seen, ok)
+
+    def _after(self, prefix: list[int], length: int) -> list[int]:
+        """PREFIX, then LENGTH tokens of the corpus that repeat none of its 8-grams (the
+        next window that does not, when one overlaps the prefix's place in the corpus)."""
+        for _ in range(8):
+            prompt = prefix + self.tokens(length)
+            with contextlib.suppress(ArcvllmError):
+                fresh(prompt)
+                return prompt
+        fresh(prompt)  # the refusal, in one line
+        return prompt
 
     def degeneration(self) -> Check:
         p = self.plan
@@ -349,13 +384,14 @@ class Suite:
 
     # ---- concurrency
 
-    def _batch(self, requests: list[Request], n: int) -> list[Request]:
+    def _batch(self, requests: list[Request], n: int, salt: str | None = None) -> list[Request]:
         """REQUESTS' prompts in one greedy completion request of N tokens each (a fresh
-        cache namespace): their outputs, or the request's error in each."""
+        cache namespace unless SALT is given): their outputs, or the request's error in
+        each."""
         self.decoding_prompts += [len(t.prompt) for t in requests]
         try:
             prompts = [t.prompt for t in requests]
-            outs = self.client.batch(self.model, prompts, n, uuid.uuid4().hex, TOP_K)
+            outs = self.client.batch(self.model, prompts, n, salt or uuid.uuid4().hex, TOP_K)
             for t, out in zip(requests, outs, strict=True):
                 t.stream = out
         except Exception as exc:

@@ -23,6 +23,18 @@ resume): the server stays up, answers 200, and only the tokens show it.
     max-len          the state is lost within 64 tokens of max-model-len    max-model-len
     nan-residue:R    NaN state after the prefill of a prompt whose length   prompt residues mod 64
                      is R mod 64
+    lost-residue:R   the state after the prefill of a prompt whose length   prompt residues mod 64
+                     is R mod 64 is lost (once, finite: vllm-xpu-kernels
+                     #548 without the NaN)
+    zero-boundary    the state carried into a new block in decode is        boundary decode
+                     zeroed (not noise)
+    stale-boundary   the state carried into a new block in decode is the    boundary decode
+                     one a block older (the block before the one it left)
+    drop-token       the state update of the first token decoded in a new   boundary decode
+                     block is dropped (the next token reads the state
+                     from before it)
+    round:B          every state a step reads is rounded to B significant   boundary decode
+                     bits (B=4: fp8 e4m3's precision; 8: bf16's)
     degenerate       sampled requests (temperature > 0) get logits that     degeneration
                      pick token 0 every time ("!!!!")
     moe-scale:F      every MoE block's output is F times what it should be, none: prefill and
@@ -30,7 +42,9 @@ resume): the server stays up, answers 200, and only the tokens show it.
                      activation shared by every path)                       the independent
                                                                             reference's
 
-"Lost" is replaced by noise (SPOIL_STD). The hooks wrap vLLM's
+"Lost" is replaced by noise (SPOIL_STD). `NAME~STD` keeps the state where NAME would lose
+it and adds noise of STD times the state's own RMS: a perturbation of that relative size
+(the sweep in tests/verify/test_verify_server.py). The hooks wrap vLLM's
 `mamba_utils.preprocess_mamba` (align mode: where the running state of each request is
 moved to the block it writes this step) and `Sampler.forward`, installed when vLLM
 imports them (the engine's worker).
@@ -59,6 +73,11 @@ DEFECTS = (
     "nan-residue",
     "degenerate",
     "moe-scale",
+    "lost-residue",
+    "zero-boundary",
+    "stale-boundary",
+    "drop-token",
+    "round",
 )
 MAX_LEN_WINDOW = 64
 # A spoiled state is noise of this spread: what a copy from the wrong place, or into a
@@ -69,24 +88,30 @@ TARGETS = (
     "vllm.v1.sample.sampler",
     "vllm.model_executor.models.qwen3_next",
 )
-# Defects with an argument: nan-residue's residue mod 64, moe-scale's factor.
-ARGUMENTS = {"nan-residue": int, "moe-scale": float}
+# Defects with an argument: a residue mod 64, moe-scale's factor, round's bits.
+ARGUMENTS = {"nan-residue": int, "lost-residue": int, "moe-scale": float, "round": int}
+RESIDUES = ("nan-residue", "lost-residue")
 
 logger = logging.getLogger("vllm.arcvllm.sabotage")
 
 
 def parse(text: str) -> tuple[str, Any] | None:
-    """'name', 'nan-residue:R' or 'moe-scale:F' -> (name, R or F); '' -> None; anything
+    """'name', 'name:ARG' (nan-residue:R, lost-residue:R, moe-scale:F, round:B) or
+    'name~STD' (a lost state's noise spread) -> (name, ARG or STD); '' -> None; anything
     else is refused."""
-    text = text.strip()
+    raw = text = text.strip()
     if not text:
         return None
+    text, tilde, spread = text.partition("~")
     name, _, arg = text.partition(":")
-    if name not in DEFECTS or (name in ARGUMENTS) != bool(arg):
+    if name not in DEFECTS or (name in ARGUMENTS) != bool(arg) or (tilde and arg):
         raise ValueError(
-            f"unknown sabotage {text!r}; known: {', '.join(DEFECTS)} (nan-residue:R, moe-scale:F)"
+            f"unknown sabotage {raw!r}; known: {', '.join(DEFECTS)} "
+            "(nan-residue:R, lost-residue:R, moe-scale:F, round:B, NAME~STD)"
         )
-    if name == "nan-residue":
+    if tilde:
+        return name, float(spread)
+    if name in RESIDUES:
         return name, int(arg) % 64
     return name, ARGUMENTS[name](arg) if arg else None
 
@@ -101,6 +126,9 @@ class _State:
         self.after = int(os.environ.get(ENV_AFTER, "0") or 0)
         self.fired: dict[str, int] = {}
         self.chunk = 0  # the server's prefill chunk, read in the worker's first step
+        self.spent: set[str] = set()  # requests a once-only defect has spoiled
+        self.block_size = 0  # the mamba block size, read in the worker's first step
+        self.dtypes_said: set[str] = set()
         self._file = os.environ.get(ENV_FILE)
         self._stamp: float | None = None
         self._defect = None if self._file else parse(os.environ.get(ENV, ""))
@@ -117,6 +145,7 @@ class _State:
                     self._defect = parse(f.read())
                 self._stamp = stamp
                 self.poisoned.clear()  # a new defect starts from clean requests
+                self.spent.clear()
                 logger.warning("arcvllm sabotage: now %s", self._defect)
         return self._defect if len(self.seen) > self.after else None
 
@@ -196,11 +225,58 @@ def _victims(
             if req_id in new and done == 0 and prompt % 64 == residue:
                 s.poisoned.add(req_id)
             hit = req_id in s.poisoned and done > 0
+        elif name in HOW and name != "nan-residue":
+            hit = _hit(name, residue, req_id, done, prompt, req_id in new, decoding, known)
         else:
             hit = False
         if hit:
-            out.append((req_id, "nan" if name == "nan-residue" else "zero"))
+            out.append((req_id, HOW.get(name, "noise")))
     return out
+
+
+def _hit(
+    name: str,
+    residue: Any,
+    req_id: str,
+    done: int,
+    prompt: int,
+    new: bool,
+    decoding: bool,
+    known: dict,
+) -> bool:
+    """Whether the defects of the state's own kinds (lost once, zeroed, stale, dropped,
+    rounded) spoil REQ_ID this step."""
+    s = state()
+    if name == "lost-residue":
+        # new with or without a cached prefix; lost once, at the first decode step
+        if new and prompt % 64 == residue:
+            s.poisoned.add(req_id)
+        return req_id in s.poisoned and done >= prompt and req_id not in s.spent
+    block = _block_now(req_id)
+    if name in ("zero-boundary", "stale-boundary"):
+        return decoding and known.get(req_id) is not None and known[req_id] != block
+    if name == "drop-token":
+        # the step after the first crossing in decode: its state holds the crossing
+        # token's update, which is dropped
+        return (
+            decoding
+            and block is not None
+            and done % s.block_size == 1
+            and done // s.block_size == block
+            and req_id not in s.spent
+        )
+    return name == "round" and done > 0
+
+
+# How each defect spoils the state it hits (the rest: noise).
+HOW = {
+    "nan-residue": "nan",
+    "lost-residue": "noise",
+    "zero-boundary": "zero",
+    "stale-boundary": "stale",
+    "drop-token": "drop",
+    "round": "round",
+}
 
 
 _after: dict[str, int] = {}  # the block each request writes this step (preprocess's result)
@@ -211,19 +287,61 @@ def _block_now(req_id: str) -> int | None:
 
 
 def _spoil(req: Any, blocks: set[int], how: str, copy_bufs: Any, kv_cache_config: Any, ctx: dict):
-    """Spoil the state in each of BLOCKS (indices in REQ's block list) of every mamba layer."""
+    """Spoil the state in each of BLOCKS (indices in REQ's block list) of every mamba layer:
+    "stale" and "drop" put there the state of an older block of REQ (two blocks back: the
+    state a block older; one back: the state before the last token), when it has one."""
+    back = {"stale": 2, "drop": 1}.get(how)
     for gid in copy_bufs.mamba_group_ids:
+        ids = req.block_ids[gid]
         for block_idx in blocks:
-            _spoil_block(req.block_ids[gid][block_idx], how, gid, kv_cache_config, ctx)
+            source = None
+            if back is not None:
+                if block_idx - back < 0:
+                    continue
+                source = ids[block_idx - back]
+            _spoil_block(ids[block_idx], how, gid, kv_cache_config, ctx, source)
 
 
-def _spoil_block(block_id: int, how: str, gid: int, kv_cache_config: Any, ctx: dict) -> None:
+def _spoil_block(
+    block_id: int, how: str, gid: int, kv_cache_config: Any, ctx: dict, source: int | None
+) -> None:
+    import torch
+
+    s = state()
+    defect = s.defect()
+    arg = defect[1] if defect is not None else None
     for layer in kv_cache_config.kv_cache_groups[gid].layer_names:
+        if how not in s.dtypes_said:  # (conv state, SSM state)
+            s.dtypes_said.add(how)
+            dtypes = ", ".join(str(t.dtype) for t in ctx[layer].kv_cache)
+            logger.warning("arcvllm sabotage: the states spoiled (%s) are %s", how, dtypes)
         for tensor in ctx[layer].kv_cache:
+            block = tensor[block_id]
             if how == "nan":
-                tensor[block_id].fill_(float("nan"))
+                block.fill_(float("nan"))
+            elif how == "zero":
+                block.zero_()
+            elif source is not None:
+                block.copy_(tensor[source])
+            elif how == "round":
+                if block.is_floating_point():
+                    block.copy_(_rounded(block, int(arg or 8)))
+            elif arg is not None and defect is not None and defect[0] not in ARGUMENTS:
+                # NAME~STD: the state kept, noise of STD times its own RMS added (a
+                # perturbation of that relative size, not a state lost)
+                rms = float(block.float().pow(2).mean().sqrt())
+                block.add_(torch.randn_like(block.float()).mul_(arg * rms).to(block.dtype))
             else:
-                tensor[block_id].normal_(0.0, SPOIL_STD)
+                block.normal_(0.0, SPOIL_STD)
+
+
+def _rounded(x: Any, bits: int) -> Any:
+    """X with B significant bits (round to nearest), in its own dtype."""
+    import torch
+
+    mantissa, exponent = torch.frexp(x.float())
+    scale = float(1 << bits)
+    return torch.ldexp(torch.round(mantissa * scale) / scale, exponent).to(x.dtype)
 
 
 def _wrap_preprocess(module: Any, original: Any) -> Any:
@@ -247,13 +365,17 @@ def _wrap_preprocess(module: Any, original: Any) -> Any:
         result = original(*args, **kwargs)
         _after.clear()
         _after.update(a["mamba_state_idx"])
+        s.block_size = a["copy_bufs"].mamba_spec.block_size
         for req_id, how in _victims(defect, sched, batch, requests, known):
             req = requests[req_id]
             # The state this step starts from: a prefill reads it from the block of its
             # last computed token, a decode from the block preprocess copied it into.
+            # (Stale and dropped states are put only where the step reads: the block it
+            # left keeps the state it had.)
             blocks = {a["mamba_state_idx"][req_id]}
-            if req.num_computed_tokens > 0:
+            if req.num_computed_tokens > 0 and how not in ("stale", "drop"):
                 blocks.add((req.num_computed_tokens - 1) // a["copy_bufs"].mamba_spec.block_size)
+            s.spent.add(req_id)
             _spoil(
                 req,
                 blocks,
