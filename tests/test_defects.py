@@ -283,7 +283,7 @@ def test_unread_releases_are_assumed_to_replay_graphs_so_a_tp_preset_with_them_i
     tp = P.get_preset("qwen3.6-35b-a3b-w4a16-2xb70")
     args = {k: v for k, v in tp.vllm_args.items() if k != "compilation-config"}
     graphs = replace(tp, name="graphs", vllm_args=args)
-    _, doc, text = P.run_checks({"graphs": graphs, tp.name: tp}, None, read_releases=False)
+    _, doc, text = P.run_checks({"graphs": graphs, tp.name: tp}, None)
     found = {(d["preset"], d["stack"]): d for d in doc["defects"]}
     for name in ("xpu-0.32", "xpu-0.33"):
         assert "vllm#48327" in found[("graphs", name)]["affected"], found[("graphs", name)]

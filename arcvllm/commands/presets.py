@@ -17,7 +17,9 @@ def _cmd_presets(args: argparse.Namespace) -> int:
     if not args.check:
         print(presets.listing(found).render(args.json))
         return 0
-    status, doc, text = presets.run_checks(found, args.defects_file, _kernels(args, found))
+    status, doc, text = presets.run_checks(
+        found, args.defects_file, _kernels(args, found), _engines_of(args)
+    )
     print(json.dumps(doc, indent=2) if args.json else text)
     for problem in doc["problems"]:
         print(f"arcvllm: {problem}", file=sys.stderr)
@@ -33,6 +35,17 @@ def _kernels(
     from arcvllm.builder import kernels
 
     return lambda doc, text: kernels.check_presets(found, args.release, doc, text)
+
+
+def _engines_of(args: argparse.Namespace) -> presets.EnginesOf | None:
+    """--kernels: the defect triggers read from each stack's release
+    (arcvllm.builder.triggers), else None (the worst the flags allow)."""
+    if not args.kernels:
+        return None
+    from arcvllm import stack
+    from arcvllm.builder import triggers
+
+    return lambda found: triggers.engines(found, stack.load()[0])
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

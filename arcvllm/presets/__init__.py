@@ -11,6 +11,7 @@ against vLLM's own parser, the stacks and the defect ledger. Every name is here 
 """
 
 from arcvllm.presets.check import (
+    EnginesOf,
     check_all,
     check_arguments,
     check_defects,
@@ -87,6 +88,7 @@ __all__ = [
     "_FLAG",
     "_REQUIRED",
     "Command",
+    "EnginesOf",
     "Fit",
     "Preset",
     "_attention_dims",

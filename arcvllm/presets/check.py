@@ -28,6 +28,13 @@ if TYPE_CHECKING:
     from arcvllm.presets import triggers
 
 
+# (preset, stack) -> what the stack's release makes of the preset, and notes on what was
+# assumed: arcvllm.builder.triggers.engines, where the build side runs it.
+EnginesOf = Callable[
+    [Iterable[Preset]], "tuple[Mapping[tuple[str, str], triggers.Engine], list[str]]"
+]
+
+
 # ---- stacks: which vLLM versions a preset is known to work with ----
 
 
@@ -286,24 +293,21 @@ def run_checks(
     presets: Mapping[str, Preset],
     ledger_path: Path | None,
     kernels: Callable[[dict[str, Any], list[str]], int] | None = None,
-    read_releases: bool | None = None,
+    engines_of: EnginesOf | None = None,
 ) -> tuple[int, dict[str, Any], str]:
     """`arcvllm presets --check`: the stacks, the defect ledger, the arguments (with this
     Python's vLLM, if any) and KERNELS (the kernel table and memory fit, where the build
-    side runs it). READ_RELEASES (default: with KERNELS) asks each XPU stack's release
-    what it makes of each preset (arcvllm.presets.triggers); else the ledger's
+    side runs it). ENGINES_OF (the build side's arcvllm.builder.triggers.engines) asks
+    each XPU stack's release what it makes of each preset; without it the ledger's
     release-decided triggers are the worst the flags allow. The exit status, the document
     (its problems for stderr) and each check's table, as text."""
     doc: dict[str, Any] = {"vllm": None, "problems": []}
     text: list[str] = []
     versions = stack_vllm_versions()
     doc["problems"] += [line for p in presets.values() for line in stack_problems(p, versions)]
-    engines: dict[tuple[str, str], triggers.Engine] = {}
-    if kernels is not None if read_releases is None else read_releases:
-        from arcvllm import stack
-        from arcvllm.presets import triggers
-
-        engines, notes = triggers.engines(presets.values(), stack.load()[0])
+    engines: Mapping[tuple[str, str], triggers.Engine] = {}
+    if engines_of is not None:
+        engines, notes = engines_of(presets.values())
         doc["trigger_notes"] = notes
         text += [f"note: {note}" for note in notes]
     defects_status = check_defects(presets, ledger_path, doc, text, engines)

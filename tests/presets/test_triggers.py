@@ -11,6 +11,7 @@ from arcvllm import defects as D
 from arcvllm import presets as P
 from arcvllm import stack
 from arcvllm.builder import kernels as K
+from arcvllm.builder import triggers as B
 from arcvllm.presets import triggers as T
 
 TP = P.get_preset("qwen3.6-35b-a3b-w4a16-2xb70")
@@ -89,7 +90,7 @@ def read(version: str, *presets: P.Preset) -> dict[str, T.Engine]:
         for s in STACKS.values()
         if s.flavor == "xpu"
     }[version]
-    found = T.read(K.find_release(version), [T.request_of(p, version, torch) for p in presets])
+    found = B.read(K.find_release(version), [T.request_of(p, version, torch) for p in presets])
     for name, answer in found.items():
         assert isinstance(answer, T.Engine), (version, name, answer)
     return found  # type: ignore[return-value]

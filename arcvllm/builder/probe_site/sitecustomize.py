@@ -1,4 +1,4 @@
-"""Imported by every Python the trigger probe starts (arcvllm.presets.triggers puts this
+"""Imported by every Python the trigger probe starts (arcvllm.builder.triggers puts this
 folder first on PYTHONPATH), vLLM's model-inspection subprocess too.
 
 A vision-language architecture's vLLM module imports transformers' image and video
