@@ -171,8 +171,7 @@ def deployment(cpu_image, tmp_path_factory):
             where, settings, project, f"https://127.0.0.1:{port}", ca_cert, gateway,
             state(gateway)["State"]["StartedAt"], old, new,
         )  # fmt: skip
-        wait_healthy(running)
-        yield running
+        yield running  # the server may still be loading: the tests that need it wait
     finally:
         make("down", *args, "DOWN_FLAGS=-v")
         left = leftovers(project)
@@ -197,6 +196,7 @@ def assert_gateway_untouched(deployment: Deployment) -> None:
 def test_the_readmes_first_call_lists_the_model_over_tls_with_the_key(deployment):
     """README.md's first call, as written: the key file, the gateway's certificate as the
     CA, /v1/models answered (curl -f: an HTTP error fails the block)."""
+    wait_healthy(deployment)
     (block,) = cpu_blocks(README)
     port = int(deployment.url.rpartition(":")[2])
     run = given(block, deployment.project, port)
@@ -233,6 +233,7 @@ def test_make_monitoring_starts_prometheus_the_canary_and_alertmanager_gateway_u
 def test_the_documented_upgrade_and_rollback_change_the_servers_image_and_keep_the_gateway(
     deployment,
 ):
+    wait_healthy(deployment)  # serving before the upgrade
     blocks = upgrade_blocks()
     p, new, old = deployment.project, deployment.new, deployment.old
     run = {what: given(block, p, new=new, old=old) for what, block in blocks.items()}
