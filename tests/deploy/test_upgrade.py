@@ -181,7 +181,9 @@ def deployment(cpu_image, tmp_path_factory):
             names = leftovers(project)[f"{kind}s"]
             if names:
                 docker(kind, "rm", *names, check=False)
-        docker("rmi", old, new, check=False)  # the two tags made here; the image stays
+        # the two tags made here, untagged: --force, else refused while any container runs
+        # the image (another test's, by its own tag); cpu_image's tag keeps the image
+        docker("rmi", "--force", old, new, check=False)
 
 
 def assert_gateway_untouched(deployment: Deployment) -> None:
