@@ -174,7 +174,7 @@ def test_single_scale_single_keeps_the_gateways_ca(settings):
     ok(arcvllm(env, "deploy", "down", *single, timeout=600))
     ok(
         arcvllm(
-            env, "scale", "up", "--cpu", *scaled, "--single-project", SINGLE, "--timeout", "900"
+            env, "scale", "up", "--cpu", *scaled, "--single-project", SINGLE, "--timeout", "1500"
         )
     )
     MEASURED["scale_up_s"] = round(time.monotonic() - t1, 1)
