@@ -106,6 +106,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         f"Alertmanager and the canary in its project ({SCALE_PROJECT} unless --project)",
     )
     watch.add_argument("--dry-run", action="store_true", help="print the compose commands")
+    options.add_json(watch, help="the compose commands, run or (--dry-run) to run, as JSON")
     watch.set_defaults(func=_monitoring)
     stop.set_defaults(func=_down)
     follow.set_defaults(func=_logs)
@@ -242,12 +243,14 @@ def _monitoring(args: argparse.Namespace) -> int:
     if args.scale and args.project == single.PROJECT:
         args.project = SCALE_PROJECT
     named = single.resolve(names_of(args), strict=not args.dry_run)
-    if args.dry_run:
-        made = single.scale_monitoring_commands if args.scale else single.monitoring_commands
-        for project, command in made(named):
-            print(project.shell(*command))
-        return 0
-    single.monitoring(named, scale_out=args.scale)
+    made = single.scale_monitoring_commands if args.scale else single.monitoring_commands
+    commands = [project.shell(*command) for project, command in made(named)]
+    if not args.dry_run:
+        single.monitoring(named, scale_out=args.scale)
+    if args.json:
+        print(json.dumps({"commands": commands, "run": not args.dry_run}, indent=2))
+    elif args.dry_run:
+        print("\n".join(commands))
     return 0
 
 
