@@ -12,7 +12,7 @@ from typing import Any
 from arcvllm import options, stack
 from arcvllm.commands import doctor, fieldreport, smoke, verify
 from arcvllm.errors import CheckFailed
-from arcvllm.operate import compose, single
+from arcvllm.operate import compose, scale, single
 from arcvllm.operate.host import DEFAULT_PORT
 from arcvllm.operate.scale import PROJECT as SCALE_PROJECT
 from arcvllm.paths import checkout_root
@@ -243,10 +243,12 @@ def _monitoring(args: argparse.Namespace) -> int:
     if args.scale and args.project == single.PROJECT:
         args.project = SCALE_PROJECT
     named = single.resolve(names_of(args), strict=not args.dry_run)
-    made = single.scale_monitoring_commands if args.scale else single.monitoring_commands
+    made = scale.monitoring_commands if args.scale else single.monitoring_commands
     commands = [project.shell(*command) for project, command in made(named)]
-    if not args.dry_run:
-        single.monitoring(named, scale_out=args.scale)
+    if not args.dry_run and args.scale:
+        scale.monitoring(named)
+    elif not args.dry_run:
+        single.monitoring(named)
     if args.json:
         print(json.dumps({"commands": commands, "run": not args.dry_run}, indent=2))
     elif args.dry_run:

@@ -21,7 +21,7 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -422,3 +422,34 @@ def down(env_file: Path, project: str = PROJECT, purge: bool = False) -> None:
         lines = result.stderr.strip().splitlines() or ["(no output)"]
         raise Unavailable(f"compose down failed: {lines[-1]}")
     shutil.rmtree(state_dir(project), ignore_errors=True)
+
+
+# The scale-out's monitoring: compose.scale.yaml's Prometheus of every replica.
+SCALE_MONITORING = ("prometheus", single.ALERTMANAGER, "canary")
+
+
+def monitoring_commands(
+    named: single.Single, environ: Mapping[str, str] = os.environ
+) -> list[tuple[compose.Project, tuple[str, ...]]]:
+    """The twin of single.monitoring_commands beside `arcvllm scale up`'s replicas, in its
+    project (NAMED's: the settings file, the flavour, --project): its compose files (the replicas'
+    file while it is there), the canary in the replicas' image (compose.scale.yaml's: IMAGE
+    for XPU, CPU_IMAGE for the CPU replicas), `--no-deps` (the gateway left as it is)."""
+    files = Deployment(named.env_file, named.project).compose().files
+    image = named.image
+    if named.flavor == "cpu":
+        image = effective("CPU_IMAGE", named.settings, environ, f"arcvllm:{named.stack}")
+    env = {"IMAGE": image, "GATEWAY_TLS_VOLUME": single.gateway_tls_volume(named.settings, environ)}
+    project = compose.Project(named.project, named.env_file, files, (), env)
+    return [(project, ("--profile", "monitoring", "up", "-d", "--no-deps", *SCALE_MONITORING))]
+
+
+def monitoring(named: single.Single) -> None:
+    """`make scale-monitoring`: monitoring_commands' services beside the replicas, checked
+    as single.monitoring checks its own (the canary in the replicas' image)."""
+    from dataclasses import replace
+
+    commands = monitoring_commands(named)
+    single.monitoring(
+        replace(named, image=commands[0][0].env["IMAGE"]), commands, "arcvllm scale up"
+    )

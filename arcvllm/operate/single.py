@@ -20,7 +20,7 @@ import subprocess
 import sys
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -548,28 +548,6 @@ def monitoring_commands(single: Single) -> list[tuple[compose.Project, tuple[str
     ]
 
 
-# The scale-out's (`arcvllm scale up`): compose.scale.yaml's Prometheus of every replica.
-SCALE_MONITORING = ("prometheus", ALERTMANAGER, "canary")
-
-
-def scale_monitoring_commands(
-    single: Single, environ: Mapping[str, str] = os.environ
-) -> list[tuple[compose.Project, tuple[str, ...]]]:
-    """The twin of monitoring_commands beside `arcvllm scale up`'s replicas, in its project
-    (SINGLE's: the settings file, the flavour, --project): its compose files (the replicas'
-    file while it is there), the canary in the replicas' image (compose.scale.yaml's: IMAGE
-    for XPU, CPU_IMAGE for the CPU replicas), `--no-deps` (the gateway left as it is)."""
-    from arcvllm.operate import scale
-
-    files = scale.Deployment(single.env_file, single.project).compose().files
-    image = single.image
-    if single.flavor == "cpu":
-        image = effective("CPU_IMAGE", single.settings, environ, f"arcvllm:{single.stack}")
-    env = {"IMAGE": image, "GATEWAY_TLS_VOLUME": gateway_tls_volume(single.settings, environ)}
-    project = compose.Project(single.project, single.env_file, files, (), env)
-    return [(project, ("--profile", "monitoring", "up", "-d", "--no-deps", *SCALE_MONITORING))]
-
-
 def check_monitoring(
     single: Single, project: compose.Project, start: str, environ: Mapping[str, str] = os.environ
 ) -> None:
@@ -591,15 +569,16 @@ def check_monitoring(
     })  # fmt: skip
 
 
-def monitoring(single: Single, scale_out: bool = False) -> None:
-    """Start Prometheus, the canary and Alertmanager beside SINGLE, or (SCALE_OUT) beside
-    the replicas of its project (check_monitoring first): Unavailable when compose fails."""
-    if scale_out:
-        commands = scale_monitoring_commands(single)
-        single = replace(single, image=commands[0][0].env["IMAGE"])
-    else:
-        commands = monitoring_commands(single)
-    check_monitoring(single, commands[0][0], "arcvllm scale up" if scale_out else "make up")
+def monitoring(
+    single: Single,
+    commands: list[tuple[compose.Project, tuple[str, ...]]] | None = None,
+    start: str = "make up",
+) -> None:
+    """Start Prometheus, the canary and Alertmanager beside SINGLE (COMMANDS: instead of
+    monitoring_commands', e.g. the scale-out's, whose deployment START makes), after
+    check_monitoring: Unavailable when compose fails."""
+    commands = commands or monitoring_commands(single)
+    check_monitoring(single, commands[0][0], start)
     for project, args in commands:
         status = passed_through(project, *args)
         if status != 0:
