@@ -7,6 +7,7 @@ import argparse
 from arcvllm import options
 from arcvllm.client.report import table
 from arcvllm.commands.verify import add_drift
+from arcvllm.errors import status
 from arcvllm.operate import canary
 from arcvllm.verify import record
 
@@ -22,7 +23,7 @@ def _cmd(args: argparse.Namespace) -> int:
         canary.watch(opts, metrics, args.listen, args.port, args.interval, args.json)
     _, report = canary.one_round(opts, metrics)
     if report is None:
-        return 1  # the round did not get that far (it said why)
+        return status(True)  # the round did not get that far (it said why)
     print(report.to_json() if args.json else table(report, "canary"), flush=True)
     return exit_status(report)
 
