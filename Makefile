@@ -27,7 +27,7 @@ NAMES          = --env-file $(ENV_FILE) $(if $(FLAVOR),--flavor $(FLAVOR)) $(if 
 	$(if $(GATEWAY_IMAGE),--gateway-image $(GATEWAY_IMAGE)) $(if $(GPUS_FILE),--gpus-file $(GPUS_FILE))
 DEPLOYMENT     = $(NAMES) $(if $(PORT),--port $(PORT)) $(if $(PROJECT),--project $(PROJECT))
 
-.PHONY: help venv test-venvs lint tools test test-fast test-host test-docs test-vllm
+.PHONY: help venv test-venvs lint tools test test-fast test-host test-docs test-vllm bench-memory
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_.-]+:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 $(VENV)/.stamp: pyproject.toml
@@ -53,20 +53,23 @@ PYTEST = mkdir -p $(BUILD)/tmp && TMPDIR=$(abspath $(BUILD))/tmp \
 	ARCVLLM_TEST_VENVS=$(abspath $(TEST_VENVS)) $(VENV)/bin/pytest --durations=20 \
 	$(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) --basetemp=$(BUILD)/pytest
 test-host: $(VENV)/.stamp ## the tests that need no image (unit, real vLLM code, servers on the host, compose config)
-	$(PYTEST) -m 'not docker and not release'
+	$(PYTEST) -m 'not docker and not release and not bench'
 test-fast: $(VENV)/.stamp ## unit tests only (no vLLM, no Docker, no compose, no registry)
-	$(PYTEST) --basetemp=$(BUILD)/pytest-fast -m 'not vllm and not docker and not server and not compose and not release'
+	$(PYTEST) --basetemp=$(BUILD)/pytest-fast -m 'not vllm and not docker and not server and not compose and not release and not bench'
 # (test-fast runs them too; their own target is CI's "document commands" step, one test each.)
 test-docs: $(VENV)/.stamp ## the shell blocks of README.md and docs/: every command, option, path and variable exists; the cheap ones run
 	$(PYTEST) --basetemp=$(BUILD)/pytest-docs $(if $(filter-out 0,$(TEST_WORKERS)),--dist load) tests/test_docs.py
 test-vllm: $(VENV)/.stamp ## the host tests of real vLLM releases and servers (make test-venvs first)
-	$(PYTEST) --basetemp=$(BUILD)/pytest-vllm -m 'not docker and not release and (vllm or server)'
+	$(PYTEST) --basetemp=$(BUILD)/pytest-vllm -m 'not docker and not release and not bench and (vllm or server)'
+# What verify and the canary cost in memory with Qwen3.6's vocabulary (docs/verify.md): ~20 min.
+bench-memory: $(VENV)/.stamp ## measure prompt logprobs' peak memory on a tiny model with Qwen3.6's vocabulary (make test-venvs first)
+	$(PYTEST) --basetemp=$(BUILD)/pytest-bench -m bench -s tests/verify/test_memory.py
 
 .PHONY: test-images test-images-cpu test-images-xpu
 test-images: test-images-cpu test-images-xpu ## the tests of the built images (CPU, router, gateway, Prometheus; the XPU rehearsals), then the emulated smoke test
 	$(MAKE) --no-print-directory smoke-emulated STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu
 test-images-cpu: $(VENV)/.stamp ## the tests of the CPU image, the gateway, router and Prometheus images (deployments), and of the compose files
-	$(PYTEST) --basetemp=$(BUILD)/pytest-images-cpu -m '(docker and not xpu_ci) or compose'
+	$(PYTEST) --basetemp=$(BUILD)/pytest-images-cpu -m '((docker and not xpu_ci) or compose) and not bench'
 # XPU_TESTS: a pytest -k expression, e.g. one stack's (CI tests each rehearsal, then removes it).
 test-images-xpu: $(VENV)/.stamp ## the tests of what make build-xpu-ci made (each XPU stack's rehearsal, the stand-ins)
 	$(PYTEST) --basetemp=$(BUILD)/pytest-images-xpu -m 'docker and xpu_ci' $(if $(XPU_TESTS),-k '$(XPU_TESTS)')

@@ -29,7 +29,9 @@ from support.venvs import vllm_env
 
 from arcvllm.presets.fit import LOGPROB_BYTES
 
-pytestmark = [pytest.mark.server, pytest.mark.vllm]
+# A measurement (make bench-memory, ~20 minutes), not part of make test: its figures are
+# in docs/verify.md.
+pytestmark = [pytest.mark.server, pytest.mark.vllm, pytest.mark.bench]
 
 VOCAB = 248_320  # Qwen3.6's (configs/presets/qwen3.6-35b-a3b-w4a16-1xb70.yaml)
 CHUNK = 2048

@@ -8,8 +8,8 @@ separate process (tests/support/reference_model.py), scores every token the serv
 Healthy, every token is the reference's choice or a near-tie; with the MoE output doubled in
 prefill and decode alike (the sabotage plugin's `moe-scale:2`, which no verify row can
 see: every path shares it, so every path agrees with every other), the reference catches
-it. The sweep of the factor is measured, not asserted
-(docs/verify.md has its figures).
+it. The sweep of the factor is a measurement (marker bench), not part of make test;
+docs/verify.md has its figures.
 """
 
 from __future__ import annotations
@@ -110,8 +110,10 @@ def test_a_defect_common_to_prefill_and_decode_is_caught_by_the_reference(served
     assert not verdict.ok, verdict.line()
 
 
+@pytest.mark.bench
 def test_the_smallest_moe_scale_the_reference_catches_is_measured(served):
-    """Measured, not asserted beyond the largest: the factor each judge first catches."""
+    """Measured, not asserted beyond the largest: the factor each judge first catches
+    (`pytest -m bench` on this module; its figures are in docs/verify.md)."""
     lines = []
     for factor in (1.1, 1.25, 1.5):
         verdict = served.judged(f"moe-scale:{factor}")
