@@ -241,9 +241,11 @@ def test_a_state_rounded_to_fp8_precision_fails_the_decode_row_held_to_the_recor
     assert "arcvllm sabotage: the states spoiled (round) are" in server.log.read_text()
 
 
+@pytest.mark.bench
 def test_the_sweep_reports_the_smallest_perturbation_each_row_catches(server, healthy):
     # Not a threshold held: what the tiny model shows, printed (reports/measured.txt) and
     # written into docs/verify.md. The largest size must be caught (each row's sabotage).
+    # A measurement (marker bench: `pytest -m bench` on this module), not part of make test.
     caught: dict[str, object] = {}
     for row, defect in SWEPT.items():
         for spread in SPREADS:
