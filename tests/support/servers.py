@@ -19,11 +19,13 @@ def start_preset_server(
     tmp: Path,
     env_extra: dict[str, str],
     vllm_args: tuple[str, ...] = (),
+    host: str = "127.0.0.1",
+    port: int | None = None,
 ) -> tuple[subprocess.Popen, str, Path]:
-    """PYTHON's `arcvllm serve --preset PRESET [-- VLLM_ARGS]` on a free loopback port, with
-    everything it writes under TMP and ENV_EXTRA over this environment: (process, URL, its
-    log)."""
-    port = free_port()
+    """PYTHON's `arcvllm serve --preset PRESET [-- VLLM_ARGS]` on HOST (any of 127/8 is
+    loopback) at PORT (a free one if None), with everything it writes under TMP and
+    ENV_EXTRA over this environment: (process, URL, its log)."""
+    port = port or free_port()
     # vLLM's engine sockets are ZMQ IPC files in TMPDIR, each named by a uuid (36
     # characters); a unix socket's path holds at most 107 bytes (sockaddr_un): a server
     # started deeper dies at start with a ZMQError. Callers keep TMP's name short.
@@ -46,7 +48,7 @@ def start_preset_server(
             [
                 str(python),
                 *("-m", "arcvllm", "serve", "--preset", preset, "--"),
-                *("--model", str(model), "--host", "127.0.0.1", "--port", str(port)),
+                *("--model", str(model), "--host", host, "--port", str(port)),
                 *vllm_args,
             ],
             env=env,
@@ -54,7 +56,7 @@ def start_preset_server(
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: killed as one at teardown
         )
-    return proc, f"http://127.0.0.1:{port}", log
+    return proc, f"http://{host}:{port}", log
 
 
 def arcvllm(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
