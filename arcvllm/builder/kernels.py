@@ -347,6 +347,13 @@ def _xpu_platform() -> dict[str, Any]:
 
     if not current_platform.is_xpu():
         raise RuntimeError("the platform could not be set to XPU")
+    # vLLM inspects a model class in a fresh interpreter (so that no GPU is initialised in
+    # the caller); nothing here initialises one, and each such interpreter imports the
+    # release again (~12 s a model). The same function runs here, in this process.
+    from vllm.model_executor.models import registry
+
+    if hasattr(registry, "_run_in_subprocess"):
+        registry._run_in_subprocess = lambda fn: fn()
     return {"version": str(vllm.__version__), "distributed": False}
 
 
