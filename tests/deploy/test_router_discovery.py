@@ -11,6 +11,7 @@ deleted and back, and what the router does in a namespace its Role does not cove
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -27,6 +28,7 @@ from support import ROOT
 from support.httpd import QuietHandler
 from support.kubeapi import PodsApi, pod, role_grants
 from support.kubernetes import KUBE, built, one
+from support.measured import measured
 from support.processes import free_port, stop_server, wait_healthy
 from support.servers import start_preset_server
 from support.venvs import vllm_env
@@ -40,6 +42,7 @@ NAMESPACE = "arcvllm"  # the overlay's (kustomization.yaml `namespace:`)
 HOSTS = ("127.0.0.1", "127.0.0.2")  # vllm-0, vllm-1: two podIPs, one port
 STRAY = "127.0.0.3"  # a listener no pod the router selects points at
 ELSEWHERE = "elsewhere"  # a namespace the router's Role does not cover
+MEASURED: dict[str, object] = {}  # printed once, at the end of the module
 
 
 def docs() -> list[dict]:
@@ -198,6 +201,7 @@ def replicas(tmp_path_factory, tiny_model):
     port = free_port()
     python = vllm_env("0.32.0").python
     started = []
+    start = time.monotonic()
     try:
         for i, host in enumerate(HOSTS):
             tmp = tmp_path_factory.mktemp(f"rd{i}")
@@ -215,10 +219,13 @@ def replicas(tmp_path_factory, tiny_model):
             )
         for proc, url, log in started:
             wait_healthy(proc, url, log)
+        MEASURED["replicas_healthy_s"] = round(time.monotonic() - start, 1)
         yield [url for _, url, _ in started]
     finally:
         for proc, _, _ in started:
             stop_server(proc)
+        MEASURED["module_s"] = round(time.monotonic() - start, 1)
+        measured(f"router discovery measurements: {json.dumps(MEASURED)}")
 
 
 @pytest.fixture(scope="module")
@@ -305,6 +312,8 @@ def test_the_router_takes_the_two_ready_replicas_and_routes_to_both(router, repl
     verbs = [(verb, ns, status) for verb, ns, status, _ in api.requests]
     assert verbs[:2] == [("list", NAMESPACE, 200), ("watch", NAMESPACE, 200)], api.requests
     assert {ns for _, ns, _ in verbs} == {NAMESPACE}
+    MEASURED["queries"] = [f"{verb}?{query}" for verb, _, _, query in api.requests[:2]]
+    MEASURED["both_ready"] = list(counts.values())
 
 
 def test_a_replica_not_ready_gets_nothing_and_is_used_again_when_ready(router, replicas, cluster):
@@ -312,13 +321,14 @@ def test_a_replica_not_ready_gets_nothing_and_is_used_again_when_ready(router, r
     kept, flipped = replicas
     router.wait_workers(set(replicas))
     api.set_ready(NAMESPACE, "vllm-1", False)
-    router.wait_workers({kept})
+    MEASURED["not_ready_out_s"] = round(router.wait_workers({kept}), 2)
     counts = spread(router, replicas, 6)
     assert counts == {kept: 6, flipped: 0}, counts
     api.set_ready(NAMESPACE, "vllm-1", True)
-    router.wait_workers(set(replicas))
+    MEASURED["ready_again_in_s"] = round(router.wait_workers(set(replicas)), 2)
     counts = spread(router, replicas, 8)
     assert counts[flipped] > 0, counts
+    MEASURED["ready_again"] = list(counts.values())
 
 
 def test_a_deleted_pod_leaves_when_it_starts_terminating(router, replicas, cluster):
@@ -329,15 +339,17 @@ def test_a_deleted_pod_leaves_when_it_starts_terminating(router, replicas, clust
     kept, deleted = replicas
     router.wait_workers(set(replicas))
     api.delete(NAMESPACE, "vllm-1")
-    router.wait_workers({kept})
+    MEASURED["terminating_out_s"] = round(router.wait_workers({kept}), 2)
     assert spread(router, replicas, 6) == {kept: 6, deleted: 0}
     api.finish_delete(NAMESPACE, "vllm-1")
     time.sleep(1)
     assert router.workers() == {kept}
     assert spread(router, replicas, 4) == {kept: 4, deleted: 0}
     api.put(pod(NAMESPACE, "vllm-1", replica_labels(docs()), HOSTS[1]))
-    router.wait_workers(set(replicas))
-    assert spread(router, replicas, 8)[deleted] > 0
+    MEASURED["recreated_in_s"] = round(router.wait_workers(set(replicas)), 2)
+    counts = spread(router, replicas, 8)
+    assert counts[deleted] > 0, counts
+    MEASURED["recreated"] = list(counts.values())
 
 
 def test_a_namespace_the_role_does_not_cover_is_refused_and_the_router_stays_up(
@@ -358,6 +370,7 @@ def test_a_namespace_the_role_does_not_cover_is_refused_and_the_router_stays_up(
             "the router's list in the other namespace",
         )
         wait_until(lambda: "forbidden" in other.text(), 10, 0.2, "the router's error line")
+        MEASURED["forbidden_lists"] = [r[:3] for r in api.requests].count(("list", ELSEWHERE, 403))
         time.sleep(2)
         other.alive()
         assert other.workers() == set()
