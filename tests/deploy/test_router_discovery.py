@@ -36,8 +36,6 @@ from support.venvs import vllm_env
 from arcvllm.builder import dockerfile
 from arcvllm.client.api import Client, WaitTimeout, wait_until
 
-pytestmark = [pytest.mark.vllm, pytest.mark.server]
-
 NAMESPACE = "arcvllm"  # the overlay's (kustomization.yaml `namespace:`)
 HOSTS = ("127.0.0.1", "127.0.0.2")  # vllm-0, vllm-1: two podIPs, one port
 STRAY = "127.0.0.3"  # a listener no pod the router selects points at
@@ -102,9 +100,12 @@ def router_command(
             assert item["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}, item
             env[item["name"]] = pod_namespace
     args = [expand(a, env) for a in container["args"]]
+    assert "$(" not in " ".join(args), args
     at = args.index("--service-discovery-port") + 1
-    assert args[at] == "8000", args  # the replicas' port in a pod: here one both bind
-    args[at] = str(discovery_port)
+    (vllm,) = one(rendered, "StatefulSet", "vllm")["spec"]["template"]["spec"]["containers"]
+    (http,) = [p for p in vllm["ports"] if p["name"] == "http"]
+    assert args[at] == str(http["containerPort"]), args  # the replicas' port, in their pods
+    args[at] = str(discovery_port)  # here: the one port both replicas bind
     script = entrypoint[2]
     local = script.replace("--host 0.0.0.0", "--host 127.0.0.1").replace(
         "--prometheus-host 0.0.0.0", "--prometheus-host 127.0.0.1"
@@ -147,10 +148,13 @@ class Router:
             pytest.fail(f"the router exited with {self.proc.returncode}:\n{self.text()[-3000:]}")
 
     def workers(self) -> set[str]:
+        """The workers the router routes to (its /workers; none while it is not listening)."""
+        import httpx
+
         self.alive()
         try:
             return {w["url"] for w in self.client.get_json("/workers")["workers"]}
-        except Exception:  # not listening yet
+        except httpx.TransportError:  # not listening yet
             return set()
 
     def wait_workers(self, expected: set[str], timeout: float = 30) -> float:
@@ -295,9 +299,75 @@ def spread(router: Router, replicas: list[str], n: int) -> dict[str, int]:
     return counts
 
 
-# ---- the behaviour --------------------------------------------------------------------------
+# ---- the emulation itself (fast) ------------------------------------------------------------
 
 
+def ask(api: PodsApi, path: str, token: bool = True, **params: str) -> tuple[int, list[dict]]:
+    """GET PATH of the emulator: (status, the JSON documents of the answer, one a line)."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {next(iter(api.tokens))}"} if token else {}
+    answer = httpx.get(f"{api.url}{path}", params=params, headers=headers, timeout=10)
+    return answer.status_code, [json.loads(x) for x in answer.text.splitlines() if x]
+
+
+def test_the_emulated_rbac_is_the_overlays_role():
+    rendered = docs()
+    grants = role_grants(
+        one(rendered, "Role", "router-pod-discovery"),
+        one(rendered, "RoleBinding", "router-pod-discovery"),
+    )
+    assert grants == {f"{NAMESPACE}/router": {NAMESPACE: {"list", "watch"}}}
+    with PodsApi(grants) as api:
+        assert ask(api, f"/api/v1/namespaces/{NAMESPACE}/pods", token=False)[0] == 401
+        assert ask(api, f"/api/v1/namespaces/{NAMESPACE}/pods")[0] == 200
+        status, (body,) = ask(api, f"/api/v1/namespaces/{ELSEWHERE}/pods")
+        assert (status, body["reason"], body["code"]) == (403, "Forbidden", 403)
+        assert ask(api, "/api/v1/pods")[0] == 403  # all namespaces: a ClusterRole's
+        assert (
+            ask(api, f"/api/v1/namespaces/{NAMESPACE}/pods", watch="true", timeoutSeconds="1")[0]
+            == 200
+        )
+    grants[f"{NAMESPACE}/router"][NAMESPACE].discard("watch")
+    with PodsApi(grants) as api:
+        assert (
+            ask(api, f"/api/v1/namespaces/{NAMESPACE}/pods", watch="true", timeoutSeconds="1")[0]
+            == 403
+        )
+
+
+def test_the_emulated_watch_resumes_from_a_resource_version_and_refuses_a_stale_one():
+    path = f"/api/v1/namespaces/{NAMESPACE}/pods"
+    with PodsApi({"a/b": {NAMESPACE: {"list", "watch"}}}, bookmark_s=0.2, history=3) as api:
+        api.put(pod(NAMESPACE, "p0", {"app": "a"}, "127.0.0.1"))
+        api.put(pod(NAMESPACE, "p1", {"app": "b"}, "127.0.0.2"))
+        _, (listed,) = ask(api, path)
+        version = listed["metadata"]["resourceVersion"]
+        assert [p["metadata"]["name"] for p in listed["items"]] == ["p0", "p1"]
+        _, (selected,) = ask(api, path, labelSelector="app=a")
+        assert [p["metadata"]["name"] for p in selected["items"]] == ["p0"]
+        _, (named,) = ask(api, path, fieldSelector="metadata.name=p1")
+        assert [p["metadata"]["name"] for p in named["items"]] == ["p1"]
+        assert ask(api, path, labelSelector="app in (a)")[0] == 400  # not emulated: refused
+        api.set_ready(NAMESPACE, "p0", False)
+        _, events = ask(api, path, watch="true", resourceVersion=version, timeoutSeconds="1")
+        assert [e["type"] for e in events] == ["MODIFIED"]
+        assert int(events[0]["object"]["metadata"]["resourceVersion"]) > int(version)
+        _, events = ask(api, path, watch="true", timeoutSeconds="1", allowWatchBookmarks="true")
+        assert [e["type"] for e in events[:2]] == ["ADDED", "ADDED"]
+        assert "BOOKMARK" in {e["type"] for e in events[2:]}
+        api.delete(NAMESPACE, "p1")
+        api.finish_delete(NAMESPACE, "p1")
+        api.set_ready(NAMESPACE, "p0", True)  # 4 changes since VERSION: more than the 3 kept
+        _, events = ask(api, path, watch="true", resourceVersion=version, timeoutSeconds="1")
+        assert [(e["type"], e["object"].get("code")) for e in events] == [("ERROR", 410)]
+
+
+# ---- the router, with the replicas ----------------------------------------------------------
+
+
+@pytest.mark.vllm
+@pytest.mark.server
 def test_the_router_takes_the_two_ready_replicas_and_routes_to_both(router, replicas, cluster):
     """The selector's pods in its namespace and only them: completions reach both replicas,
     none the gateway's pod or the other namespace's (the Stray listener behind both)."""
@@ -316,6 +386,8 @@ def test_the_router_takes_the_two_ready_replicas_and_routes_to_both(router, repl
     MEASURED["both_ready"] = list(counts.values())
 
 
+@pytest.mark.vllm
+@pytest.mark.server
 def test_a_replica_not_ready_gets_nothing_and_is_used_again_when_ready(router, replicas, cluster):
     api, _ = cluster
     kept, flipped = replicas
@@ -331,6 +403,8 @@ def test_a_replica_not_ready_gets_nothing_and_is_used_again_when_ready(router, r
     MEASURED["ready_again"] = list(counts.values())
 
 
+@pytest.mark.vllm
+@pytest.mark.server
 def test_a_deleted_pod_leaves_when_it_starts_terminating(router, replicas, cluster):
     """`kubectl delete pod vllm-1`: out of the router at its deletionTimestamp, before its
     containers stop; gone for good when removed; the StatefulSet's new vllm-1 (same name,
@@ -352,6 +426,8 @@ def test_a_deleted_pod_leaves_when_it_starts_terminating(router, replicas, clust
     MEASURED["recreated"] = list(counts.values())
 
 
+@pytest.mark.vllm
+@pytest.mark.server
 def test_a_namespace_the_role_does_not_cover_is_refused_and_the_router_stays_up(
     cluster, replicas, tmp_path
 ):

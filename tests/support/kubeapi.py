@@ -34,8 +34,6 @@ import yaml
 
 from support.httpd import QuietHandler
 
-HISTORY = 10_000  # events kept for watches that resume from a resourceVersion
-
 
 class Refused(Exception):
     def __init__(self, code: int, reason: str, message: str) -> None:
@@ -112,7 +110,10 @@ def _selects(selector: str, labels: dict[str, str]) -> bool:
 class PodsApi:
     """The emulated API server: pods in memory, served over http on 127.0.0.1."""
 
-    def __init__(self, grants: dict[str, dict[str, set[str]]], bookmark_s: float = 5.0) -> None:
+    def __init__(
+        self, grants: dict[str, dict[str, set[str]]], bookmark_s: float = 5.0, history: int = 10_000
+    ) -> None:
+        self.history = history  # events kept for watches that resume from a resourceVersion
         self.grants = grants  # service account -> namespace -> verbs (role_grants)
         self.tokens = {f"token-{i}": sa for i, sa in enumerate(sorted(grants))}
         self.bookmark_s = bookmark_s
@@ -171,7 +172,7 @@ class PodsApi:
         self.version += 1
         obj["metadata"]["resourceVersion"] = str(self.version)
         self.events.append((self.version, kind, copy.deepcopy(obj)))
-        del self.events[:-HISTORY]
+        del self.events[: -self.history]
         self.changed.notify_all()
 
     def put(self, obj: dict) -> None:
