@@ -265,10 +265,10 @@ def test_smoke_passes_through_the_leader(deployment):
     ]
 
 
-# verify's rows through the two nodes: the block-boundary decode and the chunked prefill
-# (142 s here; with `cached prefix resumed` too, more than 15 min on a loaded 2-core
-# machine; every row is run against one node in tests/verify/test_verify_server.py).
-VERIFY_ROWS = "boundary decode,chunked prefill"
+# verify's row through the two nodes: the block-boundary decode, the path the mamba copy
+# takes (with the chunked prefill too, 142 s on an idle 2-core machine, 455 s beside CI's
+# builds; every row is run against one node in tests/verify/test_verify_server.py).
+VERIFY_ROWS = "boundary decode"
 
 
 @pytest.mark.docker
