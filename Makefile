@@ -65,14 +65,16 @@ test-vllm: $(VENV)/.stamp ## the host tests of real vLLM releases and servers (m
 bench-memory: $(VENV)/.stamp ## measure prompt logprobs' peak memory on a tiny model with Qwen3.6's vocabulary (make test-venvs first)
 	$(PYTEST) --basetemp=$(BUILD)/pytest-bench -m bench -s tests/verify/test_memory.py
 
-.PHONY: test-images test-images-cpu test-images-xpu
+.PHONY: test-images test-images-cpu test-images-xpu test-base
 test-images: test-images-cpu test-images-xpu ## the tests of the built images (CPU, router, gateway, Prometheus; the XPU rehearsals), then the emulated smoke test
 	$(MAKE) --no-print-directory smoke-emulated STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu
 test-images-cpu: $(VENV)/.stamp ## the tests of the CPU image, the gateway, router and Prometheus images (deployments), and of the compose files
-	$(PYTEST) --basetemp=$(BUILD)/pytest-images-cpu -m '((docker and not xpu_ci) or compose) and not bench'
+	$(PYTEST) --basetemp=$(BUILD)/pytest-images-cpu -m '((docker and not xpu_ci and not base) or compose) and not bench'
 # XPU_TESTS: a pytest -k expression, e.g. one stack's (CI tests each rehearsal, then removes it).
 test-images-xpu: $(VENV)/.stamp ## the tests of what make build-xpu-ci made (each XPU stack's rehearsal, the stand-ins)
 	$(PYTEST) --basetemp=$(BUILD)/pytest-images-xpu -m 'docker and xpu_ci' $(if $(XPU_TESTS),-k '$(XPU_TESTS)')
+test-base: $(VENV)/.stamp ## the base images made anew (engine.sh's twice: one layer; the stand-ins' as a user), beside the image builds
+	$(PYTEST) --basetemp=$(BUILD)/pytest-base -m 'docker and base'
 
 # ---- images (docker/; docs/images.md) ----
 # The engine scripts/ci/engine.sh starts, when DOCKER_HOST is not set.

@@ -5,7 +5,8 @@
 #   images (background): the stand-ins, the default XPU stack's rehearsal and its tests
 #     (once the test venvs are made: they run real vLLM releases' Python from
 #     build/venvs), the CPU image and the small images, the release rehearsal (make
-#     release into a local registry), with REPRO_CPU=1 the CPU image's second clean build
+#     release into a local registry), the base images made anew (make test-base), with
+#     REPRO_CPU=1 the CPU image's second clean build
 #     (one digest with the release's);
 #   tests (foreground): the document commands (every shell block of README.md and docs/),
 #     the unit tests and the router's two clean builds while the test venvs are made, the
@@ -158,6 +159,10 @@ images() {
 	# make release into a local registry while the CPU layers are cached (the clean engine's
 	# pull, verify and smoke are release-check.sh's, after this run).
 	test_step make release-rehearsal
+	# The base images made anew with mmdebstrap (engine.sh's twice, the stand-ins' as a
+	# user): they need no image of this run, and here they leave the foreground's
+	# deployment tests the cores.
+	test_step make test-base
 	# Two clean builds of the CPU image give one digest: the release rehearsal's layout (its
 	# layers from this run's first build, on a new engine) against one more with --no-cache.
 	# (REPRO_CPU=1 only: ~10 minutes of both cores, which this machine's run gives to the

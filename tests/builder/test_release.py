@@ -1331,6 +1331,7 @@ def test_parts_of_two_commits_or_a_missing_image_are_no_release(tmp_path, capsys
 
 
 @pytest.mark.docker
+@pytest.mark.base
 @pytest.mark.skipif(
     os.geteuid() != 0, reason="engine.sh makes the base with mmdebstrap as root (a user's pulls it)"
 )

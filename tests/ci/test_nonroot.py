@@ -252,6 +252,7 @@ standin_base.build(entry, python, standins.apt_mirror(), "test", Path(sys.argv[2
 """
 
 
+@pytest.mark.base
 def test_a_user_in_the_engines_group_makes_the_standin_base_from_a_python_of_their_own(user):
     """The XPU rehearsal's base image (arcvllm/ci/standin_base.py) for a user: mmdebstrap runs
     as a container's root on the engine, from the user's own CPython 3.12 (here a copy of the
