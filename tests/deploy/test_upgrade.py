@@ -1,8 +1,8 @@
-"""The operator's running deployment on the CPU flavour, as the documents say: `make up`
-with a settings file copied from docker/arcvllm.env, then the documents' `cpu` blocks run
-as written (README.md's first call, docs/deploy.md's monitoring, docs/upgrade.md's switch
-and rollback with NEW and OLD two references of the CPU image), one deployment for the
-whole module.
+"""The operator's running deployment on the CPU flavour, as the documents say: the
+documents' `cpu` blocks run as written, in order (docs/deploy.md's start: the settings
+file copied from docker/arcvllm.env, the key, `make up`; README.md's first call,
+docs/deploy.md's monitoring, docs/upgrade.md's switch and rollback with NEW and OLD two
+references of the CPU image), one deployment for the whole module.
 
 Proves README.md's first call answers over TLS with the key; docs/deploy.md's `make
 monitoring` starts Prometheus, the canary and Alertmanager without touching the gateway
@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -31,7 +32,6 @@ UPGRADE = ROOT / "docs" / "upgrade.md"
 DEPLOY = ROOT / "docs" / "deploy.md"
 README = ROOT / "README.md"
 TEMPLATE = ROOT / "docker" / "arcvllm.env"
-KEY = "k-upgrade-5d1c"
 SIDES = ("gateway", "prometheus", "alertmanager")
 # A block that (re)starts the server, as `make up` does: the document's own 120 s is for
 # blocks that start nothing; under CI's load the switch took longer than that.
@@ -61,10 +61,11 @@ def upgrade_blocks() -> dict[str, documents.Block]:
 def given(
     block: documents.Block, project: str, port: int = 8443, new: str = "NEW", old: str = "OLD"
 ) -> documents.Block:
-    """BLOCK with its placeholders given values: the digests NEW and OLD, the project and
-    the gateway's port."""
+    """BLOCK with its placeholders given values: the digests NEW and OLD (the start's
+    arcvllm:cpu is OLD), the project and the gateway's port."""
     text = block.text.replace("REGISTRY/arcvllm@sha256:NEW", new)
     text = text.replace("REGISTRY/arcvllm@sha256:OLD", old).replace("-p arcvllm ", f"-p {project} ")
+    text = text.replace("IMAGE=arcvllm:cpu|", f"IMAGE={old}|")
     return dataclasses.replace(block, text=text.replace("127.0.0.1:8443", f"127.0.0.1:{port}"))
 
 
@@ -78,13 +79,24 @@ class Deployment(NamedTuple):
     started: str  # and when it started
     old: str
     new: str
+    gateway_image: str
 
     def env(self) -> dict[str, str]:
-        """What the reader's shell has exported: this project, the CPU flavour."""
-        return {"PROJECT": self.project, "FLAVOR": "cpu"}
+        """What the reader's shell has exported: this project, the CPU flavour, the port,
+        the gateway's image, a smaller /dev/shm (as for the start)."""
+        return {"PROJECT": self.project, "FLAVOR": "cpu", "PORT": self.url.rpartition(":")[2],
+                "SHM_SIZE": "1g", "GATEWAY_IMAGE": self.gateway_image,
+                **scratch_package(self.where)}  # fmt: skip
 
     def make(self, *args: str):
         return make(*args, f"ENV_FILE={self.settings}", f"PROJECT={self.project}", "FLAVOR=cpu")
+
+
+def scratch_package(where: Path) -> dict[str, str]:
+    """The scratch checkout's own arcvllm first on the path: the linked venv's is the real
+    checkout's (an editable install), whose docker/ would put `make key`'s file (the
+    settings' ../secrets/api-key) in the real checkout, not beside the reader's mine.env."""
+    return {"PYTHONPATH": str(where)}
 
 
 def container(project: str, service: str) -> str:
@@ -132,8 +144,9 @@ def leftovers(project: str) -> dict[str, list[str]]:
 
 @pytest.fixture(scope="module")
 def deployment(cpu_image, tmp_path_factory):
-    """`make up ENV_FILE=mine.env` on the CPU flavour, mine.env copied from
-    docker/arcvllm.env with its key, port, webhook and IMAGE=OLD; in a scratch checkout."""
+    """docs/deploy.md's start on the CPU flavour, as written (mine.env copied from
+    docker/arcvllm.env, IMAGE=OLD, `make key`, `make up`), in a scratch checkout; the shell
+    exports this run's port, project, gateway image and a smaller /dev/shm."""
     assert "IMAGE" not in os.environ, "an exported IMAGE wins over the settings file's"
     images = side_images()
     port = free_port()
@@ -142,26 +155,16 @@ def deployment(cpu_image, tmp_path_factory):
     for tag in (old, new):
         docker("tag", cpu_image, tag)
     where = documents.scratch_copy(ROOT, tmp_path_factory.mktemp("checkout"))
-    key = where / "secrets" / "api-key"
-    key.parent.mkdir(exist_ok=True)
-    key.write_text(f"{KEY}\n")
-    key.chmod(0o644)  # the containers' UID 1000 reads the bind-mounted file
-    text = TEMPLATE.read_text()
-    for line, value in (
-        ("IMAGE=", f"IMAGE={old}"),
-        ("PORT=8443", f"PORT={port}"),
-        ("SHM_SIZE=16g", "SHM_SIZE=1g"),
-        ("VLLM_API_KEY_FILE=../secrets/api-key", f"VLLM_API_KEY_FILE={key}"),
-    ):
-        assert f"\n{line}\n" in text, f"docker/arcvllm.env has no line {line}"
-        text = text.replace(f"\n{line}\n", f"\n{value}\n")
-    text += f"GATEWAY_IMAGE={images['gateway']}\n"
+    (start,) = [b for b in cpu_blocks(DEPLOY) if "make up" in b.text]
+    shell = {"PROJECT": project, "PORT": str(port), "SHM_SIZE": "1g",
+             "GATEWAY_IMAGE": images["gateway"], **scratch_package(where)}  # fmt: skip
     settings = where / "mine.env"
-    settings.write_text(text)
     args = (f"ENV_FILE={settings}", f"PROJECT={project}", "FLAVOR=cpu")
     try:
-        up = make("up", *args)
-        assert up.returncode == 0, up.stdout + up.stderr
+        problem = documents.run(given(start, project, port, old=old), where, env=shell,
+                                timeout=BLOCK_TIMEOUT)  # fmt: skip
+        assert problem is None, problem
+        assert f"\nIMAGE={old}\n" in settings.read_text()
         gateway = container(project, "gateway")
         cert = "/var/lib/arcvllm-gateway/tls/cert.pem"
         from arcvllm.client.api import wait_until
@@ -172,7 +175,7 @@ def deployment(cpu_image, tmp_path_factory):
         ca_cert.write_text(docker("exec", gateway, "cat", cert).stdout)
         running = Deployment(
             where, settings, project, f"https://127.0.0.1:{port}", ca_cert, gateway,
-            state(gateway)["State"]["StartedAt"], old, new,
+            state(gateway)["State"]["StartedAt"], old, new, images["gateway"],
         )  # fmt: skip
         yield running  # the server may still be loading: the tests that need it wait
     finally:
@@ -301,8 +304,8 @@ def test_make_down_removes_the_deployment_and_what_monitoring_started(deployment
 def test_every_cpu_block_of_the_documents_is_one_this_module_runs():
     """A block marked `cpu` is run here, or the mark claims what no test does."""
     ran = {b.at(-1) for b in (*cpu_blocks(README), *cpu_blocks(UPGRADE))}
-    ran |= {b.at(-1) for b in cpu_blocks(DEPLOY) if "make monitoring" in b.text}
+    ran |= {b.at(-1) for b in cpu_blocks(DEPLOY) if re.search(r"make (up|monitoring) ", b.text)}
     marked = {
         b.at(-1) for doc in (README, *sorted((ROOT / "docs").glob("*.md"))) for b in cpu_blocks(doc)
     }
-    assert marked == ran and len(ran) == 5, sorted(marked ^ ran)
+    assert marked == ran and len(ran) == 6, sorted(marked ^ ran)
