@@ -61,36 +61,6 @@ def http_server():
         server.server_close()
 
 
-# --- the order xdist hands modules out in ------------------------------------------------
-
-# Modules that take minutes (worker-seconds in a CI run on 2 cores, 12-07), each handed to a
-# worker whole (--dist loadfile): the longest first, so a run does not end with one worker
-# still in a long module while the other has nothing left. The rest keep pytest's order.
-LONG_MODULES = {
-    "tests/patching/test_patches.py": 800,
-    "tests/serving/test_spec_server.py": 500,
-    "tests/builder/test_kernels.py": 400,
-    "tests/verify/test_verify_server.py": 400,
-    "tests/deploy/test_upgrade.py": 330,
-    "tests/docker/test_multinode.py": 250,
-    "tests/docker/test_scale.py": 250,
-    "tests/serving/test_emulation_server.py": 250,
-    "tests/bench/test_bench_servers.py": 220,
-    "tests/deploy/test_autoscale.py": 220,
-    "tests/operate/test_canary.py": 200,
-    "tests/operate/test_deploy.py": 200,
-    "tests/serving/test_model_check_server.py": 200,
-    "tests/deploy/test_router_discovery.py": 150,
-    "tests/docker/test_scale_ca.py": 135,
-}
-
-
-def pytest_collection_modifyitems(items):
-    """The long modules first, longest first (a stable sort: the tests of a module stay
-    together and in their order)."""
-    items.sort(key=lambda item: -LONG_MODULES.get(item.nodeid.partition("::")[0], 0))
-
-
 # --- real servers started by tests -------------------------------------------------------
 
 
