@@ -154,10 +154,15 @@ def deployment(cpu_image, tmp_path_factory):
     old, new = f"arcvllm:cpu-upgrade-{port}-old", f"arcvllm:cpu-upgrade-{port}-new"
     for tag in (old, new):
         docker("tag", cpu_image, tag)
+    # The gateway's image under a tag of this module's own: another test's build of the
+    # shared tag (a cache hit, yet another image ID: a dated provenance record) would make the
+    # upgrade's `make up` recreate the gateway, as a real new gateway image would.
+    gateway_image = f"arcvllm-gateway:upgrade-{port}"
+    docker("tag", images["gateway"], gateway_image)
     where = documents.scratch_copy(ROOT, tmp_path_factory.mktemp("checkout"))
     (start,) = [b for b in cpu_blocks(DEPLOY) if "make up" in b.text]
     shell = {"PROJECT": project, "PORT": str(port), "SHM_SIZE": "1g",
-             "GATEWAY_IMAGE": images["gateway"], **scratch_package(where)}  # fmt: skip
+             "GATEWAY_IMAGE": gateway_image, **scratch_package(where)}  # fmt: skip
     settings = where / "mine.env"
     args = (f"ENV_FILE={settings}", f"PROJECT={project}", "FLAVOR=cpu")
     try:
@@ -175,7 +180,7 @@ def deployment(cpu_image, tmp_path_factory):
         ca_cert.write_text(docker("exec", gateway, "cat", cert).stdout)
         running = Deployment(
             where, settings, project, f"https://127.0.0.1:{port}", ca_cert, gateway,
-            state(gateway)["State"]["StartedAt"], old, new, images["gateway"],
+            state(gateway)["State"]["StartedAt"], old, new, gateway_image,
         )  # fmt: skip
         yield running  # the server may still be loading: the tests that need it wait
     finally:
@@ -189,7 +194,7 @@ def deployment(cpu_image, tmp_path_factory):
                 docker(kind, "rm", *names, check=False)
         # the two tags made here, untagged: --force, else refused while any container runs
         # the image (another test's, by its own tag); cpu_image's tag keeps the image
-        docker("rmi", "--force", old, new, check=False)
+        docker("rmi", "--force", old, new, gateway_image, check=False)
 
 
 def assert_gateway_untouched(deployment: Deployment) -> None:
