@@ -185,12 +185,14 @@ class Deployment:
         return self.run("ps", "-q", service).stdout.strip()
 
     def scrape(self, service: str, port: int = 8000) -> Metrics:
-        """/metrics from inside the container (replicas publish no port)."""
+        """/metrics from inside the container (replicas publish no port). A replica's API
+        server answers between engine steps: on a 2-core machine running other servers
+        beside it, a scrape took over 10 s once in CI."""
         code = (
             "import urllib.request; print(urllib.request.urlopen("
-            f"'http://127.0.0.1:{port}/metrics', timeout=10).read().decode())"
+            f"'http://127.0.0.1:{port}/metrics', timeout=60).read().decode())"
         )
-        out = docker("exec", self.container(service), "python3", "-c", code, timeout=60)
+        out = docker("exec", self.container(service), "python3", "-c", code, timeout=90)
         return Metrics.parse(out.stdout)
 
     def logs(self) -> str:
