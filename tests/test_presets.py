@@ -288,6 +288,21 @@ def test_presets_check_fails_with_one_line_when_a_stacks_release_lacks_the_flag(
     assert cli.main(argv) == 0
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--check", "--stack", "xpu-9.9"], "--stack xpu-9.9: not an XPU stack"),
+        (["--check", "--stack", "cpu"], "--stack cpu: not an XPU stack"),
+        (["--stack", "xpu-0.33"], "--stack: only with --check"),
+        (["--check", "--no-kernels", "--stack", "xpu-0.33"], "--stack: only with --check"),
+    ],
+)
+def test_a_stack_the_check_cannot_ask_is_one_line_and_exit_2(argv, message, capsys):
+    assert cli.main(["presets", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+
+
 # ---- the installed vLLM's own parser ----
 
 

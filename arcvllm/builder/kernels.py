@@ -705,13 +705,18 @@ def kernel_rows(
 
 
 def check_presets(
-    found: Mapping[str, Preset], given: Sequence[str], doc: dict, text: list[str]
+    found: Mapping[str, Preset],
+    given: Sequence[str],
+    doc: dict,
+    text: list[str],
+    only: Mapping[str, Any] | None = None,
 ) -> int:
     """The kernel table and memory fit of FOUND into DOC and TEXT (`presets --check`);
-    GIVEN: VERSION=PYTHON[:SITE] releases instead of the test venvs'."""
+    GIVEN: VERSION=PYTHON[:SITE] releases instead of the test venvs'; ONLY: the XPU stacks
+    asked (by name), else every one."""
     from arcvllm import presets as P
 
-    stacks = xpu_stacks()
+    stacks = {n: v for n, v in xpu_stacks().items() if only is None or n in only}
     try:
         overrides = {r.version: r for r in map(parse_release, given)}
     except ArcvllmError as exc:

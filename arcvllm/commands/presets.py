@@ -9,16 +9,20 @@ from collections.abc import Callable
 from typing import Any
 
 from arcvllm import options, presets
+from arcvllm.errors import UsageError
 
 
 def _cmd_presets(args: argparse.Namespace) -> int:
     """List the presets, or check them against the vLLM releases of their stacks."""
     found = presets.load_all(args.presets_dir)
+    if args.stack and not (args.check and args.kernels):
+        raise UsageError("--stack: only with --check (and the kernels, the default)")
     if not args.check:
         print(presets.listing(found).render(args.json))
         return 0
+    engines_of = _engines_of(args)  # (an unknown --stack refused before anything runs)
     status, doc, text = presets.run_checks(
-        found, args.defects_file, _kernels(args, found), _engines_of(args)
+        found, args.defects_file, _kernels(args, found), engines_of
     )
     print(json.dumps(doc, indent=2) if args.json else text)
     for problem in doc["problems"]:
@@ -34,7 +38,23 @@ def _kernels(
         return None
     from arcvllm.builder import kernels
 
-    return lambda doc, text: kernels.check_presets(found, args.release, doc, text)
+    return lambda doc, text: kernels.check_presets(
+        found, args.release, doc, text, _xpu_stacks(args)
+    )
+
+
+def _xpu_stacks(args: argparse.Namespace) -> dict[str, Any]:
+    """The XPU stacks the check asks (--stack: those named; else every one)."""
+    from arcvllm import stack
+
+    stacks = {name: s for name, s in stack.load()[0].items() if s.flavor == "xpu"}
+    unknown = [name for name in args.stack if name not in stacks]
+    if unknown:
+        raise UsageError(
+            f"--stack {unknown[0]}: not an XPU stack of configs/stacks.yaml "
+            f"(one of {', '.join(stacks)})"
+        )
+    return {name: s for name, s in stacks.items() if not args.stack or name in args.stack}
 
 
 def _engines_of(args: argparse.Namespace) -> presets.EnginesOf | None:
@@ -42,10 +62,10 @@ def _engines_of(args: argparse.Namespace) -> presets.EnginesOf | None:
     (arcvllm.builder.triggers), else None (the worst the flags allow)."""
     if not args.kernels:
         return None
-    from arcvllm import stack
     from arcvllm.builder import triggers
 
-    return lambda found: triggers.engines(found, stack.load()[0])
+    stacks = _xpu_stacks(args)
+    return lambda found: triggers.engines(found, stacks)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -73,6 +93,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="VERSION=PYTHON[:SITE]",
         help="run vLLM VERSION's selection in PYTHON (with SITE on its path) instead of "
         "the test venvs (build/venvs, $ARCVLLM_TEST_VENVS)",
+    )
+    parser.add_argument(
+        "--stack",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="with --check: ask only this XPU stack's release (repeatable; default: every "
+        "XPU stack), e.g. the one a host is about to run",
     )
     options.add_presets_dir(parser)
 
