@@ -395,11 +395,13 @@ def test_cache_aware_keeps_each_prefix_on_its_replica(deployment):
     # (test_round_robin_control_run_misses) shows what routing without affinity does.
     assert set().union(*run["owners"]) <= set(REPLICAS_CPU), run
     assert all(hit for _, hit in run["rounds"][-1]), run
-    # One request at a time, every decision has the prompt's tokens: a replica that refuses
-    # the render endpoint (0.32+ without --enable-scale-out) fails every one. (The first,
-    # concurrent pass is not counted: on a loaded CI machine two of its render calls timed
-    # out and were routed without tokens, the router's documented fallback.)
-    assert run["missing_tokens"] == 0, ("the router routed without tokens (render?)", run)
+    # One request at a time, the decisions have the prompt's tokens: a replica that refuses
+    # the render endpoint (0.32+ without --enable-scale-out) fails every one. A render call
+    # that times out is routed without tokens, the router's documented fallback: on a loaded
+    # CI machine two of the first, concurrent pass's did (not counted), and one of the 9
+    # counted here once, beside an mmdebstrap.
+    requests = sum(len(rnd) for rnd in run["rounds"])
+    assert run["missing_tokens"] < requests / 2, ("the router routed without tokens", run)
 
 
 def prom_query(dep: Deployment, expr: str) -> list[dict]:
