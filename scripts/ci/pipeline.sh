@@ -4,15 +4,15 @@
 # machine:
 #   images (background): the stand-ins, the default XPU stack's rehearsal and its tests
 #     (once the test venvs are made: they run real vLLM releases' Python from
-#     build/venvs), the CPU image and the small images, the CPU image's smoke tests
-#     (emulated; the MTP preset) and its acceptance test (make verify-check), the release
-#     rehearsal (make release into a local registry), the base images made anew (make
-#     test-base), with REPRO_CPU=1 the CPU image's second clean build (one digest with the
-#     release's);
+#     build/venvs), the CPU image and the small images, the release rehearsal (make
+#     release into a local registry), the base images made anew (make test-base), with
+#     REPRO_CPU=1 the CPU image's second clean build
+#     (one digest with the release's);
 #   tests (foreground): the document commands (every shell block of README.md and docs/),
 #     the unit tests and the router's two clean builds while the test venvs are made, the
 #     tests of real vLLM releases (`presets --check` among them), those of the CPU images
-#     (the deployments).
+#     (the deployments), the CPU image's smoke tests (emulated; the MTP preset) and its
+#     acceptance test (make verify-check).
 # Every test step runs even after a failed one; the exit status is the first failure's.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -140,24 +140,6 @@ print(*(s["name"] for s in json.load(sys.stdin) if s["flavor"] == "xpu" and not 
 	done
 }
 
-# The CPU image's smoke tests as an operator runs them, each its own compose project on its
-# own port (make's SMOKE_PORT, VERIFY_PORT; the deployment tests take free ones): in the
-# images stream once the image is built, beside the foreground's tests (alone, at the end,
-# the three took ~300 s of a machine they kept a quarter busy).
-smoke_steps() {
-	# With the high-address emulation; the MTP preset's (speculative == plain token for
-	# token; tests/serving/test_spec_server.py runs it emulated).
-	test_step make smoke-emulated STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu
-	test_step make smoke-check STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu-mtp \
-		SMOKE_REPORT=reports/smoke-cpu-mtp.json
-	# The acceptance test on the CPU image, as an operator runs it (docs/verify.md).
-	# Every row but preemption: the image's 1 GiB KV cache holds eight requests of the tiny
-	# model's max-model-len, so nothing is preempted and that row would say INCOMPLETE
-	# (exit 4); tests/verify/test_verify_server.py runs it on a server of 16 KV blocks.
-	test_step make verify-check STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu \
-		VERIFY_ARGS="--rows 'boundary decode,chunked prefill,cached prefix resumed,mixed batches,max-model-len,prompt residues mod 64,degeneration'"
-}
-
 images() {
 	# A clean builder: a build cache another commit left holds layers whose files carry the
 	# time they were built, and the export's timestamp rewrite only clamps times after the
@@ -174,7 +156,6 @@ images() {
 	step make build STACK=cpu
 	step make scale-images gateway-image
 	touch "$cpu_ready"
-	smoke_steps
 	# make release into a local registry while the CPU layers are cached (the clean engine's
 	# pull, verify and smoke are release-check.sh's, after this run).
 	test_step make release-rehearsal
@@ -242,7 +223,28 @@ fi
 # (Never an early exit from here on: the images stream waits on $cpu_tests_done to prune.)
 test_step make test-images-cpu
 touch "$cpu_tests_done"
-echo "==> waiting for the images stream (the smoke tests, the release rehearsal, the base images)"
+# The acceptance test on the CPU image, as an operator runs it (docs/verify.md), beside the
+# two smoke tests: its own compose project on its own port (make's VERIFY_PORT; theirs is
+# SMOKE_PORT), on a machine the three kept a quarter busy one after another (~300 s).
+# Every row but preemption: the image's 1 GiB KV cache holds eight requests of the tiny
+# model's max-model-len, so nothing is preempted and that row would say INCOMPLETE (exit 4);
+# tests/verify/test_verify_server.py runs it on a server of 16 KV blocks.
+(
+	test_step make verify-check STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu \
+		VERIFY_ARGS="--rows 'boundary decode,chunked prefill,cached prefix resumed,mixed batches,max-model-len,prompt residues mod 64,degeneration'"
+	echo "$status" >"$TMPDIR/verify-status"
+) >"$TMPDIR/verify.log" 2>&1 &
+verify_pid=$!
+# The CPU image's smoke tests: with the high-address emulation; the MTP preset's
+# (speculative == plain token for token; tests/serving/test_spec_server.py runs it emulated).
+test_step make smoke-emulated STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu
+test_step make smoke-check STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu-mtp \
+	SMOKE_REPORT=reports/smoke-cpu-mtp.json
+wait "$verify_pid" || true
+cat "$TMPDIR/verify.log"
+verify_status=$(cat "$TMPDIR/verify-status" 2>/dev/null || echo 1)
+[[ $verify_status == 0 || $status != 0 ]] || status=$verify_status
+echo "==> waiting for the images stream (release rehearsal, XPU rehearsal, the CPU image built again)"
 wait "$images_pid" || true
 trap - EXIT
 report_images
