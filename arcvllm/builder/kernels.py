@@ -39,6 +39,7 @@ from arcvllm.text import columns
 
 if TYPE_CHECKING:  # the probe runs in a release's Python: presets are read lazily
     from arcvllm.presets import Preset
+    from arcvllm.stack import Stack
 
 # Kernel families that exist only as CUDA (or ROCm) extensions: a selection that names
 # one of them cannot run on an Arc GPU, whatever else the release does.
@@ -709,14 +710,14 @@ def check_presets(
     given: Sequence[str],
     doc: dict,
     text: list[str],
-    only: Mapping[str, Any] | None = None,
+    only: Mapping[str, Stack] | None = None,
 ) -> int:
     """The kernel table and memory fit of FOUND into DOC and TEXT (`presets --check`);
     GIVEN: VERSION=PYTHON[:SITE] releases instead of the test venvs'; ONLY: the XPU stacks
-    asked (by name), else every one."""
+    asked, else every one."""
     from arcvllm import presets as P
 
-    stacks = {n: v for n, v in xpu_stacks().items() if only is None or n in only}
+    stacks = xpu_stacks() if only is None else {n: s.vllm_version for n, s in only.items()}
     try:
         overrides = {r.version: r for r in map(parse_release, given)}
     except ArcvllmError as exc:

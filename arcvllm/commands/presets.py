@@ -20,9 +20,10 @@ def _cmd_presets(args: argparse.Namespace) -> int:
     if not args.check:
         print(presets.listing(found).render(args.json))
         return 0
-    engines_of = _engines_of(args)  # (an unknown --stack refused before anything runs)
+    # (an unknown --stack refused before anything runs)
+    stacks = _xpu_stacks(args.stack) if args.kernels else None
     status, doc, text = presets.run_checks(
-        found, args.defects_file, _kernels(args, found), engines_of
+        found, args.defects_file, _kernels(args, found, stacks), _engines_of(stacks)
     )
     print(json.dumps(doc, indent=2) if args.json else text)
     for problem in doc["problems"]:
@@ -30,41 +31,38 @@ def _cmd_presets(args: argparse.Namespace) -> int:
     return status
 
 
-def _kernels(
-    args: argparse.Namespace, found: dict
-) -> Callable[[dict[str, Any], list[str]], int] | None:
-    """--kernels: the kernel table and memory fit of arcvllm.builder.kernels, else None."""
-    if not args.kernels:
-        return None
-    from arcvllm.builder import kernels
-
-    return lambda doc, text: kernels.check_presets(
-        found, args.release, doc, text, _xpu_stacks(args)
-    )
-
-
-def _xpu_stacks(args: argparse.Namespace) -> dict[str, Any]:
-    """The XPU stacks the check asks (--stack: those named; else every one)."""
+def _xpu_stacks(named: list[str]) -> dict[str, Any]:
+    """The XPU stacks the check asks: those NAMED (--stack), else every one."""
     from arcvllm import stack
 
     stacks = {name: s for name, s in stack.load()[0].items() if s.flavor == "xpu"}
-    unknown = [name for name in args.stack if name not in stacks]
-    if unknown:
+    if unknown := [name for name in named if name not in stacks]:
         raise UsageError(
             f"--stack {unknown[0]}: not an XPU stack of configs/stacks.yaml "
             f"(one of {', '.join(stacks)})"
         )
-    return {name: s for name, s in stacks.items() if not args.stack or name in args.stack}
+    return {name: s for name, s in stacks.items() if not named or name in named}
 
 
-def _engines_of(args: argparse.Namespace) -> presets.EnginesOf | None:
-    """--kernels: the defect triggers read from each stack's release
+def _kernels(
+    args: argparse.Namespace, found: dict, stacks: dict[str, Any] | None
+) -> Callable[[dict[str, Any], list[str]], int] | None:
+    """--kernels: the kernel table and memory fit of arcvllm.builder.kernels on STACKS,
+    else None."""
+    if stacks is None:
+        return None
+    from arcvllm.builder import kernels
+
+    return lambda doc, text: kernels.check_presets(found, args.release, doc, text, stacks)
+
+
+def _engines_of(stacks: dict[str, Any] | None) -> presets.EnginesOf | None:
+    """--kernels: the defect triggers read from each of STACKS' releases
     (arcvllm.builder.triggers), else None (the worst the flags allow)."""
-    if not args.kernels:
+    if stacks is None:
         return None
     from arcvllm.builder import triggers
 
-    stacks = _xpu_stacks(args)
     return lambda found: triggers.engines(found, stacks)
 
 

@@ -317,16 +317,12 @@ def apply(
                 )
             row.state, row.action = APPLIED, "patched"
         applied = [row for row in report.rows if row.state == APPLIED]
-        # Probed again only once a file changed: an unchanged tree's were probed above.
-        results = (
-            run_probes(target, [row.entry.patch.probe for row in applied], python)
-            if pending
-            else {}
-        )
-        for row in applied:
-            if pending:
+        if pending:  # probed again once a file changed (an unchanged tree's were, above)
+            results = run_probes(target, [row.entry.patch.probe for row in applied], python)
+            for row in applied:
                 result = results[row.entry.patch.probe]
                 row.probe, row.detail = result["result"], result["detail"]
+        for row in applied:
             if row.probe != "pass":
                 raise CheckFailed(
                     f"{row.name}: applied to vLLM {version}, but probe {row.entry.patch.probe} "

@@ -398,8 +398,8 @@ def test_cache_aware_keeps_each_prefix_on_its_replica(deployment):
     # One request at a time, the decisions have the prompt's tokens: a replica that refuses
     # the render endpoint (0.32+ without --enable-scale-out) fails every one. A render call
     # that times out is routed without tokens, the router's documented fallback: on a loaded
-    # CI machine two of the first, concurrent pass's did (not counted), and one of the 9
-    # counted here once, beside an mmdebstrap.
+    # CI machine two of the first, concurrent pass's did (not counted), and once one of
+    # the 9 counted here.
     requests = sum(len(rnd) for rnd in run["rounds"])
     assert run["missing_tokens"] < requests / 2, ("the router routed without tokens", run)
 
