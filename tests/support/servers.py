@@ -10,6 +10,7 @@ from pathlib import Path
 
 from support import ROOT
 from support.processes import free_port
+from support.venvs import vllm_cache
 
 
 def start_preset_server(
@@ -29,8 +30,8 @@ def start_preset_server(
     # vLLM's engine sockets are ZMQ IPC files in TMPDIR, each named by a uuid (36
     # characters); a unix socket's path holds at most 107 bytes (sockaddr_un): a server
     # started deeper dies at start with a ZMQError. Callers keep TMP's name short.
-    for d in ("tmp", "cache"):
-        (tmp / d).mkdir(parents=True, exist_ok=True)
+    (tmp / "tmp").mkdir(parents=True, exist_ok=True)
+    vllm_cache(tmp / "cache")
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
     env.update(

@@ -67,6 +67,21 @@ def site_packages(env: VllmEnv) -> Path:
     return next((env.python.parent.parent / "lib").glob("python3*/site-packages"))
 
 
+def vllm_cache(folder: Path) -> Path:
+    """FOLDER, made, as a vLLM's VLLM_CACHE_ROOT whose model-inspection results (modelinfos/)
+    every vLLM of the run shares. A server inspects its model's class in a subprocess that
+    imports vLLM once more (~12 s of a core here, a quarter of a tiny server's start) unless
+    that cache holds the result for the class's file, by the file's hash: so a release's
+    first server pays it, not every one. (vLLM writes each result by an atomic rename.)"""
+    folder.mkdir(parents=True, exist_ok=True)
+    shared = VENVS / "modelinfos"
+    shared.mkdir(parents=True, exist_ok=True)
+    link = folder / "modelinfos"
+    if not link.is_symlink():
+        link.symlink_to(shared, target_is_directory=True)
+    return folder
+
+
 def copy_site(env: VllmEnv, dest: Path) -> VllmEnv:
     """A private copy of ENV's vllm package and metadata, safe to patch in a test.
 
