@@ -17,6 +17,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     planned = serve.plan(args.preset, args.presets_dir, args.extra, os.environ)
     if args.json and not args.dry_run:
         raise UsageError("--json prints what --dry-run would: give both")
+    if args.resolve:
+        if args.dry_run:
+            raise UsageError("--resolve and --dry-run: give one")
+        print(serve.resolve(planned, os.environ))
+        return 0
     if not args.dry_run:
         serve.run(planned, os.environ)
     if args.json:
@@ -39,6 +44,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--preset", required=True, help="preset name (`arcvllm presets`)")
     parser.add_argument(
         "--dry-run", action="store_true", help="print the environment and command, run nothing"
+    )
+    parser.add_argument(
+        "--resolve",
+        action="store_true",
+        help="resolve the server's configuration with the installed vLLM (its checks, its "
+        "model-class inspection cached in VLLM_CACHE_ROOT), load nothing, serve nothing",
     )
     options.add_presets_dir(parser)
     options.add_json(

@@ -228,5 +228,34 @@ def run(planned: Plan, environ: Mapping[str, str]) -> NoReturn:
     raise AssertionError("not reached: os.execve replaced this process")
 
 
+def resolve(planned: Plan, environ: Mapping[str, str]) -> str:
+    """The planned server's engine configuration as the installed vLLM resolves it at start
+    (its checks; its model classes inspected, the results cached in VLLM_CACHE_ROOT), with
+    nothing loaded or served: one line saying what it resolved. The image build runs it for
+    the model the image carries, so a container's first start finds the inspection done
+    (vLLM runs it in a subprocess that imports vLLM once more). Refuses as run() does."""
+    if planned.problem:
+        raise Unavailable(planned.problem)
+    if planned.mismatch:
+        raise Unavailable(planned.mismatch)
+    served = model_dir(planned.preset, planned.extra)
+    if served is not None:
+        refuse(planned.preset, served)
+    os.environ.update(effective_env(planned.command, environ))  # vLLM reads them lazily
+    from arcvllm.presets import vllm_server_parser
+
+    parser, validate = vllm_server_parser()
+    namespace = parser.parse_args(list(planned.command.args))
+    validate(namespace)
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    config = AsyncEngineArgs.from_cli_args(namespace).create_engine_config()
+    classes = list(config.model_config.architectures)
+    draft = getattr(config, "speculative_config", None)
+    if draft is not None and draft.draft_model_config is not None:
+        classes += list(draft.draft_model_config.architectures)
+    return f"{planned.preset.name}: vLLM resolved {', '.join(classes)}"
+
+
 if __name__ == "__main__":  # a headless node (server_argv); spawned workers import it too
     headless(sys.argv[1:])

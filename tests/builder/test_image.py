@@ -222,6 +222,36 @@ def test_torch_compile_builds_and_runs_a_cpu_kernel_as_the_image_user(cpu_image)
     assert int(result.stdout.strip().splitlines()[-1]) >= 1
 
 
+@pytest.mark.docker
+@pytest.mark.parametrize("fresh", ["volume", "empty"])
+def test_a_fresh_cache_volume_starts_with_the_tiny_models_classes_inspected(cpu_image, fresh):
+    """The build resolved the MTP preset into the path compose's compile-cache volume
+    covers: a new volume there (Docker copies the image's files into it) lets vLLM load
+    both classes' inspection from its cache, by their files' hashes; an empty folder there
+    (a host folder mounted) makes it inspect them in a subprocess, as every start did."""
+    mount = (
+        ["--mount", "type=volume,dst=/var/cache/arcvllm/compile"]
+        if fresh == "volume"
+        else ["--tmpfs", "/var/cache/arcvllm/compile:uid=1000,gid=1000"]
+    )
+    result = docker(
+        "run", "--rm", *mount, "-e", "VLLM_LOGGING_LEVEL=DEBUG", cpu_image,
+        "arcvllm", "serve", "--preset", "tiny-hybrid-cpu-mtp", "--resolve",
+        timeout=600, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = result.stdout + result.stderr  # (vLLM logs to stdout)
+    assert "vLLM resolved Qwen3NextForCausalLM, Qwen3NextMTP" in log
+    cached = re.findall(r"Loaded model info for class (\S+) from cache", log)
+    inspected = re.findall(r"Loaded model info for class (\S+)$", log, re.M)
+    classes = {"qwen3_next.Qwen3NextForCausalLM", "qwen3_next_mtp.Qwen3NextMTP"}
+    names = {f"vllm.model_executor.models.{c}" for c in classes}
+    if fresh == "volume":
+        assert set(cached) == names and not inspected, log[-3000:]
+    else:
+        assert set(inspected) == names and not cached, log[-3000:]
+
+
 def shadow(image: str, path: str = "/etc/shadow") -> dict[str, list[str]]:
     """IMAGE's /etc/shadow (or its backup PATH, empty where there is none), by account."""
     script = f"if [ -e {path} ]; then cat {path}; fi"

