@@ -5,11 +5,11 @@
 #   images (background): the stand-ins, the default XPU stack's rehearsal and its tests
 #     (once the test venvs are made: they run real vLLM releases' Python from
 #     build/venvs), the CPU image and the small images, the release rehearsal (make
-#     release into a local registry), the base images made anew (make test-base), with
-#     REPRO_CPU=1 the CPU image's second clean build
-#     (one digest with the release's);
+#     release into a local registry), the router's second clean build (one digest with the
+#     release's), the base images made anew (make test-base), with REPRO_CPU=1 the CPU
+#     image's second clean build (one digest with the release's);
 #   tests (foreground): the document commands (every shell block of README.md and docs/),
-#     the unit tests and the router's two clean builds while the test venvs are made, the
+#     the unit tests while the test venvs are made, the
 #     tests of real vLLM releases (`presets --check` among them), those of the CPU images
 #     (the deployments), the CPU image's smoke tests (emulated; the MTP preset) and its
 #     acceptance test (make verify-check).
@@ -159,6 +159,9 @@ images() {
 	# make release into a local registry while the CPU layers are cached (the clean engine's
 	# pull, verify and smoke are release-check.sh's, after this run).
 	test_step make release-rehearsal
+	# One more clean build of the router (apt, a venv, pip, a user) against the release's
+	# layout of it: one digest.
+	test_step make reproducible REPRO_IMAGES=router REPRO_BUILDS=2
 	# The base images made anew with mmdebstrap (engine.sh's twice, the stand-ins' as a
 	# user): they need no image of this run, and here they leave the foreground's
 	# deployment tests the cores.
@@ -202,9 +205,6 @@ trap 'kill "$images_pid" "$venvs_pid" 2>/dev/null || true' EXIT
 # the cheap ones run as written (tests/support/documents.py).
 test_step make test-docs
 test_step make test-fast
-# Two clean builds of the router (apt, a venv, pip, a user): one digest. (Here, while the
-# test venvs are still made: the unit tests end ~100 s before them.)
-test_step make reproducible REPRO_IMAGES=router
 echo "==> waiting for the test venvs"
 if ! venvs_ok; then
 	tail -n 100 "$TMPDIR/venvs.log"

@@ -24,12 +24,15 @@ ARCVLLM_LAYER_COMPRESSION=${ARCVLLM_LAYER_COMPRESSION:-uncompressed}
 export COSIGN_PASSWORD ARCVLLM_LAYER_COMPRESSION
 make --no-print-directory release VERSION=ci REGISTRY="$registry" RELEASE_STACKS=cpu \
 	COSIGN_KEY="$keys/cosign.key" RELEASE_OUT="$out"
-# The layouts are in the registry now; the CPU image's (the manifest names it) is the
-# first of the two clean builds `make reproducible REPRO_BUILDS=2` compares (pipeline.sh).
+# The layouts are in the registry now; the CPU image's and the router's (the manifest names
+# them) are the first of the two clean builds `make reproducible REPRO_BUILDS=2` compares
+# (pipeline.sh): one more clean build each, not two.
 repro=${REPRO_OUT:-$PWD/build/reproducible}
-layout=$(.venv/bin/arcvllm release entry "$out/manifest.json" cpu layout)
 mkdir -p "$repro"
-rm -rf "$repro/cpu-1"
-mv "$out/$layout" "$repro/cpu-1"
+for image in cpu router; do
+	layout=$(.venv/bin/arcvllm release entry "$out/manifest.json" "$image" layout)
+	rm -rf "${repro:?}/$image-1"
+	mv "$out/$layout" "$repro/$image-1"
+done
 rm -rf "$out"/*.oci
 echo "release-rehearsal: $(grep -c '"ref"' "$out/manifest.json") images pushed, signed and attested ($out/manifest.json)"
