@@ -211,9 +211,9 @@ def plan(
     return Plan(preset, command, given, problem, mismatch, installed is not None)
 
 
-def run(planned: Plan, environ: Mapping[str, str]) -> NoReturn:
-    """Replace this process with the planned server; Unavailable when it cannot run here,
-    CheckFailed when its model folder cannot serve the preset (before vLLM takes memory)."""
+def refuse_start(planned: Plan) -> None:
+    """Unavailable when the planned server cannot run here, CheckFailed when its model
+    folder cannot serve the preset: what run() and resolve() check before vLLM."""
     if planned.problem:
         raise Unavailable(planned.problem)
     if planned.mismatch:
@@ -221,6 +221,12 @@ def run(planned: Plan, environ: Mapping[str, str]) -> NoReturn:
     served = model_dir(planned.preset, planned.extra)
     if served is not None:
         refuse(planned.preset, served)  # the files (arcvllm.model)
+
+
+def run(planned: Plan, environ: Mapping[str, str]) -> NoReturn:
+    """Replace this process with the planned server; Unavailable when it cannot run here,
+    CheckFailed when its model folder cannot serve the preset (before vLLM takes memory)."""
+    refuse_start(planned)
     sys.stdout.flush()
     sys.stderr.flush()
     command = planned.command
@@ -234,13 +240,7 @@ def resolve(planned: Plan, environ: Mapping[str, str]) -> str:
     nothing loaded or served: one line saying what it resolved. The image build runs it for
     the model the image carries, so a container's first start finds the inspection done
     (vLLM runs it in a subprocess that imports vLLM once more). Refuses as run() does."""
-    if planned.problem:
-        raise Unavailable(planned.problem)
-    if planned.mismatch:
-        raise Unavailable(planned.mismatch)
-    served = model_dir(planned.preset, planned.extra)
-    if served is not None:
-        refuse(planned.preset, served)
+    refuse_start(planned)
     os.environ.update(effective_env(planned.command, environ))  # vLLM reads them lazily
     from arcvllm.presets import vllm_server_parser
 
@@ -251,9 +251,9 @@ def resolve(planned: Plan, environ: Mapping[str, str]) -> str:
 
     config = AsyncEngineArgs.from_cli_args(namespace).create_engine_config()
     classes = list(config.model_config.architectures)
-    draft = getattr(config, "speculative_config", None)
-    if draft is not None and draft.draft_model_config is not None:
-        classes += list(draft.draft_model_config.architectures)
+    draft = getattr(getattr(config, "speculative_config", None), "draft_model_config", None)
+    if draft is not None:
+        classes += list(draft.architectures)
     return f"{planned.preset.name}: vLLM resolved {', '.join(classes)}"
 
 
