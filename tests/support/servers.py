@@ -10,7 +10,7 @@ from pathlib import Path
 
 from support import ROOT
 from support.processes import free_port
-from support.venvs import vllm_cache
+from support.venvs import inductor_cache, vllm_cache
 
 
 def start_preset_server(
@@ -38,6 +38,7 @@ def start_preset_server(
         TMPDIR=str(tmp / "tmp"),
         VLLM_CACHE_ROOT=str(tmp / "cache"),
         XDG_CACHE_HOME=str(tmp / "cache"),
+        TORCHINDUCTOR_CACHE_DIR=str(inductor_cache()),
         HF_HUB_OFFLINE="1",
         VLLM_NO_USAGE_STATS="1",
         VLLM_CPU_KVCACHE_SPACE="1",

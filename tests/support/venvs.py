@@ -82,6 +82,19 @@ def vllm_cache(folder: Path) -> Path:
     return folder
 
 
+def inductor_cache() -> Path:
+    """The Inductor cache every vLLM server of the run shares (TORCHINDUCTOR_CACHE_DIR), as
+    the processes of one user on a host share torch's default one: vLLM compiles its
+    sampler's rank op (torch.compile, Inductor's C++ backend) at a server's first logprobs
+    request, ~20 s of a core into an empty cache and ~4 s from a warm one (measured here),
+    so a run's first server pays it, not each. (Inductor writes its entries under file
+    locks; the key holds the graph and torch's version, so an overlay that changes the op
+    compiles its own.)"""
+    shared = VENVS / "inductor"
+    shared.mkdir(parents=True, exist_ok=True)
+    return shared
+
+
 def copy_site(env: VllmEnv, dest: Path) -> VllmEnv:
     """A private copy of ENV's vllm package and metadata, safe to patch in a test.
 
