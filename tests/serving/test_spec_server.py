@@ -102,6 +102,9 @@ def _check(run: Run, name: str) -> dict:
 
 def test_the_mtp_preset_serves_and_speculative_output_is_plain_greedy_with_high_pointers(emulated):
     assert emulated.smoke.returncode == 0, _summary(emulated)
+    # The model check `arcvllm serve` runs first passed the model with its MTP layer
+    # (tests/serving/test_model_check_server.py: refused without it).
+    assert "cannot serve" not in emulated.log
     assert "Resolved architecture: Qwen3NextMTP" in emulated.log
     assert "CPU implementations of postprocess_mamba_fused_kernel" in emulated.log
     assert emulated.report["server"]["speculative"] is True
