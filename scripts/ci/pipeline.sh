@@ -6,13 +6,13 @@
 #     (once the test venvs are made: they run real vLLM releases' Python from
 #     build/venvs), the CPU image and the small images, the release rehearsal (make
 #     release into a local registry), the router's second clean build (one digest with the
-#     release's), the base images made anew (make test-base), with REPRO_CPU=1 the CPU
-#     image's second clean build (one digest with the release's);
+#     release's), the base images made anew (make test-base), the CPU image's MTP smoke
+#     test and its acceptance test (make verify-check), with
+#     REPRO_CPU=1 the CPU image's second clean build (one digest with the release's);
 #   tests (foreground): the document commands (every shell block of README.md and docs/),
 #     the unit tests while the test venvs are made, the
 #     tests of real vLLM releases (`presets --check` among them), those of the CPU images
-#     (the deployments), the CPU image's smoke tests (emulated; the MTP preset) and its
-#     acceptance test (make verify-check).
+#     (the deployments).
 # Every test step runs even after a failed one; the exit status is the first failure's.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -140,6 +140,32 @@ print(*(s["name"] for s in json.load(sys.stdin) if s["flavor"] == "xpu" and not 
 	done
 }
 
+# The CPU image as an operator checks it (README, docs/verify.md), in the images stream
+# once its builds are done, beside the foreground's deployment tests (which leave these
+# cores a quarter idle there): the acceptance test, its own compose project on its own port
+# (make's VERIFY_PORT; the smoke test's is SMOKE_PORT), beside the MTP preset's smoke test.
+# Every row but preemption: the image's 1 GiB KV cache holds eight requests of the tiny
+# model's max-model-len, so nothing is preempted and that row would say INCOMPLETE (exit 4);
+# tests/verify/test_verify_server.py runs it on a server of 16 KV blocks.
+acceptance() {
+	local verify_pid verify_status
+	(
+		test_step make verify-check STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu \
+			VERIFY_ARGS="--rows 'boundary decode,chunked prefill,cached prefix resumed,mixed batches,max-model-len,prompt residues mod 64,degeneration'"
+		echo "$status" >"$TMPDIR/verify-status"
+	) >"$TMPDIR/verify.log" 2>&1 &
+	verify_pid=$!
+	# The MTP preset's smoke test (speculative == plain token for token;
+	# tests/serving/test_spec_server.py runs it emulated). The emulated one is the release's,
+	# pulled by digest on a clean engine (scripts/ci/release-check.sh).
+	test_step make smoke-check STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu-mtp \
+		SMOKE_REPORT=reports/smoke-cpu-mtp.json
+	wait "$verify_pid" || true
+	cat "$TMPDIR/verify.log"
+	verify_status=$(cat "$TMPDIR/verify-status" 2>/dev/null || echo 1)
+	[[ $verify_status == 0 || $status != 0 ]] || status=$verify_status
+}
+
 images() {
 	# A clean builder: a build cache another commit left holds layers whose files carry the
 	# time they were built, and the export's timestamp rewrite only clamps times after the
@@ -166,6 +192,7 @@ images() {
 	# user): they need no image of this run, and here they leave the foreground's
 	# deployment tests the cores.
 	test_step make test-base
+	acceptance
 	# Two clean builds of the CPU image give one digest: the release rehearsal's layout (its
 	# layers from this run's first build, on a new engine) against one more with --no-cache.
 	# (REPRO_CPU=1 only: ~10 minutes of both cores, which this machine's run gives to the
@@ -223,28 +250,7 @@ fi
 # (Never an early exit from here on: the images stream waits on $cpu_tests_done to prune.)
 test_step make test-images-cpu
 touch "$cpu_tests_done"
-# The acceptance test on the CPU image, as an operator runs it (docs/verify.md), beside the
-# two smoke tests: its own compose project on its own port (make's VERIFY_PORT; theirs is
-# SMOKE_PORT), on a machine the three kept a quarter busy one after another (~300 s).
-# Every row but preemption: the image's 1 GiB KV cache holds eight requests of the tiny
-# model's max-model-len, so nothing is preempted and that row would say INCOMPLETE (exit 4);
-# tests/verify/test_verify_server.py runs it on a server of 16 KV blocks.
-(
-	test_step make verify-check STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu \
-		VERIFY_ARGS="--rows 'boundary decode,chunked prefill,cached prefix resumed,mixed batches,max-model-len,prompt residues mod 64,degeneration'"
-	echo "$status" >"$TMPDIR/verify-status"
-) >"$TMPDIR/verify.log" 2>&1 &
-verify_pid=$!
-# The CPU image's smoke tests: with the high-address emulation; the MTP preset's
-# (speculative == plain token for token; tests/serving/test_spec_server.py runs it emulated).
-test_step make smoke-emulated STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu
-test_step make smoke-check STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu-mtp \
-	SMOKE_REPORT=reports/smoke-cpu-mtp.json
-wait "$verify_pid" || true
-cat "$TMPDIR/verify.log"
-verify_status=$(cat "$TMPDIR/verify-status" 2>/dev/null || echo 1)
-[[ $verify_status == 0 || $status != 0 ]] || status=$verify_status
-echo "==> waiting for the images stream (release rehearsal, XPU rehearsal, the CPU image built again)"
+echo "==> waiting for the images stream (release rehearsal, base images, smoke and acceptance tests)"
 wait "$images_pid" || true
 trap - EXIT
 report_images

@@ -2,7 +2,7 @@
 # After the pipeline: the release scripts/ci/release-rehearsal.sh pushed, taken as an
 # operator takes it: every digest's signature and SBOM attestation verified (and a
 # foreign-signed or unsigned digest refused: tests/builder/test_release.py -m release), the
-# CPU image and the gateway pulled by digest, and `make smoke-check` passed on them with no
+# CPU image and the gateway pulled by digest, and `make smoke-emulated` passed on them with no
 # build. Stops the registry.
 # As root: on a Docker engine of its own with a new, empty data root (nothing built,
 # nothing cached), stopped and its data root removed at the end.

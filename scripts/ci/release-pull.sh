@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # release-pull.sh DIR: on the engine scripts/ci/release-check.sh chose (as root: a clean data
 # root; RELEASE_ENGINE=shared: the engine that answers, the release's images removed from it
-# first): verify, pull by digest, smoke-check (no build). VENV: the tooling venv (.venv).
+# first): verify, pull by digest, the emulated smoke test (no build). VENV: the tooling venv (.venv).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=$1
@@ -37,5 +37,7 @@ fi
 # (pytest's scratch under build/, as every other test step's: nothing left in /tmp)
 ARCVLLM_RELEASE_DIR=$out "$venv"/bin/pytest -q -p no:cacheprovider --basetemp=build/pytest-release \
 	-m release tests/builder/test_release.py
-make --no-print-directory smoke-check STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu \
-	IMAGE="$cpu" GATEWAY_IMAGE="$gateway" SMOKE_REPORT=reports/smoke-cpu-released.json
+# The smoke test with the high-address emulation on (docs/smoke.md): the plain smoke test
+# and the XPU-like pointers the patch series is for, on the image as released.
+make --no-print-directory smoke-emulated STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu \
+	IMAGE="$cpu" GATEWAY_IMAGE="$gateway" EMULATED_REPORT=reports/smoke-cpu-released.json
