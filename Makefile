@@ -68,10 +68,6 @@ bench-memory: $(VENV)/.stamp ## measure prompt logprobs' peak memory on a tiny m
 .PHONY: test-images test-images-cpu test-images-xpu test-base
 test-images: test-images-cpu test-images-xpu ## the tests of the built images (CPU, router, gateway, Prometheus; the XPU rehearsals), then the emulated smoke test
 	$(MAKE) --no-print-directory smoke-emulated STACK=cpu FLAVOR=cpu PRESET=tiny-hybrid-cpu
-# The deployment tests wait on servers to start and stop: a third worker fills those waits
-# (2-core machine, 128 tests: 857 s with two workers, 750 s with three).
-IMAGE_TEST_WORKERS ?= 3
-test-images-cpu: TEST_WORKERS = $(IMAGE_TEST_WORKERS)
 test-images-cpu: $(VENV)/.stamp ## the tests of the CPU image, the gateway, router and Prometheus images (deployments), and of the compose files
 	$(PYTEST) --basetemp=$(BUILD)/pytest-images-cpu -m '((docker and not xpu_ci and not base) or compose) and not bench'
 # XPU_TESTS: a pytest -k expression, e.g. one stack's (CI tests each rehearsal, then removes it).
