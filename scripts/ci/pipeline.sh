@@ -141,9 +141,10 @@ print(*(s["name"] for s in json.load(sys.stdin) if s["flavor"] == "xpu" and not 
 }
 
 # The CPU image as an operator checks it (README, docs/verify.md), in the images stream
-# once its builds are done, beside the foreground's deployment tests (which leave these
-# cores a quarter idle there): the acceptance test, its own compose project on its own port
-# (make's VERIFY_PORT; the smoke test's is SMOKE_PORT), beside the MTP preset's smoke test.
+# once its builds are done, beside the foreground's deployment tests rather than after them
+# (the images stream ends before they do): the acceptance test, its own compose project on
+# its own port (make's VERIFY_PORT; the smoke test's is SMOKE_PORT), beside the MTP
+# preset's smoke test.
 # Every row but preemption: the image's 1 GiB KV cache holds eight requests of the tiny
 # model's max-model-len, so nothing is preempted and that row would say INCOMPLETE (exit 4);
 # tests/verify/test_verify_server.py runs it on a server of 16 KV blocks.
