@@ -41,46 +41,6 @@ def tiny_model(tmp_path_factory) -> Path:
     return path
 
 
-# --- the order workers take files in ----------------------------------------------------
-
-# The longest modules first, by their test-seconds in a fresh-clone CI run (most first):
-# xdist's loadfile hands whole files to the workers in collection order, so a long one
-# taken last leaves one worker running it alone while the other cores wait (the run of
-# 2026-12-08: test_scale_ca.py alone for its last ~150 s, the machine ~60 % busy).
-LONGEST_FIRST = (
-    "tests/patching/test_patches.py",
-    "tests/docker/test_multinode.py",
-    "tests/builder/test_image.py",
-    "tests/verify/test_verify_server.py",
-    "tests/docker/test_scale.py",
-    "tests/serving/test_spec_server.py",
-    "tests/deploy/test_upgrade.py",
-    "tests/operate/test_deploy.py",
-    "tests/builder/test_kernels.py",
-    "tests/operate/test_scale_cli.py",
-    "tests/docker/test_scale_ca.py",
-    "tests/serving/test_emulation_server.py",
-    "tests/deploy/test_gateway.py",
-    "tests/operate/test_canary.py",
-    "tests/deploy/test_autoscale.py",
-    "tests/bench/test_bench_servers.py",
-    "tests/deploy/test_router_discovery.py",
-    "tests/verify/test_reference_image.py",
-    "tests/operate/test_models_dir.py",
-)
-
-
-def pytest_collection_modifyitems(config, items):
-    """LONGEST_FIRST's modules first, in its order; every other in collection order (a
-    stable sort: each file's tests keep theirs). Every worker sorts alike."""
-    root = Path(str(config.rootpath))
-    missing = [path for path in LONGEST_FIRST if not (root / path).is_file()]
-    if missing:
-        raise pytest.UsageError(f"tests/conftest.py LONGEST_FIRST names no module {missing[0]}")
-    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
-
-
 # --- HTTP servers in this process (fakes that speak vLLM's shapes) ----------------------
 
 
